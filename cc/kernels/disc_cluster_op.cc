@@ -1,0 +1,295 @@
+// disc_cluster_op.cc -- the DiscCluster op: runs a compiled cluster artifact,
+// or the cluster's original ops (the `fallback` function) when the artifact
+// is missing, unusable or disabled.
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "cc/kernels/artifact_loader.h"
+#include "cc/kernels/stats.h"
+#include "cc/ral/disc_ral_tf.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace disc_tf {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::AttrSlice;
+using tensorflow::FunctionLibraryRuntime;
+using tensorflow::NameAttrList;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::PartialTensorShape;
+using tensorflow::Tensor;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("DiscCluster")
+    .Input("inputs: Tin")
+    .Output("outputs: Tout")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 0")
+    .Attr("output_shapes: list(shape) >= 0")
+    .Attr("artifact: string")
+    .Attr("artifact_sha256: string")
+    .Attr("fallback: func")
+    .Attr("cluster_name: string = ''")
+    .Attr("num_kernels: int = 0")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      std::vector<PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
+      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DiscCluster: output_shapes has ", shapes.size(),
+            " entries but the op has ", c->num_outputs(), " outputs"));
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        ShapeHandle h;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
+        c->set_output(i, h);
+      }
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Runs a compiled DISC cluster.
+
+artifact: the compiled shared object (see disc_ral.h); empty means the
+  cluster always runs `fallback`.
+artifact_sha256: lowercase hex SHA-256 of `artifact`.
+fallback: a function with the same inputs and outputs that computes the
+  cluster with the original TensorFlow ops.
+output_shapes: the static shape (usually with unknown dims) of each output.
+)doc");
+
+bool EnvTrue(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  const std::string s = absl::AsciiStrToLower(v);
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+// Logs `reason` once per (cluster, artifact) per process.
+void WarnOnce(const std::string& cluster_name, const std::string& sha,
+              const std::string& reason) {
+  static std::mutex* mu = new std::mutex;
+  static auto* warned = new std::set<std::string>;
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (!warned->insert(absl::StrCat(cluster_name, "\n", sha)).second) return;
+  }
+  LOG(WARNING) << "DiscCluster '" << cluster_name
+               << "': falling back to the original TensorFlow ops: " << reason;
+}
+
+absl::Status WithPrefix(const absl::Status& s, const std::string& prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+class DiscClusterOp : public AsyncOpKernel {
+ public:
+  explicit DiscClusterOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("artifact_sha256", &sha256_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("fallback", &fallback_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("cluster_name", &cluster_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_kernels", &num_kernels_));
+    if (cluster_name_.empty()) cluster_name_ = name();
+    prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
+    OP_REQUIRES(ctx,
+                static_cast<int>(output_shapes_.size()) == num_outputs(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    prefix_, "output_shapes has ", output_shapes_.size(),
+                    " entries but the op has ", num_outputs(), " outputs")));
+
+    if (EnvTrue("DISC_TF_FORCE_FALLBACK")) {
+      VLOG(1) << prefix_ << "DISC_TF_FORCE_FALLBACK is set; using fallback";
+      return;
+    }
+    std::string artifact;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("artifact", &artifact));
+    if (artifact.empty()) {
+      VLOG(1) << prefix_ << "no artifact; using fallback";
+      return;
+    }
+    const LoadedArtifact* loaded = nullptr;
+    absl::Status s = LoadArtifact(artifact, sha256_, &loaded);
+    if (!s.ok()) {
+      WarnOnce(cluster_name_, sha256_, std::string(s.message()));
+      return;
+    }
+    artifact_ = loaded;
+    int64_t kernels = num_kernels_;
+    if (kernels <= 0) kernels = artifact_->num_kernels();
+    stats::NoteCluster(artifact_->sha256, kernels);
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (artifact_ != nullptr) {
+      RunArtifact(ctx);
+      done();
+      return;
+    }
+    RunFallback(ctx, std::move(done));
+  }
+
+ private:
+  void RunArtifact(OpKernelContext* ctx) {
+    absl::Status s;
+    {
+      TfRal ral(ctx);
+      int32_t rc = 0;
+      try {
+        rc = artifact_->entry(ral.ral());
+      } catch (const std::exception& e) {
+        ral.SetError(DISC_INTERNAL,
+                     absl::StrCat("artifact threw an exception: ", e.what()));
+        rc = DISC_INTERNAL;
+      } catch (...) {
+        ral.SetError(DISC_INTERNAL, "artifact threw an unknown exception");
+        rc = DISC_INTERNAL;
+      }
+      s = ral.status();
+      if (rc != 0 && s.ok()) {
+        s = absl::InternalError(absl::StrCat(
+            "disc_entry returned ", rc, " without reporting an error"));
+      }
+      if (s.ok()) s = CheckOutputs(ctx, ral);
+    }  // temps released here
+    if (!s.ok()) ctx->SetStatus(WithPrefix(s, prefix_));
+  }
+
+  absl::Status CheckOutputs(OpKernelContext* ctx, const TfRal& ral) const {
+    for (int i = 0; i < num_outputs(); ++i) {
+      const Tensor* t = ctx->mutable_output(i);
+      if (!ral.output_allocated[i] || t == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("the artifact did not produce output ", i));
+      }
+      const PartialTensorShape& expected = output_shapes_[i];
+      if (!expected.IsCompatibleWith(PartialTensorShape(t->shape().dim_sizes()))) {
+        return absl::InternalError(absl::StrCat(
+            "output ", i, " has shape ", t->shape().DebugString(),
+            ", incompatible with the declared ", expected.DebugString()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The instantiated fallback function for `lib`, instantiating it once.
+  absl::Status GetFallbackHandle(FunctionLibraryRuntime* lib,
+                                 FunctionLibraryRuntime::Handle* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(lib);
+    if (it != handles_.end()) {
+      *handle = it->second;
+      return absl::OkStatus();
+    }
+    TF_RETURN_IF_ERROR(lib->Instantiate(
+        fallback_.name(), AttrSlice(&fallback_.attr()), handle));
+    handles_.emplace(lib, *handle);
+    return absl::OkStatus();
+  }
+
+  void RunFallback(OpKernelContext* ctx, DoneCallback done) {
+    FunctionLibraryRuntime* lib = ctx->function_library();
+    if (lib == nullptr) {
+      ctx->SetStatus(absl::InternalError(absl::StrCat(
+          prefix_, "no function library to run the fallback function")));
+      done();
+      return;
+    }
+    FunctionLibraryRuntime::Handle handle;
+    absl::Status s = GetFallbackHandle(lib, &handle);
+    if (!s.ok()) {
+      ctx->SetStatus(WithPrefix(
+          s, absl::StrCat(prefix_, "instantiating fallback function '",
+                          fallback_.name(), "': ")));
+      done();
+      return;
+    }
+    stats::Add(stats::kFallbacks, 1);
+
+    // Everything the asynchronous call refers to lives until it completes.
+    struct CallState {
+      FunctionLibraryRuntime::Options opts;
+      std::vector<Tensor> args;
+      std::vector<Tensor> rets;
+    };
+    auto* state = new CallState;
+    state->opts.rendezvous = ctx->rendezvous();
+    state->opts.cancellation_manager = ctx->cancellation_manager();
+    state->opts.collective_executor = ctx->collective_executor();
+    state->opts.step_container = ctx->step_container();
+    state->opts.runner = ctx->runner();
+    state->opts.run_all_kernels_inline = ctx->run_all_kernels_inline();
+    state->opts.coordination_service_agent = ctx->coordination_service_agent();
+    state->args.reserve(ctx->num_inputs());
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      state->args.push_back(ctx->input(i));
+    }
+    lib->Run(state->opts, handle, state->args, &state->rets,
+             [this, ctx, state, done = std::move(done)](const absl::Status& st) {
+               std::unique_ptr<CallState> owned(state);
+               if (!st.ok()) {
+                 ctx->SetStatus(st);
+               } else {
+                 ctx->SetStatus(SetFallbackOutputs(ctx, owned->rets));
+               }
+               done();
+             });
+  }
+
+  absl::Status SetFallbackOutputs(OpKernelContext* ctx,
+                                  const std::vector<Tensor>& rets) const {
+    if (static_cast<int>(rets.size()) != num_outputs()) {
+      return absl::InternalError(absl::StrCat(
+          prefix_, "fallback function returned ", rets.size(),
+          " values, expected ", num_outputs()));
+    }
+    for (int i = 0; i < num_outputs(); ++i) {
+      if (rets[i].dtype() != output_type(i)) {
+        return absl::InternalError(absl::StrCat(
+            prefix_, "fallback output ", i, " has type ",
+            tensorflow::DataTypeString(rets[i].dtype()), ", expected ",
+            tensorflow::DataTypeString(output_type(i))));
+      }
+      ctx->set_output(i, rets[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<PartialTensorShape> output_shapes_;
+  std::string sha256_;
+  NameAttrList fallback_;
+  std::string cluster_name_;
+  int64_t num_kernels_ = 0;
+  std::string prefix_;
+  const LoadedArtifact* artifact_ = nullptr;  // null => fallback
+
+  std::mutex mu_;
+  std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;
+};
+
+}  // namespace
+}  // namespace disc_tf
+
+namespace tensorflow {
+REGISTER_KERNEL_BUILDER(Name("DiscCluster").Device(DEVICE_CPU),
+                        ::disc_tf::DiscClusterOp);
+}  // namespace tensorflow

@@ -1,0 +1,58 @@
+// stats.h -- process-wide DISC runtime counters.
+//
+// Counters: clusters, compilations, cache_hits, fallbacks, kernels. `clusters`
+// and `kernels` count distinct cluster artifacts (by sha256) seen since the
+// last Reset(). The same counters are exported with C linkage so that other
+// shared objects (the Python extension) can read them.
+#ifndef DISC_TF_CC_KERNELS_STATS_H_
+#define DISC_TF_CC_KERNELS_STATS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace disc_tf {
+namespace stats {
+
+// Index of each counter in the array filled by Get()/disc_stats_get().
+enum Counter : int {
+  kClusters = 0,
+  kCompilations = 1,
+  kCacheHits = 2,
+  kFallbacks = 3,
+  kKernels = 4,
+  kNumCounters = 5,
+};
+
+// Name of counter `c` ("clusters", "compilations", ...).
+const char* CounterName(int c);
+
+// Adds n to the named counter. Returns false for an unknown name.
+bool Add(const std::string& name, int64_t n);
+void Add(Counter c, int64_t n);
+
+// Counts a cluster artifact: increments clusters by 1 and kernels by
+// num_kernels the first time `sha256` is seen since the last Reset().
+// Returns true if it was counted.
+bool NoteCluster(const std::string& sha256, int64_t num_kernels);
+
+// Copies the counters into out[kNumCounters].
+void Get(int64_t out[kNumCounters]);
+
+// Zeroes all counters and forgets the seen artifacts.
+void Reset();
+
+}  // namespace stats
+}  // namespace disc_tf
+
+extern "C" {
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[5]);
+__attribute__((visibility("default"))) void disc_stats_reset(void);
+// Returns 1 if `name` is a known counter, 0 otherwise.
+__attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,
+                                                              int64_t n);
+// Returns 1 if the artifact was counted (first time since reset), else 0.
+__attribute__((visibility("default"))) int32_t disc_stats_note_cluster(
+    const char* sha, int64_t num_kernels);
+}
+
+#endif  // DISC_TF_CC_KERNELS_STATS_H_

@@ -1,0 +1,88 @@
+/* disc_ral.h -- the runtime abstraction layer (RAL) between generated cluster
+ * code and its host (TensorFlow's DiscCluster kernel, or any other embedder).
+ *
+ * Generated artifacts include this header and nothing from TensorFlow. The host
+ * passes one `disc_ral` table per call; every service (inputs, output and temp
+ * allocation, the intra-op thread pool, error reporting) is a function pointer
+ * in it, so an artifact has no undefined symbols to resolve against the host
+ * and loads with RTLD_LOCAL next to any TensorFlow build.
+ *
+ * An artifact (a shared object) exports, with C linkage:
+ *   int32_t disc_abi_version(void);        returns DISC_RAL_ABI_VERSION
+ *   int32_t disc_num_kernels(void);        generated kernels in this artifact
+ *   int32_t disc_entry(disc_ral* ral);     runs the cluster once; 0 on success,
+ *                                          otherwise an error was set with
+ *                                          ral->set_error and outputs are void.
+ */
+#ifndef DISC_RAL_H_
+#define DISC_RAL_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DISC_RAL_ABI_VERSION 1
+
+/* Error codes: the numeric values of TensorFlow's error codes. */
+enum {
+  DISC_OK = 0,
+  DISC_INVALID_ARGUMENT = 3,
+  DISC_RESOURCE_EXHAUSTED = 8,
+  DISC_INTERNAL = 13,
+};
+
+/* Element types: the numeric values of TensorFlow's DataType enum. */
+enum {
+  DISC_F32 = 1,
+  DISC_I32 = 3,
+  DISC_I64 = 9,
+  DISC_BOOL = 10,
+  DISC_BF16 = 14,
+  DISC_F16 = 19,
+};
+
+/* A [begin, end) slice of a parallel loop; `closure` is the caller's data. */
+typedef void (*disc_range_fn)(void* closure, int64_t begin, int64_t end);
+
+typedef struct disc_ral disc_ral;
+
+struct disc_ral {
+  int32_t abi_version; /* DISC_RAL_ABI_VERSION of the host */
+  int32_t num_inputs;
+  int32_t num_outputs;
+
+  /* Input i: rank, dims (rank entries, valid for the call), TF dtype, data. */
+  int32_t (*input_rank)(disc_ral* ral, int32_t i);
+  const int64_t* (*input_dims)(disc_ral* ral, int32_t i);
+  int32_t (*input_dtype)(disc_ral* ral, int32_t i);
+  const void* (*input_data)(disc_ral* ral, int32_t i);
+
+  /* Allocates output i with the given dims through the host's allocator (TF:
+   * allocate_output). Returns NULL with an error set on failure; may return
+   * NULL without error for a zero-element output. */
+  void* (*alloc_output)(disc_ral* ral, int32_t i, int32_t rank,
+                        const int64_t* dims);
+
+  /* Scratch memory, 64-byte aligned, released by free_temp or at the end of
+   * the call. Returns NULL with an error set on failure (bytes may be 0). */
+  void* (*alloc_temp)(disc_ral* ral, int64_t bytes);
+  void (*free_temp)(disc_ral* ral, void* ptr);
+
+  /* Runs fn over [0, total) split into ranges on the host's intra-op thread
+   * pool; cost_per_unit is an estimate of cycles per index. Blocks until all
+   * ranges are done. */
+  void (*parallel_for)(disc_ral* ral, int64_t total, double cost_per_unit,
+                       disc_range_fn fn, void* closure);
+
+  /* Records an error (a DISC_* code and a message); the host turns it into a
+   * TF Status once disc_entry returns non-zero. */
+  void (*set_error)(disc_ral* ral, int32_t code, const char* message);
+};
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DISC_RAL_H_ */

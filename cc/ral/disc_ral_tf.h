@@ -1,0 +1,71 @@
+// disc_ral_tf.h -- the DISC runtime abstraction layer implemented on top of a
+// TensorFlow OpKernelContext (CPU device).
+//
+// One TfRal is built per DiscCluster execution; its `disc_ral` base is passed
+// to the artifact's `disc_entry`. Everything the artifact allocates through it
+// (outputs via allocate_output, scratch via allocate_temp) comes from TF's
+// allocators; scratch tensors are kept alive until the TfRal is destroyed or
+// free_temp is called.
+#ifndef DISC_TF_CC_RAL_DISC_RAL_TF_H_
+#define DISC_TF_CC_RAL_DISC_RAL_TF_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cc/ral/disc_ral.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace disc_tf {
+
+// Converts a DISC_* error code and message to an absl::Status:
+// DISC_INVALID_ARGUMENT -> InvalidArgument, DISC_RESOURCE_EXHAUSTED ->
+// ResourceExhausted, DISC_OK -> OK, anything else -> Internal.
+absl::Status DiscErrorToStatus(int32_t code, const std::string& message);
+
+// A disc_ral bound to one OpKernelContext for the duration of one call.
+// Not copyable; must outlive the disc_entry call it is passed to.
+struct TfRal : public disc_ral {
+  explicit TfRal(tensorflow::OpKernelContext* ctx);
+  ~TfRal();
+
+  TfRal(const TfRal&) = delete;
+  TfRal& operator=(const TfRal&) = delete;
+
+  // The disc_ral pointer to hand to disc_entry.
+  disc_ral* ral() { return this; }
+
+  // Recovers the TfRal from the pointer passed to a RAL callback.
+  static TfRal* From(disc_ral* ral) { return static_cast<TfRal*>(ral); }
+
+  // True once set_error has been called (or the host recorded an error).
+  bool has_error() const;
+
+  // The stored error as a Status (OK if none was recorded).
+  absl::Status status() const;
+
+  // Records an error; the first error wins. Thread-safe.
+  void SetError(int32_t code, const std::string& message);
+
+  // Releases all scratch tensors now (also done by the destructor).
+  void ReleaseTemps();
+
+  tensorflow::OpKernelContext* ctx;
+  // Per-input dims, copied as int64 (input_dims returns pointers into these).
+  std::vector<std::vector<int64_t>> dims;
+  // Scratch tensors alive until the end of the call or free_temp.
+  std::vector<tensorflow::Tensor> temps;
+  // Which outputs were allocated through alloc_output.
+  std::vector<bool> output_allocated;
+
+  mutable std::mutex mu;  // guards temps, outputs and the error fields
+  int32_t error_code = DISC_OK;
+  std::string error_message;
+};
+
+}  // namespace disc_tf
+
+#endif  // DISC_TF_CC_RAL_DISC_RAL_TF_H_

@@ -1,0 +1,38 @@
+"""disc_tf: a dynamic-shape compiler for TensorFlow.
+
+Clusters of TF ops are compiled once, with every dimension symbolic, into
+fused kernels and a generated host runner, and run at any input shape.
+"""
+
+from __future__ import annotations
+
+from disc_tf.jit import JitFunction, jit
+from disc_tf.runtime import native as _native
+from disc_tf.saved_model import optimize_saved_model as _optimize_saved_model
+
+__all__ = ["optimize", "jit", "JitFunction", "stats", "reset_stats"]
+__version__ = "0.1.0"
+
+_native.load()  # registers the DiscCluster op, so optimized models load
+
+
+def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
+             signatures=None) -> str:
+    """Optimizes a SavedModel ahead of time; returns ``output_dir``.
+
+    Every cluster's compiled artifact is stored inside the output model, which
+    loads anywhere after ``import disc_tf``.
+    """
+    _optimize_saved_model(saved_model_dir, output_dir, target=target, signatures=signatures)
+    return str(output_dir)
+
+
+def stats() -> dict[str, int]:
+    """Counters of this process since the last reset: clusters, compilations,
+    cache_hits, fallbacks, kernels."""
+    return dict(_native.load().py.stats())
+
+
+def reset_stats() -> None:
+    """Zeroes the counters of ``stats()``."""
+    _native.load().py.reset_stats()

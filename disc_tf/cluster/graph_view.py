@@ -1,0 +1,157 @@
+"""A read-only, analysed view of one graph body (a GraphDef or a FunctionDef).
+
+Both containers are brought to GraphDef naming ("node:index") and imported into
+a scratch ``tf.Graph`` so that TensorFlow's own shape inference supplies every
+tensor's dtype and rank. Clustering and rewriting only read this view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import tensorflow as tf
+from tensorflow.core.framework import function_pb2, graph_pb2
+from tensorflow.python.framework import function_def_to_graph
+
+log = logging.getLogger("disc_tf.cluster")
+
+
+@dataclasses.dataclass
+class TensorInfo:
+    """One tensor of the view: flat name, dtype and rank (None if unknown)."""
+
+    name: str
+    dtype: tf.DType
+    rank: int | None
+
+
+@dataclasses.dataclass
+class NodeInfo:
+    """One node of the view, with its data/control inputs in flat naming."""
+
+    name: str
+    op: str
+    device: str
+    node_def: tf.compat.v1.NodeDef
+    inputs: list[TensorInfo]
+    control_inputs: list[str]
+    outputs: list[TensorInfo]
+    stateful: bool
+
+
+def canonical_tensor_name(name: str) -> str:
+    """'node' -> 'node:0'; control and already indexed names are returned as is."""
+    if name.startswith("^") or ":" in name:
+        return name
+    return name + ":0"
+
+
+def producer(tensor_name: str) -> str:
+    """The node name of a flat tensor name ('node:1' -> 'node')."""
+    return tensor_name.lstrip("^").split(":")[0]
+
+
+@dataclasses.dataclass
+class GraphView:
+    """Nodes of one body in flat naming, with TF-inferred dtypes and ranks."""
+
+    nodes: dict[str, NodeInfo]
+    order: list[str]  # topological order of node names
+    flat_graph_def: graph_pb2.GraphDef
+
+    def consumers(self) -> dict[str, list[tuple[str, int]]]:
+        """Flat tensor name -> [(consumer node, input index)]."""
+        result: dict[str, list[tuple[str, int]]] = {}
+        for node in self.nodes.values():
+            for i, t in enumerate(node.inputs):
+                result.setdefault(t.name, []).append((node.name, i))
+        return result
+
+    def control_consumers(self) -> dict[str, list[str]]:
+        """Node name -> nodes that have a control edge from it."""
+        result: dict[str, list[str]] = {}
+        for node in self.nodes.values():
+            for c in node.control_inputs:
+                result.setdefault(c, []).append(node.name)
+        return result
+
+
+def _rank(shape: tf.TensorShape) -> int | None:
+    return shape.rank
+
+
+def _topological_order(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Kahn's algorithm over data+control edges; TF1 loop back edges are cut."""
+    op_of = {n.name: n.op for n in graph_def.node}
+    back_edge_ops = ("NextIteration", "RefNextIteration")
+    succs: dict[str, list[str]] = {name: [] for name in op_of}
+    indegree = dict.fromkeys(op_of, 0)
+    for n in graph_def.node:
+        for src in {producer(i) for i in n.input}:
+            if src in op_of and op_of[src] not in back_edge_ops:
+                succs[src].append(n.name)
+                indegree[n.name] += 1
+    ready = [name for name, d in indegree.items() if d == 0]
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for s in succs[name]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                ready.append(s)
+    if len(order) != len(op_of):
+        raise ValueError("graph has a cycle that is not a TF1 while loop")
+    return order
+
+
+def view_of_graph_def(
+    graph_def: graph_pb2.GraphDef, library: function_pb2.FunctionDefLibrary | None = None
+) -> GraphView:
+    """Analyses a flat GraphDef (inputs named 'node:index').
+
+    ``library`` supplies the functions that call nodes refer to, so that TF can
+    infer their output shapes.
+    """
+    full = graph_pb2.GraphDef()
+    full.CopyFrom(graph_def)
+    if library is not None:
+        full.library.CopyFrom(library)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(full, name="")
+    nodes: dict[str, NodeInfo] = {}
+    for nd in graph_def.node:
+        op = graph.get_operation_by_name(nd.name)
+        inputs = [
+            TensorInfo(canonical_tensor_name(i), t.dtype, _rank(t.shape))
+            for i, t in zip((x for x in nd.input if not x.startswith("^")), op.inputs)
+        ]
+        outputs = [
+            TensorInfo(f"{nd.name}:{k}", t.dtype, _rank(t.shape)) for k, t in enumerate(op.outputs)
+        ]
+        nodes[nd.name] = NodeInfo(
+            name=nd.name,
+            op=nd.op,
+            device=nd.device,
+            node_def=nd,
+            inputs=inputs,
+            control_inputs=[producer(i) for i in nd.input if i.startswith("^")],
+            outputs=outputs,
+            stateful=op.op_def.is_stateful if op.op_def is not None else True,
+        )
+    return GraphView(nodes=nodes, order=_topological_order(graph_def), flat_graph_def=graph_def)
+
+
+def view_of_function_def(
+    fdef: function_pb2.FunctionDef, library: function_pb2.FunctionDefLibrary | None = None
+) -> tuple[GraphView, dict[str, str]]:
+    """Analyses a FunctionDef body.
+
+    Returns the view and the map from FunctionDef tensor names
+    ('node:out_arg:index', 'arg') to flat names ('node:flat_index', 'arg:0').
+    Argument shapes come from the FunctionDef's ``_output_shapes`` arg attrs.
+    """
+    graph_def, nested_to_flat = function_def_to_graph.function_def_to_graph_def(fdef)
+    return view_of_graph_def(graph_def, library), nested_to_flat

@@ -1,0 +1,70 @@
+"""The op-support registry: which TF ops disc_tf can compile, for which dtypes.
+
+One entry per TF op type. The clustering pass asks this registry whether a node
+may join a cluster; the DHLO bridge has one lowering rule per entry (same name).
+Adding an op is one entry here plus its lowering in ``disc_tf.dhlo_bridge``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+FLOAT_TYPES = frozenset({tf.float32, tf.float16})
+NUMERIC_TYPES = frozenset({tf.float32, tf.float16, tf.int32, tf.int64})
+SIGNED_TYPES = NUMERIC_TYPES
+ALL_TYPES = NUMERIC_TYPES | {tf.bool}
+
+#: Highest tensor rank a cluster value may have.
+MAX_RANK = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSupport:
+    """What disc_tf supports of one TF op type."""
+
+    op: str
+    #: dtypes accepted for the op's type attribute (``dtype_attr``).
+    dtypes: frozenset
+    #: attribute naming the dtype checked against ``dtypes``.
+    dtype_attr: str = "T"
+    #: ops that do no arithmetic (constants); they do not count towards the
+    #: minimum cluster size.
+    trivial: bool = False
+
+
+_REGISTRY: dict[str, OpSupport] = {}
+
+
+def _register(op: str, dtypes: frozenset, dtype_attr: str = "T", trivial: bool = False) -> None:
+    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial)
+
+
+for _op in ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "Neg", "Abs", "Square", "Relu"):
+    _register(_op, NUMERIC_TYPES)
+for _op in ("RealDiv", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Rsqrt", "Sqrt"):
+    _register(_op, FLOAT_TYPES)
+for _op in ("Equal", "NotEqual"):
+    _register(_op, ALL_TYPES)
+for _op in ("Less", "LessEqual", "Greater", "GreaterEqual"):
+    _register(_op, NUMERIC_TYPES)
+for _op in ("LogicalAnd", "LogicalOr", "LogicalNot"):
+    _register(_op, frozenset({tf.bool}), dtype_attr="")
+_register("Select", ALL_TYPES)
+_register("SelectV2", ALL_TYPES)
+_register("Cast", ALL_TYPES, dtype_attr="SrcT")
+_register("Const", ALL_TYPES, dtype_attr="dtype", trivial=True)
+
+#: Const nodes larger than this many elements stay outside clusters.
+MAX_CONST_ELEMENTS = 4096
+
+
+def lookup(op_type: str) -> OpSupport | None:
+    """Returns the support entry of ``op_type``, or None if it is not supported."""
+    return _REGISTRY.get(op_type)
+
+
+def supported_ops() -> list[str]:
+    """All supported TF op types, sorted."""
+    return sorted(_REGISTRY)

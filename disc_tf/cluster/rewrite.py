@@ -1,0 +1,248 @@
+"""Cluster extraction and graph rewrite: a cluster becomes one DiscCluster node.
+
+Works on both bodies disc_tf meets: a GraphDef (inputs 'node:index') and a
+FunctionDef (inputs 'node:out_arg:index'); the analysis is done in flat names
+and every reference is translated back into the body's own naming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.framework import graph_to_function_def
+
+from disc_tf.cluster.graph_view import GraphView, TensorInfo, canonical_tensor_name, producer
+
+DISC_OP = "DiscCluster"
+
+
+@dataclasses.dataclass
+class ClusterSpec:
+    """One cluster, self-contained: the subgraph and how it meets the body.
+
+    ``subgraph`` holds a Placeholder ``disc_arg_<i>`` per input followed by the
+    clustered nodes (inputs remapped, internal attrs and devices dropped);
+    ``outputs`` name tensors of that subgraph.
+    """
+
+    name: str
+    node_names: list[str]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    control_inputs: list[str]
+    subgraph: graph_pb2.GraphDef
+
+    def op_summary(self) -> list[tuple[str, str]]:
+        """(node name, op type) of every clustered node."""
+        return [(n.name, n.op) for n in self.subgraph.node if n.op != "Placeholder"]
+
+
+def arg_name(i: int) -> str:
+    """Name of the subgraph placeholder standing for cluster input ``i``."""
+    return f"disc_arg_{i}"
+
+
+def extract_cluster(
+    view: GraphView, node_names: list[str], name: str, fetched: frozenset[str]
+) -> ClusterSpec:
+    """Builds the ClusterSpec of ``node_names`` (topologically ordered).
+
+    ``fetched`` holds flat tensor names read from outside the body (function
+    returns, fetches); such tensors always become cluster outputs.
+    """
+    members = set(node_names)
+    inputs: list[TensorInfo] = []
+    input_index: dict[str, int] = {}
+    control_inputs: list[str] = []
+    for n in node_names:
+        node = view.nodes[n]
+        for t in node.inputs:
+            if producer(t.name) not in members and t.name not in input_index:
+                input_index[t.name] = len(inputs)
+                inputs.append(t)
+        for c in node.control_inputs:
+            if c not in members and c not in control_inputs:
+                control_inputs.append(c)
+    consumers = view.consumers()
+    outputs = [
+        t
+        for n in node_names
+        for t in view.nodes[n].outputs
+        if t.name in fetched or any(c not in members for c, _ in consumers.get(t.name, []))
+    ]
+
+    sub = graph_pb2.GraphDef()
+    for i, t in enumerate(inputs):
+        ph = sub.node.add(name=arg_name(i), op="Placeholder")
+        ph.attr["dtype"].type = t.dtype.as_datatype_enum
+        ph.attr["shape"].shape.CopyFrom(tf.TensorShape([None] * t.rank).as_proto())
+    for n in node_names:
+        src = view.nodes[n].node_def
+        nd = sub.node.add(name=src.name, op=src.op)
+        for key, value in src.attr.items():
+            if not key.startswith("_"):
+                nd.attr[key].CopyFrom(value)
+        for i in src.input:
+            if i.startswith("^"):
+                continue
+            flat = canonical_tensor_name(i)
+            nd.input.append(f"{arg_name(input_index[flat])}:0" if flat in input_index else flat)
+    return ClusterSpec(name, list(node_names), inputs, outputs, control_inputs, sub)
+
+
+def fallback_function(spec: ClusterSpec) -> function_pb2.FunctionDef:
+    """The cluster's original ops as a FunctionDef with the cluster's signature."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(spec.subgraph, name="")
+    ops = [graph.get_operation_by_name(n.name) for n in spec.subgraph.node]
+    ins = [graph.get_tensor_by_name(f"{arg_name(i)}:0") for i in range(len(spec.inputs))]
+    outs = [graph.get_tensor_by_name(t.name) for t in spec.outputs]
+    fdef = graph_to_function_def.graph_to_function_def(
+        graph, ops, ins, outs, out_names=[f"out_{k}" for k in range(len(outs))]
+    )
+    digest = hashlib.sha256(spec.subgraph.SerializeToString(deterministic=True)).hexdigest()[:12]
+    fdef.signature.name = f"disc_fallback_{spec.name}_{digest}"
+    return fdef
+
+
+@dataclasses.dataclass
+class CompiledClusterAttrs:
+    """What the compiler produced for a cluster, to store in its DiscCluster node."""
+
+    artifact: bytes
+    artifact_sha256: str
+    num_kernels: int
+
+
+def disc_node(
+    spec: ClusterSpec,
+    input_refs: list[str],
+    control_refs: list[str],
+    fallback_name: str,
+    compiled: CompiledClusterAttrs,
+) -> node_def_pb2.NodeDef:
+    """The DiscCluster NodeDef replacing ``spec`` (inputs in the body's naming)."""
+    nd = node_def_pb2.NodeDef(name=spec.name, op=DISC_OP)
+    nd.input.extend(input_refs)
+    nd.input.extend("^" + c for c in control_refs)
+    nd.attr["Tin"].list.type.extend(t.dtype.as_datatype_enum for t in spec.inputs)
+    nd.attr["Tout"].list.type.extend(t.dtype.as_datatype_enum for t in spec.outputs)
+    nd.attr["output_shapes"].list.shape.extend(
+        tf.TensorShape([None] * t.rank).as_proto() for t in spec.outputs
+    )
+    nd.attr["artifact"].s = compiled.artifact
+    nd.attr["artifact_sha256"].s = compiled.artifact_sha256.encode()
+    nd.attr["fallback"].func.name = fallback_name
+    nd.attr["cluster_name"].s = spec.name.encode()
+    nd.attr["num_kernels"].i = compiled.num_kernels
+    return nd
+
+
+def _replace_refs(
+    refs, to_flat, out_ref: dict[str, str], ctrl: dict[str, str]
+) -> list[str]:
+    """Maps each input reference onto cluster outputs where it reads one."""
+    result = []
+    for r in refs:
+        if r.startswith("^"):
+            new = "^" + ctrl.get(r[1:], r[1:])
+            if new not in result:
+                result.append(new)
+        else:
+            result.append(out_ref.get(to_flat(r), r))
+    return result
+
+
+def rewrite_graph_def(
+    graph_def: graph_pb2.GraphDef,
+    replaced: list[tuple[ClusterSpec, node_def_pb2.NodeDef]],
+    protected: frozenset[str],
+) -> graph_pb2.GraphDef:
+    """Returns ``graph_def`` with each cluster replaced by its DiscCluster node.
+
+    Nodes named in ``protected`` keep their names: an IdentityN of that name
+    re-exposes their outputs from the cluster.
+    """
+    out_ref: dict[str, str] = {}
+    ctrl: dict[str, str] = {}
+    removed: set[str] = set()
+    extra: list[node_def_pb2.NodeDef] = []
+    for spec, node in replaced:
+        removed.update(spec.node_names)
+        for k, t in enumerate(spec.outputs):
+            out_ref[t.name] = f"{spec.name}:{k}"
+        for n in spec.node_names:
+            ctrl[n] = spec.name
+        by_node: dict[str, list[tuple[int, TensorInfo]]] = {}
+        for k, t in enumerate(spec.outputs):
+            by_node.setdefault(producer(t.name), []).append((k, t))
+        for n in spec.node_names:
+            if n in protected:
+                outs = by_node.get(n, [])
+                ident = node_def_pb2.NodeDef(name=n, op="IdentityN")
+                ident.input.extend(f"{spec.name}:{k}" for k, _ in outs)
+                ident.attr["T"].list.type.extend(t.dtype.as_datatype_enum for _, t in outs)
+                extra.append(ident)
+    result = graph_pb2.GraphDef()
+    result.versions.CopyFrom(graph_def.versions)
+    result.library.CopyFrom(graph_def.library)
+    for nd in graph_def.node:
+        if nd.name in removed:
+            continue
+        new = result.node.add()
+        new.CopyFrom(nd)
+        del new.input[:]
+        new.input.extend(_replace_refs(nd.input, canonical_tensor_name, out_ref, ctrl))
+    for _, node in replaced:
+        result.node.add().CopyFrom(node)
+    result.node.extend(extra)
+    return result
+
+
+def rewrite_function_def(
+    fdef: function_pb2.FunctionDef,
+    nested_to_flat: dict[str, str],
+    replaced: list[tuple[ClusterSpec, node_def_pb2.NodeDef]],
+) -> function_pb2.FunctionDef:
+    """Returns ``fdef`` with each cluster replaced by its DiscCluster node."""
+    out_ref: dict[str, str] = {}
+    ctrl: dict[str, str] = {}
+    removed: set[str] = set()
+    for spec, _ in replaced:
+        removed.update(spec.node_names)
+        for k, t in enumerate(spec.outputs):
+            out_ref[t.name] = f"{spec.name}:outputs:{k}"
+        for n in spec.node_names:
+            ctrl[n] = spec.name
+
+    def to_flat(ref: str) -> str:
+        return nested_to_flat.get(ref, ref)
+
+    result = function_pb2.FunctionDef()
+    result.CopyFrom(fdef)
+    del result.node_def[:]
+    for nd in fdef.node_def:
+        if nd.name in removed:
+            continue
+        new = result.node_def.add()
+        new.CopyFrom(nd)
+        del new.input[:]
+        new.input.extend(_replace_refs(nd.input, to_flat, out_ref, ctrl))
+    for _, node in replaced:
+        result.node_def.add().CopyFrom(node)
+    for key, ref in fdef.ret.items():
+        result.ret[key] = out_ref.get(to_flat(ref), ref)
+    for key, node_name in fdef.control_ret.items():
+        result.control_ret[key] = ctrl.get(node_name, node_name)
+    return result
+
+
+def make_func_attr(name: str) -> attr_value_pb2.AttrValue:
+    """An AttrValue naming function ``name``."""
+    value = attr_value_pb2.AttrValue()
+    value.func.name = name
+    return value

@@ -1,0 +1,349 @@
+"""CPU backend: C++ kernels plus the generated host runner of one cluster.
+
+The emitted source includes only ``disc_ral.h`` and the C library. Each kernel
+gets a compute function over element values, a flat version (every input read
+at the output's own index) and, where an input may be broadcast, a version
+with per-input strides; the host runner picks one per call.
+"""
+
+from __future__ import annotations
+
+from disc_tf.codegen.cpu_ops import COMPUTE, COST, ITEMSIZE, PRELUDE, RAL_DTYPE, STORAGE
+from disc_tf.codegen.cpu_ops import expression, literal
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
+
+#: Bumped whenever generated code changes meaning; part of the cache key.
+CODEGEN_VERSION = "cpu-1"
+
+
+def _sym(s: int, plan: FusionPlan) -> str:
+    d = plan.symbols[s]
+    return str(d.value) if d.kind == "const" else f"s{s}"
+
+
+def _product(syms: list[int], plan: FusionPlan) -> str:
+    return " * ".join(_sym(s, plan) for s in syms) if syms else "1"
+
+
+def _comment(text: str) -> str:
+    return text.replace("*/", "* /").replace("\n", " ")
+
+
+class _KernelEmitter:
+    def __init__(self, kernel: Kernel, plan: FusionPlan) -> None:
+        self.k = kernel
+        self.plan = plan
+        self.rank = len(kernel.dims)
+        self.args = f"{kernel.name.capitalize()}Args"
+
+    def buf(self, access: Access) -> Buffer:
+        return self.plan.buffers[access.buffer]
+
+    def struct(self) -> str:
+        lines = [f"struct {self.args} {{", "  int64_t n;  // elements"]
+        if self.rank:
+            lines.append(f"  int64_t dims[{self.rank}];")
+        for i, a in enumerate(self.k.inputs):
+            b = self.buf(a)
+            lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {a}")
+            if self.rank:
+                lines.append(f"  int64_t in{i}_strides[{self.rank}];")
+        for j, (value, bname) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[bname].elem
+            lines.append(f"  {STORAGE[elem]}* out{j};  // {bname} ({value})")
+        lines.append("};")
+        return "\n".join(lines)
+
+    def compute(self) -> str:
+        params = [f"{COMPUTE[self.buf(a).elem]} in{i}" for i, a in enumerate(self.k.inputs)]
+        params += [
+            f"{COMPUTE[self.plan.buffers[b].elem]}& out{j}" for j, (_, b) in enumerate(self.k.outputs)
+        ]
+        names: dict[str, str] = {}
+        body = []
+        for n, op in enumerate(self.k.ops):
+            args = []
+            for (kind, ref), elem in zip(op.operands, op.operand_elems):
+                if kind == "in":
+                    args.append(f"in{ref}")
+                elif kind == "val":
+                    args.append(names[ref])
+                else:
+                    args.append(literal(ref, elem))
+            var = f"v{n}"
+            names[op.value] = var
+            expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
+            body.append(
+                f"  const {COMPUTE[op.elem]} {var} = {expr};  // {_comment(op.tf_node)}: {op.op}"
+            )
+        for j, (value, _) in enumerate(self.k.outputs):
+            body.append(f"  out{j} = {names[value]};")
+        head = f"static inline void {self.k.name}_compute({', '.join(params)}) {{"
+        return "\n".join([head, *body, "}"])
+
+    def _loop(self, index: dict[int, str], out_index: str) -> list[str]:
+        loads = [
+            f"({COMPUTE[self.buf(a).elem]})r{i}[{index[i]}]" for i, a in enumerate(self.k.inputs)
+        ]
+        lines = []
+        outs = []
+        for j, (_, b) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[b].elem
+            lines.append(f"    {COMPUTE[elem]} o{j};")
+            outs.append(f"o{j}")
+        lines.append(f"    {self.k.name}_compute({', '.join(loads + outs)});")
+        for j, (_, b) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[b].elem
+            lines.append(f"    w{j}[{out_index}] = ({STORAGE[elem]})o{j};")
+        return lines
+
+    def _pointers(self, offset: str) -> list[str]:
+        lines = [f"  const {self.args}& a = *static_cast<const {self.args}*>(p);"]
+        for i, acc in enumerate(self.k.inputs):
+            off = offset.format(i=i)
+            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i}{off};")
+        for j, (_, b) in enumerate(self.k.outputs):
+            lines.append(f"  {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j};")
+        return lines
+
+    def flat(self) -> str:
+        lines = [f"static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
+        lines += self._pointers("")
+        lines.append("  for (int64_t i = begin; i < end; ++i) {")
+        lines += self._loop({i: "i" for i in range(len(self.k.inputs))}, "i")
+        lines += ["  }", "}"]
+        return "\n".join(lines)
+
+    def broadcast(self) -> str:
+        r = self.rank
+        lines = [
+            f"// Rows [begin, end) of the innermost dim; inputs read through strides (0 = broadcast).",
+            f"static void {self.k.name}_bcast(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t inner = a.dims[{r - 1}];",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    int64_t rem = row;",
+        ]
+        for i in range(len(self.k.inputs)):
+            lines.append(f"    int64_t off{i} = 0;")
+        if r > 1:
+            lines.append(f"    for (int d = {r - 2}; d >= 0; --d) {{")
+            lines.append("      const int64_t idx = rem % a.dims[d];")
+            lines.append("      rem /= a.dims[d];")
+            for i in range(len(self.k.inputs)):
+                lines.append(f"      off{i} += idx * a.in{i}_strides[d];")
+            lines.append("    }")
+        for i, acc in enumerate(self.k.inputs):
+            lines.append(
+                f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
+            )
+            lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
+        for j, (_, b) in enumerate(self.k.outputs):
+            lines.append(
+                f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
+            )
+        lines.append("    for (int64_t c = 0; c < inner; ++c) {")
+        lines += ["  " + x for x in self._loop({i: f"c * st{i}" for i in range(len(self.k.inputs))}, "c")]
+        lines += ["    }", "  }", "}"]
+        return "\n".join(lines)
+
+    def cost(self) -> int:
+        return max(1, sum(COST.get(op.op, 1) for op in self.k.ops))
+
+    def source(self) -> str:
+        header = (
+            f"// ---- {self.k.name}: {self.k.kind} fusion over "
+            f"[{', '.join(_sym(d, self.plan) for d in self.k.dims)}]\n"
+            f"// TF ops: {_comment(', '.join(self.k.tf_ops))}"
+        )
+        parts = [header, self.struct(), self.compute(), self.flat()]
+        if self.k.needs_broadcast_version and self.rank:
+            parts.append(self.broadcast())
+        return "\n\n".join(parts)
+
+    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines that fill the args and launch the kernel."""
+        plan, k, r = self.plan, self.k, self.rank
+        lines = [f"  {{  // {k.name}: {_comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};"]
+        lines.append(f"    k.n = {_product(k.dims, plan)};")
+        for d, s in enumerate(k.dims):
+            lines.append(f"    k.dims[{d}] = {_sym(s, plan)};")
+        flat_conds = []
+        for i, acc in enumerate(k.inputs):
+            b = self.buf(acc)
+            lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
+            if not r:
+                continue
+            dims_map = acc.dims if acc.dims is not None else list(range(r))
+            stride = "1"
+            for bd in range(len(b.dims) - 1, -1, -1):
+                size = _sym(b.dims[bd], plan)
+                lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                stride = f"{stride} * {size}" if stride != "1" else size
+            if not acc.is_identity:
+                flat_conds.append(f"{_product(b.dims, plan)} == k.n")
+        for j, (_, bname) in enumerate(k.outputs):
+            lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
+        cost = self.cost()
+        lines.append("    if (k.n > 0) {")
+        if k.needs_broadcast_version and r:
+            cond = " && ".join(flat_conds)
+            lines.append(f"      if ({cond}) {{  // no input is broadcast in this call")
+            lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+            lines.append("      } else {")
+            lines.append(
+                f"        ral->parallel_for(ral, k.n / k.dims[{r - 1}], {cost}.0 * k.dims[{r - 1}],"
+                f" {k.name}_bcast, &k);"
+            )
+            lines.append("      }")
+        else:
+            lines.append(f"      ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+        lines += ["    }", "  }"]
+        return lines
+
+
+def _const_data(b: Buffer) -> str:
+    values = ", ".join(literal(v, b.elem) for v in b.const_value.reshape(-1))
+    n = max(1, b.const_value.size)
+    return f"static const {STORAGE[b.elem]} {b.name}_data[{n}] = {{{values}}};"
+
+
+def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
+    for n, check in enumerate(plan.checks):
+        shapes = check.operands
+        decl = []
+        for i, s in enumerate(shapes):
+            decl.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(_sym(x, plan) for x in s) or '0'}}};")
+        ptrs = ", ".join(f"c{n}_{i}" for i in range(len(shapes)))
+        ranks = ", ".join(str(len(s)) for s in shapes)
+        fail = (
+            f"      const int64_t* shapes[] = {{{ptrs}}};\n"
+            f"      const int ranks[] = {{{ranks}}};\n"
+        )
+        tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')
+        if check.kind == "broadcast":
+            new_syms = [s for s in check.result if plan.symbols[s].kind == "broadcast"]
+            lines.append(f"  // numpy broadcast for TF op '{_comment(check.tf_node)}'")
+            lines.append("  bool ok{} = true;".format(n))
+            for s in new_syms:
+                comps = plan.symbols[s].components
+                expr = "1"
+                for c in comps:
+                    expr = f"disc_bcast_dim({expr}, {_sym(c, plan)}, &ok{n})"
+                lines.append(f"  const int64_t s{s} = {expr};")
+            lines.append(f"  if (!ok{n}) {{")
+            lines.extend(decl)
+            lines.append(fail.rstrip("\n"))
+            lines.append(
+                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': Incompatible shapes: ", '
+                f"{len(shapes)}, shapes, ranks);"
+            )
+            lines.append("  }")
+        else:
+            conds = [
+                f"{_sym(a, plan)} != {_sym(b, plan)}"
+                for s in shapes[1:]
+                for a, b in zip(shapes[0], s)
+                if a != b
+            ]
+            lines.append(f"  // shapes must be equal for TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  if ({' || '.join(conds) or 'false'}) {{")
+            lines.extend(decl)
+            lines.append(fail.rstrip("\n"))
+            lines.append(
+                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': shapes must be equal: ", '
+                f"{len(shapes)}, shapes, ranks);"
+            )
+            lines.append("  }")
+
+
+def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
+    """The complete C++ source (kernels + ``disc_entry``) of one cluster."""
+    emitters = [_KernelEmitter(k, plan) for k in plan.kernels]
+    out: list[str] = [
+        f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster '{_comment(plan.cluster_name)}'.",
+        "// Inputs:  " + _comment(", ".join(f"arg{i}={n}" for i, n in enumerate(input_names))),
+        "// Outputs: " + _comment(", ".join(f"result{i}={n}" for i, n in enumerate(output_names))),
+        "#include <math.h>",
+        "#include <stdint.h>",
+        "#include <stdio.h>",
+        '#include "disc_ral.h"',
+        "",
+        "namespace {",
+        PRELUDE,
+    ]
+    for b in plan.buffers.values():
+        if b.role == "const":
+            out.append(_const_data(b))
+    for e in emitters:
+        out.append(e.source())
+        out.append("")
+    out.append("}  // namespace")
+    out.append("")
+    out.append('extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }')
+    out.append(f'extern "C" int32_t disc_num_kernels(void) {{ return {len(plan.kernels)}; }}')
+    out.append("")
+    out.append('extern "C" int32_t disc_entry(disc_ral* ral) {')
+    n_in, n_out = len(plan.arg_elems), len(plan.result_buffers)
+    out.append("  // ---- signature checks")
+    out.append(f"  if (ral->num_inputs != {n_in} || ral->num_outputs != {n_out})")
+    out.append(
+        f'    return disc_fail(ral, DISC_INTERNAL, "cluster {plan.cluster_name}: '
+        f'expected {n_in} inputs and {n_out} outputs");'
+    )
+    out.append("  char msg[256];")
+    for i, (elem, rank) in enumerate(zip(plan.arg_elems, plan.arg_ranks)):
+        name = input_names[i].replace('"', "'") if i < len(input_names) else f"arg{i}"
+        out.append(f"  if (ral->input_rank(ral, {i}) != {rank} || "
+                   f"ral->input_dtype(ral, {i}) != {RAL_DTYPE[elem]}) {{")
+        out.append(
+            f'    snprintf(msg, sizeof(msg), "input {i} ({name}): expected rank {rank} {elem}, '
+            f'got rank %d dtype %d", (int)ral->input_rank(ral, {i}), (int)ral->input_dtype(ral, {i}));'
+        )
+        out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+        out.append("  }")
+    out.append("  // ---- input dims")
+    for i, rank in enumerate(plan.arg_ranks):
+        if rank:
+            out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
+    for s, d in enumerate(plan.symbols):
+        if d.kind == "arg":
+            out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
+    out.append("  // ---- shape computation and checks")
+    _host_checks(plan, out)
+    out.append("  // ---- buffers")
+    ptr: dict[str, str] = {}
+    for b in plan.buffers.values():
+        st = STORAGE[b.elem]
+        if b.role == "input":
+            out.append(f"  const {st}* {b.name} = static_cast<const {st}*>(ral->input_data(ral, {b.index}));")
+        elif b.role == "const":
+            out.append(f"  const {st}* {b.name} = {b.name}_data;")
+        elif b.role == "output":
+            dims = ", ".join(_sym(s, plan) for s in b.dims) or "0"
+            out.append(f"  const int64_t {b.name}_dims[] = {{{dims}}};")
+            out.append(
+                f"  {st}* {b.name} = static_cast<{st}*>("
+                f"ral->alloc_output(ral, {b.index}, {len(b.dims)}, {b.name}_dims));"
+            )
+            out.append(f"  if (!{b.name} && {_product(b.dims, plan)} != 0) return 1;")
+        ptr[b.name] = b.name
+    last_use: dict[str, int] = {}
+    for n, k in enumerate(plan.kernels):
+        for a in k.inputs:
+            last_use[a.buffer] = n
+    for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
+        for _, bname in k.outputs:
+            b = plan.buffers[bname]
+            if b.role == "temp":
+                st = STORAGE[b.elem]
+                nbytes = f"{_product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+                out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")
+                out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
+        out.extend(e.launch(ptr))
+        for bname, last in last_use.items():
+            if last == n and plan.buffers[bname].role == "temp":
+                out.append(f"  ral->free_temp(ral, {bname});")
+    out.append("  return 0;")
+    out.append("}")
+    return "\n".join(out) + "\n"

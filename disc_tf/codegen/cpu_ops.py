@@ -1,0 +1,133 @@
+"""Per-op C++ expressions for the CPU backend.
+
+Values are held in a *compute type* (float for f16, so that every f16 op
+computes in float and rounds once per op, as TensorFlow's CPU kernels do).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Storage type of each element type in generated C++.
+STORAGE = {"f32": "float", "f16": "_Float16", "i32": "int32_t", "i64": "int64_t", "i1": "bool"}
+#: Type values are computed in.
+COMPUTE = {"f32": "float", "f16": "float", "i32": "int32_t", "i64": "int64_t", "i1": "bool"}
+#: RAL dtype constant of each element type.
+RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "i32": "DISC_I32", "i64": "DISC_I64",
+             "i1": "DISC_BOOL"}
+#: Bytes per element.
+ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4, "i64": 8, "i1": 1}
+
+_FLOAT = ("f32", "f16")
+
+_COMPARE = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+
+#: Rough cost in cycles per element, for the thread pool's cost model.
+COST = {"exponential": 20, "log": 20, "tanh": 25, "logistic": 25, "power": 40,
+        "sqrt": 8, "rsqrt": 10, "divide": 4}
+
+
+def literal(value: object, elem: str) -> str:
+    """A C++ literal of ``value`` in the compute type of ``elem``."""
+    if elem in _FLOAT:
+        v = float(value)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        return f"{v.hex()}f" if v >= 0 else f"(-{(-v).hex()}f)"
+    if elem == "i1":
+        return "true" if value else "false"
+    if elem == "i64":
+        return f"INT64_C({int(value)})"
+    return f"int32_t({int(value)})"
+
+
+def _round(expr: str, elem: str) -> str:
+    """Rounds a float expression to f16 precision when ``elem`` is f16."""
+    return f"disc_round_f16({expr})" if elem == "f16" else expr
+
+
+def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
+               attrs: dict[str, str]) -> str:
+    """The C++ expression computing DHLO ``op`` on compute-type ``args``."""
+    a = args[0]
+    b = args[1] if len(args) > 1 else ""
+    is_float = elem in _FLOAT
+    ct = COMPUTE[elem]
+    simple = {
+        "add": f"{a} + {b}", "subtract": f"{a} - {b}", "multiply": f"{a} * {b}",
+        "divide": f"{a} / {b}", "negate": f"-{a}", "and": f"{a} && {b}", "or": f"{a} || {b}",
+        "not": f"!{a}",
+    }
+    if op in simple:
+        expr = simple[op]
+        if not is_float and elem != "i1":
+            expr = f"{ct}({expr})"
+        return _round(expr, elem)
+    if op == "maximum":
+        if is_float:
+            return f"disc_max({a}, {b})"
+        return f"({a} > {b} ? {a} : {b})"
+    if op == "minimum":
+        if is_float:
+            return f"disc_min({a}, {b})"
+        return f"({a} < {b} ? {a} : {b})"
+    if op == "abs":
+        return _round(f"fabsf({a})", elem) if is_float else f"{ct}({a} < 0 ? -{a} : {a})"
+    unary_float = {"exponential": "expf", "log": "logf", "tanh": "tanhf", "sqrt": "sqrtf"}
+    if op in unary_float:
+        return _round(f"{unary_float[op]}({a})", elem)
+    if op == "rsqrt":
+        return _round(f"1.0f / sqrtf({a})", elem)
+    if op == "logistic":
+        return _round(f"1.0f / (1.0f + expf(-{a}))", elem)
+    if op == "power":
+        return _round(f"powf({a}, {b})", elem)
+    if op == "compare":
+        direction = attrs["comparison_direction"].split()[-1].rstrip(">")
+        return f"({a} {_COMPARE[direction]} {b})"
+    if op == "select":
+        return f"({a} ? {b} : {args[2]})"
+    if op == "convert":
+        src = operand_elems[0]
+        if elem == "i1":
+            return f"({a} != 0)"
+        if src == elem:
+            return a
+        return _round(f"{ct}({a})", elem)
+    raise ValueError(f"CPU codegen has no expression for DHLO op {op}")
+
+
+#: Helpers every generated source defines once.
+PRELUDE = r"""
+static inline float disc_round_f16(float x) { return (float)(_Float16)x; }
+// NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
+static inline float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// One numpy-broadcast step of a dimension; clears *ok if incompatible.
+static inline int64_t disc_bcast_dim(int64_t acc, int64_t d, bool* ok) {
+  if (acc == d || d == 1) return acc;
+  if (acc == 1) return d;
+  *ok = false;
+  return acc;
+}
+static int32_t disc_fail(disc_ral* ral, int32_t code, const char* message) {
+  ral->set_error(ral, code, message);
+  return 1;
+}
+// Formats "<prefix>[a,b] vs. [c,d]" and reports it as InvalidArgument.
+static int32_t disc_fail_shapes(disc_ral* ral, const char* prefix, int n,
+                                const int64_t* const* shapes, const int* ranks) {
+  char msg[1024];
+  int len = snprintf(msg, sizeof(msg), "%s", prefix);
+  for (int i = 0; i < n && len < (int)sizeof(msg); ++i) {
+    len += snprintf(msg + len, sizeof(msg) - len, "%s[", i ? " vs. " : "");
+    for (int d = 0; d < ranks[i] && len < (int)sizeof(msg); ++d)
+      len += snprintf(msg + len, sizeof(msg) - len, d ? ",%lld" : "%lld",
+                      (long long)shapes[i][d]);
+    if (len < (int)sizeof(msg)) len += snprintf(msg + len, sizeof(msg) - len, "]");
+  }
+  return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);
+}
+"""

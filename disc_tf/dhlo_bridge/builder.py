@@ -1,0 +1,140 @@
+"""A small text builder for DHLO modules (StableHLO dynamic ops + shape).
+
+Ops are written in MLIR's generic form, one per line, each with the location
+of the TF node it lowers, so later stages can name the fused TF ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from disc_tf.dhlo_bridge.types import tensor_type
+
+
+@dataclasses.dataclass(frozen=True)
+class TValue:
+    """A tensor SSA value: name, element type, and dims (None = dynamic)."""
+
+    ssa: str
+    elem: str
+    dims: tuple
+
+    @property
+    def rank(self) -> int:
+        """Number of dimensions."""
+        return len(self.dims)
+
+    @property
+    def type(self) -> str:
+        """The MLIR type of the value."""
+        return tensor_type(self.elem, self.dims)
+
+
+class DhloBuilder:
+    """Accumulates the body of one ``func.func @main``."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._counter = 0
+        self._shape_of: dict[str, str] = {}
+        self.loc = "unknown"
+
+    def _fresh(self, prefix: str = "v") -> str:
+        self._counter += 1
+        return f"%{prefix}{self._counter}"
+
+    def _loc(self) -> str:
+        name = self.loc.replace("\\", "\\\\").replace('"', '\\"')
+        return f'loc("{name}")'
+
+    def op(
+        self,
+        name: str,
+        operands: list[TValue],
+        result_elem: str,
+        result_dims: tuple,
+        attrs: str = "",
+    ) -> TValue:
+        """Emits ``stablehlo.<name>`` (or a dotted name as is) with one result."""
+        full = name if "." in name else f"stablehlo.{name}"
+        result = TValue(self._fresh(), result_elem, tuple(result_dims))
+        args = ", ".join(v.ssa for v in operands)
+        types = ", ".join(v.type for v in operands)
+        attr_text = f" {{{attrs}}}" if attrs else ""
+        self.lines.append(
+            f'{result.ssa} = "{full}"({args}){attr_text} : ({types}) -> {result.type} {self._loc()}'
+        )
+        return result
+
+    def constant(self, literal: str, elem: str, dims: tuple) -> TValue:
+        """Emits a ``stablehlo.constant`` of a static type."""
+        ty = tensor_type(elem, dims)
+        return self.op("constant", [], elem, dims, attrs=f"value = {literal} : {ty}")
+
+    def shape_of(self, value: TValue) -> str:
+        """The ``tensor<Rxindex>`` extents of ``value`` (emitted once per value)."""
+        if value.ssa not in self._shape_of:
+            ssa = self._fresh("s")
+            self.lines.append(
+                f'{ssa} = "shape.shape_of"({value.ssa}) : ({value.type}) -> '
+                f"tensor<{value.rank}xindex> {self._loc()}"
+            )
+            self._shape_of[value.ssa] = ssa
+        return self._shape_of[value.ssa]
+
+    def broadcast_shapes(self, values: list[TValue]) -> tuple[str, int]:
+        """Emits ``shape.broadcast`` of the values' shapes; returns (ssa, rank)."""
+        rank = max(v.rank for v in values)
+        shapes = [self.shape_of(v) for v in values]
+        ssa = self._fresh("s")
+        types = ", ".join(f"tensor<{v.rank}xindex>" for v in values)
+        self.lines.append(
+            f'{ssa} = "shape.broadcast"({", ".join(shapes)}) : ({types}) -> '
+            f"tensor<{rank}xindex> {self._loc()}"
+        )
+        return ssa, rank
+
+    def require_equal_shapes(self, values: list[TValue]) -> None:
+        """Emits ``shape.cstr_eq``: the host checks the shapes are identical."""
+        shapes = [self.shape_of(v) for v in values]
+        types = ", ".join(f"tensor<{v.rank}xindex>" for v in values)
+        self.lines.append(
+            f'{self._fresh("w")} = "shape.cstr_eq"({", ".join(shapes)}) : ({types}) -> '
+            f"!shape.witness {self._loc()}"
+        )
+
+    def broadcast_to(self, value: TValue, shape_ssa: str, rank: int, dims: list[int]) -> TValue:
+        """Emits ``stablehlo.dynamic_broadcast_in_dim`` of value to a shape."""
+        result = TValue(self._fresh(), value.elem, (None,) * rank)
+        attr = "broadcast_dimensions = array<i64" + (
+            ": " + ", ".join(map(str, dims)) if dims else ""
+        ) + ">"
+        self.lines.append(
+            f'{result.ssa} = "stablehlo.dynamic_broadcast_in_dim"({value.ssa}, {shape_ssa}) '
+            f"{{{attr}}} : ({value.type}, tensor<{rank}xindex>) -> {result.type} {self._loc()}"
+        )
+        return result
+
+    def numpy_broadcast(self, values: list[TValue]) -> list[TValue]:
+        """Brings operands to their common (numpy-broadcast) shape."""
+        if len({v.ssa for v in values}) == 1:
+            return values
+        shape, rank = self.broadcast_shapes(values)
+        return [
+            self.broadcast_to(v, shape, rank, list(range(rank - v.rank, rank))) for v in values
+        ]
+
+    def module(self, args: list[TValue], results: list[TValue]) -> str:
+        """The finished module text."""
+        params = ", ".join(f"{a.ssa}: {a.type}" for a in args)
+        rtypes = ", ".join(r.type for r in results)
+        body = "\n".join("    " + line for line in self.lines)
+        ret = ", ".join(r.ssa for r in results)
+        return (
+            "module {\n"
+            f"  func.func @main({params}) -> ({rtypes}) {{\n"
+            f"{body}\n"
+            f'    "func.return"({ret}) : ({rtypes}) -> ()\n'
+            "  }\n"
+            "}\n"
+        )

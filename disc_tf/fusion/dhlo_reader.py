@@ -1,0 +1,83 @@
+"""Reads a verified DHLO module into plain, printable op records."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from disc_tf.dhlo_bridge.lower import mlir_lock, parse_and_verify
+
+_TENSOR_RE = re.compile(r"tensor<((?:[0-9?]+x)*)([a-z0-9]+)>")
+_LOC_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"')
+
+
+@dataclasses.dataclass
+class DOp:
+    """One DHLO op: names of operands/results, result types, attrs, TF node."""
+
+    name: str
+    operands: list[str]
+    results: list[str]
+    result_types: list[tuple[str, tuple]]  # (elem, dims) of tensor results; ("index", (n,)) shapes
+    attrs: dict[str, str]
+    tf_node: str
+    const_value: np.ndarray | None = None
+    broadcast_dims: list[int] | None = None
+
+
+@dataclasses.dataclass
+class DFunc:
+    """The ``@main`` function of a DHLO module."""
+
+    args: list[tuple[str, tuple]]  # (elem, dims) per argument
+    ops: list[DOp]
+    returns: list[str]
+
+
+def parse_type(text: str) -> tuple[str, tuple]:
+    """'tensor<?x3xf32>' -> ('f32', (None, 3)); '!shape.witness' -> ('witness', ())."""
+    m = _TENSOR_RE.fullmatch(text)
+    if not m:
+        return ("witness", ())
+    dims = tuple(None if d == "?" else int(d) for d in m.group(1).split("x") if d)
+    return (m.group(2), dims)
+
+
+def read_module(text: str) -> DFunc:
+    """Parses and verifies ``text`` and returns its ``@main`` as a DFunc."""
+    from iree.compiler import ir
+
+    with mlir_lock():
+        module = parse_and_verify(text)
+        func = module.body.operations[0]
+        block = func.regions[0].blocks[0]
+        state = ir.AsmState(func)
+        args = [parse_type(str(a.type)) for a in block.arguments]
+        ops: list[DOp] = []
+        returns: list[str] = []
+        for op in block.operations:
+            o = op.operation
+            operands = [v.get_name(state) for v in o.operands]
+            if o.name == "func.return":
+                returns = operands
+                continue
+            attrs = {o.attributes[i].name: str(o.attributes[i].attr) for i in range(len(o.attributes))}
+            m = _LOC_RE.match(str(o.location))
+            rec = DOp(
+                name=o.name,
+                operands=operands,
+                results=[r.get_name(state) for r in o.results],
+                result_types=[parse_type(str(r.type)) for r in o.results],
+                attrs=attrs,
+                tf_node=m.group(1) if m else "",
+            )
+            if o.name == "stablehlo.constant":
+                dense = ir.DenseElementsAttr(o.attributes["value"])
+                elem, dims = rec.result_types[0]
+                rec.const_value = np.broadcast_to(np.array(dense), dims).copy()
+            if o.name == "stablehlo.dynamic_broadcast_in_dim":
+                rec.broadcast_dims = list(ir.DenseI64ArrayAttr(o.attributes["broadcast_dimensions"]))
+            ops.append(rec)
+    return DFunc(args=args, ops=ops, returns=returns)

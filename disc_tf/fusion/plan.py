@@ -1,0 +1,124 @@
+"""The fusion plan: printable data handed from the planner to codegen."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from disc_tf.fusion.shape_analysis import ShapeCheck, SymDef
+
+
+@dataclasses.dataclass
+class Buffer:
+    """A tensor in memory: a cluster input/output, a temporary or a constant."""
+
+    name: str
+    elem: str
+    dims: list[int]  # symbols
+    role: str  # "input" | "output" | "temp" | "const"
+    index: int = -1  # argument or result index for inputs/outputs
+    const_value: np.ndarray | None = None
+
+    def __str__(self) -> str:
+        where = f" #{self.index}" if self.index >= 0 else ""
+        shape = ", ".join(f"s{d}" for d in self.dims)
+        return f"{self.role}{where} {self.name}: {self.elem}[{shape}]"
+
+
+@dataclasses.dataclass
+class Access:
+    """How a kernel reads a buffer: identity, or a broadcast index map.
+
+    ``dims[i]`` is the kernel dim that buffer dim i runs along; ``expand[i]`` is
+    "no", "yes" or "maybe" (decided per call by the host runner).
+    """
+
+    buffer: str
+    dims: list[int] | None = None
+    expand: list[str] | None = None
+
+    @property
+    def is_identity(self) -> bool:
+        """True if the buffer is read at the kernel's own index."""
+        return self.dims is None
+
+    def __str__(self) -> str:
+        if self.is_identity:
+            return self.buffer
+        return f"broadcast({self.buffer}, dims={self.dims}, expand={self.expand})"
+
+
+@dataclasses.dataclass
+class KernelOp:
+    """One elementwise computation inside a kernel.
+
+    Operands are ("in", k) for kernel input k, ("val", name) for an earlier
+    op of the same kernel, or ("const", scalar) for an inlined scalar constant.
+    """
+
+    value: str
+    op: str  # DHLO op name without dialect, e.g. "add"
+    operands: list[tuple[str, object]]
+    elem: str
+    operand_elems: list[str]
+    tf_node: str
+    attrs: dict[str, str]
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One generated kernel (a loop fusion over ``dims``)."""
+
+    name: str
+    kind: str
+    dims: list[int]  # symbols (class representatives) of the iteration space
+    inputs: list[Access]
+    ops: list[KernelOp]
+    outputs: list[tuple[str, str]]  # (value, buffer)
+
+    @property
+    def tf_ops(self) -> list[str]:
+        """The TF nodes this kernel computes, in order, without repeats."""
+        seen: list[str] = []
+        for op in self.ops:
+            if op.tf_node not in seen:
+                seen.append(op.tf_node)
+        return seen
+
+    @property
+    def needs_broadcast_version(self) -> bool:
+        """True if some input may be broadcast at run time (speculation)."""
+        return any(not a.is_identity for a in self.inputs)
+
+
+@dataclasses.dataclass
+class FusionPlan:
+    """Everything codegen needs for one cluster."""
+
+    cluster_name: str
+    symbols: list[SymDef]
+    checks: list[ShapeCheck]
+    buffers: dict[str, Buffer]
+    kernels: list[Kernel]
+    arg_elems: list[str]
+    arg_ranks: list[int]
+    result_buffers: list[str]
+
+    def describe(self) -> str:
+        """Human-readable plan (what ``inspect`` and the dump dir show)."""
+        lines = [f"fusion plan for {self.cluster_name}: {len(self.kernels)} kernel(s)"]
+        lines.append("symbols:")
+        lines.extend(f"  s{i} = {d}" for i, d in enumerate(self.symbols))
+        lines.append("host checks:")
+        lines.extend(f"  {c}" for c in self.checks)
+        lines.append("buffers:")
+        lines.extend(f"  {b}" for b in self.buffers.values())
+        for k in self.kernels:
+            dims = ", ".join(f"s{d}" for d in k.dims)
+            spec = " (+ broadcast version chosen at run time)" if k.needs_broadcast_version else ""
+            lines.append(f"kernel {k.name}: {k.kind} over [{dims}]{spec}")
+            lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
+            lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")
+            lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
+        return "\n".join(lines)

@@ -1,0 +1,210 @@
+"""Fusion planning: loop fusion decided by proven shape equality.
+
+Every elementwise op joins the most recent kernel whose iteration space is in
+the same symbolic shape class, unless that would create a cycle between
+kernels. Broadcasts are never kernels: a proven non-expanding broadcast is an
+alias, any other becomes an index map on the consumer's read (its expansion
+decided per call when unproven). Scalar constants are inlined.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from disc_tf.fusion.dhlo_reader import DFunc, DOp
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
+from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze
+
+log = logging.getLogger("disc_tf.fusion")
+
+_NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim"}
+
+
+def _combine(a: str, b: str) -> str:
+    if "yes" in (a, b):
+        return "yes"
+    if "maybe" in (a, b):
+        return "maybe"
+    return "no"
+
+
+class _Planner:
+    def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str) -> None:
+        self.func = func
+        self.a = analysis
+        self.cluster_name = cluster_name
+        self.producer: dict[str, DOp] = {r: op for op in func.ops for r in op.results}
+        self.buffers: dict[str, Buffer] = {}
+        self.buffer_of: dict[str, str] = {}  # value -> buffer name
+        self.kernel_of: dict[str, int] = {}  # value -> kernel index
+        self.kernels: list[Kernel] = []
+        self.deps: list[set[int]] = []  # kernels each kernel reads directly
+
+    def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
+        """Follows broadcasts: (base value, dims map, expansion) of a read."""
+        info = self.a.broadcasts.get(value)
+        if info is None:
+            return value, None, None
+        base, dims, expand = self.resolve(self.producer[value].operands[0])
+        if info.is_identity:
+            return base, dims, expand
+        if dims is None:
+            return base, list(info.dims), list(info.expand)
+        return (
+            base,
+            [info.dims[d] for d in dims],
+            [_combine(e, info.expand[d]) for e, d in zip(expand, dims)],
+        )
+
+    def buffer_for_base(self, base: str) -> str:
+        """The buffer holding ``base`` (an argument, a constant or a kernel value)."""
+        if base in self.buffer_of:
+            return self.buffer_of[base]
+        op = self.producer.get(base)
+        if op is not None and op.name == "stablehlo.constant":
+            name = f"const{len([b for b in self.buffers.values() if b.role == 'const'])}"
+            elem, _ = op.result_types[0]
+            self.buffers[name] = Buffer(
+                name, elem, self.a.value_dims[base], "const", const_value=op.const_value
+            )
+        else:
+            name = f"tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+            elem = self.producer[base].result_types[0][0]
+            self.buffers[name] = Buffer(name, elem, self.a.value_dims[base], "temp")
+        self.buffer_of[base] = name
+        return name
+
+    def operand_ref(self, kernel: int, value: str) -> tuple[str, object]:
+        base, dims, expand = self.resolve(value)
+        op = self.producer.get(base)
+        if op is not None and op.name == "stablehlo.constant" and op.const_value.ndim == 0:
+            return ("const", op.const_value.item())
+        if dims is None and self.kernel_of.get(base) == kernel:
+            return ("val", base)
+        access = Access(self.buffer_for_base(base), dims, expand)
+        k = self.kernels[kernel]
+        for i, existing in enumerate(k.inputs):
+            if (existing.buffer, existing.dims, existing.expand) == (
+                access.buffer, access.dims, access.expand
+            ):
+                return ("in", i)
+        k.inputs.append(access)
+        return ("in", len(k.inputs) - 1)
+
+    def legal_kernel(self, kernel: int, op: DOp) -> bool:
+        """May ``op`` join ``kernel`` without a cycle or an in-kernel broadcast?"""
+        for operand in op.operands:
+            base, dims, _ = self.resolve(operand)
+            src = self.kernel_of.get(base)
+            if src is None:
+                continue
+            if src == kernel:
+                if dims is not None:
+                    return False
+            elif self._reaches(src, kernel):
+                return False
+        return True
+
+    def _reaches(self, reader: int, kernel: int) -> bool:
+        """True if ``reader`` (transitively) reads what ``kernel`` writes."""
+        stack, seen = [reader], set()
+        while stack:
+            k = stack.pop()
+            if k == kernel:
+                return True
+            if k not in seen:
+                seen.add(k)
+                stack.extend(self.deps[k])
+        return False
+
+    def place(self, op: DOp) -> None:
+        shape = self.a.shape_class(op.results[0])
+        target = None
+        for idx in range(len(self.kernels) - 1, -1, -1):
+            if tuple(self.kernels[idx].dims) == shape:
+                if self.legal_kernel(idx, op):
+                    target = idx
+                break
+        if target is None:
+            target = len(self.kernels)
+            self.kernels.append(Kernel(f"kernel{target}", "loop", list(shape), [], [], []))
+            self.deps.append(set())
+        operands = [self.operand_ref(target, v) for v in op.operands]
+        for v in op.operands:
+            src = self.kernel_of.get(self.resolve(v)[0])
+            if src is not None and src != target:
+                self.deps[target].add(src)
+        self.kernels[target].ops.append(
+            KernelOp(
+                value=op.results[0],
+                op=op.name.split(".", 1)[1],
+                operands=operands,
+                elem=op.result_types[0][0],
+                operand_elems=[self._elem(v) for v in op.operands],
+                tf_node=op.tf_node,
+                attrs=op.attrs,
+            )
+        )
+        self.kernel_of[op.results[0]] = target
+
+    def _launch_order(self) -> list[Kernel]:
+        """Kernels in an order where each runs after the kernels it reads."""
+        done: set[int] = set()
+        order: list[Kernel] = []
+        while len(order) < len(self.kernels):
+            for k in range(len(self.kernels)):
+                if k not in done and self.deps[k] <= done:
+                    done.add(k)
+                    order.append(self.kernels[k])
+                    break
+        for i, kernel in enumerate(order):
+            kernel.name = f"kernel{i}"
+        return order
+
+    def _elem(self, value: str) -> str:
+        if value.startswith("%arg"):
+            return self.func.args[int(value[4:])][0]
+        return self.producer[value].result_types[0][0]
+
+    def run(self) -> FusionPlan:
+        for i, (elem, _) in enumerate(self.func.args):
+            name = f"arg{i}"
+            self.buffers[name] = Buffer(name, elem, self.a.value_dims[f"%arg{i}"], "input", i)
+            self.buffer_of[f"%arg{i}"] = name
+        for i, value in enumerate(self.func.returns):
+            base, dims, _ = self.resolve(value)
+            if dims is not None or base not in self.producer or base in self.buffer_of:
+                raise ShapeError(f"result {i} is not computed by the cluster")
+            op = self.producer[base]
+            if op.name in _NOT_COMPUTE:
+                raise ShapeError(f"result {i} is a constant")
+            name = f"result{i}"
+            self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[base],
+                                        "output", i)
+            self.buffer_of[base] = name
+        for op in self.func.ops:
+            if op.name.startswith("stablehlo.") and op.name not in _NOT_COMPUTE:
+                self.place(op)
+        # A value leaves its kernel if another kernel reads it or it is a result.
+        for value, buf in self.buffer_of.items():
+            k = self.kernel_of.get(value)
+            if k is not None:
+                self.kernels[k].outputs.append((value, buf))
+        return FusionPlan(
+            cluster_name=self.cluster_name,
+            symbols=self.a.symbols.defs,
+            checks=self.a.checks,
+            buffers=self.buffers,
+            kernels=self._launch_order(),
+            arg_elems=[e for e, _ in self.func.args],
+            arg_ranks=[len(d) for _, d in self.func.args],
+            result_buffers=[f"result{i}" for i in range(len(self.func.returns))],
+        )
+
+
+def plan_fusion(func: DFunc, cluster_name: str) -> tuple[FusionPlan, ShapeAnalysis]:
+    """Analyses shapes of ``func`` and plans its kernels."""
+    analysis = analyze(func)
+    plan = _Planner(func, analysis, cluster_name).run()
+    log.debug("%s", plan.describe())
+    return plan, analysis

@@ -1,0 +1,270 @@
+"""Symbolic-dim analysis: every dim is a symbol; collect what is provably equal.
+
+Symbols are integers. Constants are symbols too (one per value). A union-find
+records proven equalities: operands of an elementwise op, shapes checked equal
+on the host, a broadcast result that one operand already absorbs. Every symbol
+is *defined* once for the host runner (an input dim, a constant, or a checked
+broadcast of other symbols); equalities never replace definitions, they only
+let the fusion planner reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from disc_tf.fusion.dhlo_reader import DFunc
+
+
+class ShapeError(ValueError):
+    """Shapes that can never be valid (e.g. broadcasting 3 with 4)."""
+
+
+@dataclasses.dataclass
+class SymDef:
+    """How the host runner computes a symbol."""
+
+    kind: str  # "arg" | "const" | "broadcast"
+    arg: tuple[int, int] | None = None  # (argument, dim) for "arg"
+    value: int | None = None  # for "const"
+    components: list[int] | None = None  # for "broadcast"
+
+    def __str__(self) -> str:
+        if self.kind == "arg":
+            return f"arg{self.arg[0]}.dim{self.arg[1]}"
+        if self.kind == "const":
+            return str(self.value)
+        return "broadcast(" + ", ".join(f"s{c}" for c in self.components) + ")"
+
+
+@dataclasses.dataclass
+class ShapeCheck:
+    """A host-side check emitted before any kernel runs."""
+
+    kind: str  # "broadcast": operands broadcast to result; "equal": all shapes equal
+    operands: list[list[int]]
+    result: list[int]
+    tf_node: str
+
+    def __str__(self) -> str:
+        shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]" for o in self.operands)
+        return f"check {self.kind} {shapes} (TF op '{self.tf_node}')"
+
+
+class SymbolTable:
+    """Symbol definitions plus a union-find of proven equalities."""
+
+    def __init__(self) -> None:
+        self.defs: list[SymDef] = []
+        self._parent: list[int] = []
+        self._const_of_class: dict[int, int] = {}
+        self._const_sym: dict[int, int] = {}
+
+    def new(self, d: SymDef) -> int:
+        """Defines a new symbol."""
+        sym = len(self.defs)
+        self.defs.append(d)
+        self._parent.append(sym)
+        if d.kind == "const":
+            self._const_of_class[sym] = d.value
+        return sym
+
+    def const(self, value: int) -> int:
+        """The symbol of constant ``value`` (interned)."""
+        if value not in self._const_sym:
+            self._const_sym[value] = self.new(SymDef("const", value=value))
+        return self._const_sym[value]
+
+    def find(self, sym: int) -> int:
+        """The class representative of ``sym``."""
+        while self._parent[sym] != sym:
+            self._parent[sym] = self._parent[self._parent[sym]]
+            sym = self._parent[sym]
+        return sym
+
+    def union(self, a: int, b: int) -> None:
+        """Records that a and b are equal; raises ShapeError on 3 == 4."""
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        ca, cb = self._const_of_class.get(ra), self._const_of_class.get(rb)
+        if ca is not None and cb is not None and ca != cb:
+            raise ShapeError(f"dimension {ca} can never equal {cb}")
+        # Keep the older symbol as representative: it is defined earlier.
+        if rb < ra:
+            ra, rb = rb, ra
+        self._parent[rb] = ra
+        const = ca if ca is not None else cb
+        if const is not None:
+            self._const_of_class[ra] = const
+
+    def same(self, a: int, b: int) -> bool:
+        """True if a == b is proven."""
+        return self.find(a) == self.find(b)
+
+    def constant_value(self, sym: int) -> int | None:
+        """The value of ``sym`` if its class holds a constant."""
+        return self._const_of_class.get(self.find(sym))
+
+    def absorbed(self, big: int, small: int) -> bool:
+        """True if ``small`` is proven to broadcast into ``big`` (no check needed)."""
+        if self.same(big, small) or self.constant_value(small) == 1:
+            return True
+        stack = [big]
+        seen = set()
+        while stack:
+            s = self.find(stack.pop())
+            if s in seen:
+                continue
+            seen.add(s)
+            if self.same(s, small):
+                return True
+            d = self.defs[s]
+            if d.kind == "broadcast":
+                stack.extend(d.components)
+        return False
+
+    def describe(self) -> str:
+        """Each class with its members and definitions, one per line."""
+        classes: dict[int, list[int]] = {}
+        for s in range(len(self.defs)):
+            classes.setdefault(self.find(s), []).append(s)
+        lines = []
+        for rep, members in classes.items():
+            body = ", ".join(f"s{m} = {self.defs[m]}" for m in members)
+            lines.append(f"class s{rep}: {body}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class BroadcastInfo:
+    """A dynamic_broadcast_in_dim seen by the analysis.
+
+    ``expand[i]`` for operand dim i: "no" (proven equal to the result dim),
+    "yes" (operand dim is 1, result dim not known to be 1) or "maybe".
+    """
+
+    dims: list[int]
+    expand: list[str]
+
+    @property
+    def is_identity(self) -> bool:
+        """True if the broadcast provably copies its operand."""
+        return all(e == "no" for e in self.expand) and self.dims == list(range(len(self.dims)))
+
+
+@dataclasses.dataclass
+class ShapeAnalysis:
+    """The result: dims of every tensor value, symbol table, checks, broadcasts."""
+
+    symbols: SymbolTable
+    value_dims: dict[str, list[int]]
+    checks: list[ShapeCheck]
+    broadcasts: dict[str, BroadcastInfo]  # keyed by the broadcast's result value
+
+    def shape_class(self, value: str) -> tuple[int, ...]:
+        """The dims of ``value`` as class representatives."""
+        return tuple(self.symbols.find(s) for s in self.value_dims[value])
+
+    def describe(self) -> str:
+        """Printable summary: classes, value shapes, checks."""
+        lines = ["# symbol classes", self.symbols.describe(), "# value shapes"]
+        for v, dims in self.value_dims.items():
+            lines.append(f"{v}: [" + ", ".join(f"s{self.symbols.find(d)}" for d in dims) + "]")
+        lines.append("# host checks")
+        lines.extend(str(c) for c in self.checks)
+        return "\n".join(lines)
+
+
+_ELEMENTWISE_SAME_SHAPE = frozenset(
+    {"add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "and", "or",
+     "negate", "abs", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "not",
+     "compare", "select", "convert"}
+)
+
+
+def analyze(func: DFunc) -> ShapeAnalysis:
+    """Runs the analysis over ``func`` in program order."""
+    syms = SymbolTable()
+    dims: dict[str, list[int]] = {}
+    extents: dict[str, list[int]] = {}  # shape values (tensor<Nxindex>)
+    checks: list[ShapeCheck] = []
+    broadcasts: dict[str, BroadcastInfo] = {}
+
+    for i, (_, shape) in enumerate(func.args):
+        dims[f"%arg{i}"] = [
+            syms.new(SymDef("arg", arg=(i, d))) if n is None else syms.const(n)
+            for d, n in enumerate(shape)
+        ]
+
+    for op in func.ops:
+        kind = op.name
+        if kind == "stablehlo.constant":
+            dims[op.results[0]] = [syms.const(n) for n in op.result_types[0][1]]
+        elif kind == "shape.shape_of":
+            extents[op.results[0]] = list(dims[op.operands[0]])
+        elif kind == "shape.broadcast":
+            shapes = [extents[o] for o in op.operands]
+            result, needs_check = _broadcast_extents(syms, shapes)
+            extents[op.results[0]] = result
+            if needs_check:
+                checks.append(ShapeCheck("broadcast", shapes, result, op.tf_node))
+        elif kind == "shape.cstr_eq":
+            shapes = [extents[o] for o in op.operands]
+            if any(not syms.same(a, b) for s in shapes[1:] for a, b in zip(shapes[0], s)):
+                checks.append(ShapeCheck("equal", shapes, shapes[0], op.tf_node))
+            for s in shapes[1:]:
+                for a, b in zip(shapes[0], s):
+                    syms.union(a, b)
+        elif kind == "stablehlo.dynamic_broadcast_in_dim":
+            operand = dims[op.operands[0]]
+            out = list(extents[op.operands[1]])
+            expand = []
+            for i, d in enumerate(op.broadcast_dims):
+                if syms.same(operand[i], out[d]):
+                    expand.append("no")
+                elif syms.constant_value(operand[i]) == 1:
+                    expand.append("yes")
+                else:
+                    expand.append("maybe")
+            dims[op.results[0]] = out
+            broadcasts[op.results[0]] = BroadcastInfo(list(op.broadcast_dims), expand)
+        elif kind.startswith("stablehlo.") and kind[len("stablehlo."):] in _ELEMENTWISE_SAME_SHAPE:
+            first = dims[op.operands[0]]
+            for other in op.operands[1:]:
+                for a, b in zip(first, dims[other]):
+                    syms.union(a, b)
+            dims[op.results[0]] = list(first)
+        elif kind == "shape.cstr_broadcastable":
+            continue
+        else:
+            raise ShapeError(f"shape analysis does not know {kind}")
+    return ShapeAnalysis(syms, dims, checks, broadcasts)
+
+
+def _broadcast_extents(syms: SymbolTable, shapes: list[list[int]]) -> tuple[list[int], bool]:
+    """Numpy broadcast of symbolic shapes; new symbols where not provable."""
+    rank = max(len(s) for s in shapes)
+    result = []
+    needs_check = False
+    for pos in range(rank):
+        comps = []
+        for s in shapes:
+            k = pos - (rank - len(s))
+            if k >= 0:
+                comps.append(s[k])
+        # Drop size-1 constants, then components another component absorbs.
+        nontrivial = [c for c in comps if syms.constant_value(c) != 1] or comps[:1]
+        kept: list[int] = []
+        for c in nontrivial:
+            if any(syms.absorbed(k, c) for k in kept):
+                continue
+            kept = [k for k in kept if not syms.absorbed(c, k)] + [c]
+        consts = {syms.constant_value(c) for c in kept} - {None}
+        if len(consts) > 1:
+            raise ShapeError(f"incompatible static dims {sorted(consts)}")
+        if len(kept) == 1:
+            result.append(kept[0])
+        else:
+            result.append(syms.new(SymDef("broadcast", components=kept)))
+            needs_check = True
+    return result, needs_check

@@ -1,0 +1,75 @@
+"""``disc_tf.jit``: a tf.function whose graph runs through DiscCluster ops."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
+from disc_tf.runtime import native
+
+log = logging.getLogger("disc_tf")
+
+
+class JitFunction:
+    """A compiled tf.function: traced once, clustered once, runs at any shape.
+
+    Calling it runs the rewritten graph; ``report`` says what was clustered.
+    """
+
+    def __init__(self, fn: Callable, input_signature=None, options: Options | None = None):
+        native.load()
+        if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+            fn = tf.function(fn, input_signature=input_signature)
+        if fn.input_signature is None and input_signature is None:
+            raise ValueError(
+                "disc_tf.jit needs an input signature (tf.function(input_signature=...) "
+                "or jit(fn, input_signature=...)); dims may be None, ranks must be known"
+            )
+        sig = input_signature or fn.input_signature
+        self._concrete = fn.get_concrete_function(*sig) if input_signature else (
+            fn.get_concrete_function()
+        )
+        concrete = self._concrete
+        graph_def = concrete.graph.as_graph_def()
+        n_captured = len(concrete.captured_inputs)
+        n_args = len(concrete.inputs) - n_captured
+        self._arg_names = [t.name for t in concrete.inputs[:n_args]]
+        self._capture_names = [t.name for t in concrete.inputs[n_args:]]
+        output_names = [t.name for t in concrete.outputs]
+        protected = frozenset(t.op.name for t in list(concrete.inputs) + list(concrete.outputs))
+        self.report = OptimizeReport()
+        opt = BodyOptimizer(graph_def.library, options, self.report)
+        new_graph = opt.optimize_graph_def(graph_def, protected, body=concrete.name)
+        opt.add_new_functions(new_graph.library)
+        self.graph_def = new_graph
+        self._signature = [tf.TensorSpec(t.shape, t.dtype) for t in concrete.inputs[:n_args]]
+        captured = list(concrete.captured_inputs)
+
+        def run_graph(*args):
+            input_map = dict(zip(self._arg_names, args))
+            input_map.update(zip(self._capture_names, captured))
+            return tf.graph_util.import_graph_def(
+                new_graph, input_map=input_map, return_elements=output_names, name="disc"
+            )
+
+        self._wrapped = tf.compat.v1.wrap_function(run_graph, self._signature)
+        self._structured_outputs = concrete.structured_outputs
+        self._input_structure = sig
+
+    def __call__(self, *args: Any) -> Any:
+        flat = tf.nest.flatten(args)
+        outs = self._wrapped(*flat)
+        return tf.nest.pack_sequence_as(self._structured_outputs, outs)
+
+
+def jit(fn: Callable | None = None, *, input_signature=None, min_cluster_size: int = 2):
+    """Compiles ``fn`` (a tf.function with an input signature, or a Python
+    function plus ``input_signature``) into a JitFunction. Usable as a decorator.
+    """
+    options = Options(min_cluster_size=min_cluster_size)
+    if fn is None:
+        return lambda f: JitFunction(f, input_signature, options)
+    return JitFunction(fn, input_signature, options)

@@ -1,0 +1,170 @@
+"""Graph-level driver: cluster every body, compile each cluster, rewrite.
+
+A body is a GraphDef (TF1 graphs, a tf.function's graph) or a FunctionDef of a
+library. A cluster that fails any stage is left as original ops and reported;
+optimisation never breaks a graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from tensorflow.core.framework import function_pb2, graph_pb2
+
+from disc_tf import pipeline
+from disc_tf.cluster import clustering, rewrite
+from disc_tf.cluster.graph_view import GraphView, view_of_function_def, view_of_graph_def
+from disc_tf.runtime import native
+
+log = logging.getLogger("disc_tf")
+
+FALLBACK_PREFIX = "disc_fallback_"
+
+
+@dataclasses.dataclass
+class ClusterReport:
+    """What happened to one cluster."""
+
+    body: str
+    name: str
+    ops: list[tuple[str, str]]
+    num_inputs: int
+    num_outputs: int
+    kernels: int = 0
+    from_cache: bool = False
+    compile_seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class OptimizeReport:
+    """Clusters built and the reason each other node stayed out."""
+
+    clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
+    unclustered: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def compiled(self) -> list[ClusterReport]:
+        """Clusters that became DiscCluster nodes."""
+        return [c for c in self.clusters if c.error is None]
+
+
+@dataclasses.dataclass
+class Options:
+    """Knobs of the optimizer."""
+
+    target: str = "cpu"
+    min_cluster_size: int = 2
+
+
+class BodyOptimizer:
+    """Optimizes bodies against one function library; collects new functions."""
+
+    def __init__(self, library: function_pb2.FunctionDefLibrary, options: Options | None = None,
+                 report: OptimizeReport | None = None) -> None:
+        self.library = library
+        self.options = options or Options()
+        self.report = report or OptimizeReport()
+        self.new_functions: dict[str, function_pb2.FunctionDef] = {}
+
+    def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
+                 protected: frozenset[str], taken: set[str]):
+        result = clustering.find_clusters(
+            view, min_cluster_size=self.options.min_cluster_size, protected=protected
+        )
+        self.report.unclustered[body] = result.reasons
+        replaced = []
+        for k, nodes in enumerate(result.clusters):
+            name = f"disc_cluster_{k}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            protected_outputs = {t.name for n in nodes if n in protected
+                                 for t in view.nodes[n].outputs}
+            spec = rewrite.extract_cluster(view, nodes, name, fetched | protected_outputs)
+            rep = ClusterReport(body, name, spec.op_summary(), len(spec.inputs), len(spec.outputs))
+            self.report.clusters.append(rep)
+            try:
+                compiled = pipeline.compile_cluster(spec, self.options.target)
+                fallback = rewrite.fallback_function(spec)
+            except Exception as e:  # noqa: BLE001 - any failure keeps the original ops
+                rep.error = f"{type(e).__name__}: {e}"
+                log.warning("cluster %s of %s left as TF ops: %s", name, body, rep.error)
+                for n in nodes:
+                    result.reasons[n] = f"cluster {name} failed to compile"
+                continue
+            art = compiled.artifact
+            rep.kernels, rep.from_cache = art.num_kernels, art.from_cache
+            rep.compile_seconds = art.compile_seconds
+            self.new_functions[fallback.signature.name] = fallback
+            native.load().py.note_cluster(art.sha256, art.num_kernels)
+            attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)
+            replaced.append((spec, fallback.signature.name, attrs))
+        return replaced
+
+    def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
+                           body: str = "graph") -> graph_pb2.GraphDef:
+        """Clusters a flat GraphDef; ``protected`` node names survive."""
+        try:
+            view = view_of_graph_def(graph_def, self.library)
+        except Exception as e:  # noqa: BLE001
+            log.warning("body %s not analysed (%s); left unchanged", body, e)
+            return graph_def
+        fetched = frozenset(t.name for n in protected if n in view.nodes
+                            for t in view.nodes[n].outputs)
+        taken = {n.name for n in graph_def.node}
+        replaced = self._compile(body, view, fetched, protected, taken)
+        if not replaced:
+            return graph_def
+        nodes = [
+            (spec, rewrite.disc_node(spec, [t.name for t in spec.inputs], spec.control_inputs,
+                                     fb, attrs))
+            for spec, fb, attrs in replaced
+        ]
+        return rewrite.rewrite_graph_def(graph_def, nodes, protected)
+
+    def optimize_function_def(self, fdef: function_pb2.FunctionDef) -> function_pb2.FunctionDef:
+        """Clusters the body of a FunctionDef (its signature is unchanged)."""
+        body = fdef.signature.name
+        try:
+            view, nested_to_flat = view_of_function_def(fdef, self.library)
+        except Exception as e:  # noqa: BLE001
+            log.warning("function %s not analysed (%s); left unchanged", body, e)
+            return fdef
+        fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
+        taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
+        replaced = self._compile(body, view, fetched, frozenset(), taken)
+        if not replaced:
+            return fdef
+        flat_to_nested: dict[str, str] = {}
+        for nd in fdef.node_def:
+            for ref in nd.input:
+                if not ref.startswith("^"):
+                    flat_to_nested.setdefault(nested_to_flat.get(ref, ref), ref)
+        nodes = [
+            (spec, rewrite.disc_node(spec, [flat_to_nested[t.name] for t in spec.inputs],
+                                     spec.control_inputs, fb, attrs))
+            for spec, fb, attrs in replaced
+        ]
+        return rewrite.rewrite_function_def(fdef, nested_to_flat, nodes)
+
+    def optimize_library(self) -> function_pb2.FunctionDefLibrary:
+        """A new library: every function optimized, fallback functions added."""
+        result = function_pb2.FunctionDefLibrary()
+        result.CopyFrom(self.library)
+        del result.function[:]
+        for fdef in self.library.function:
+            if fdef.signature.name.startswith(FALLBACK_PREFIX):
+                result.function.add().CopyFrom(fdef)
+            else:
+                result.function.add().CopyFrom(self.optimize_function_def(fdef))
+        self.add_new_functions(result)
+        return result
+
+    def add_new_functions(self, library: function_pb2.FunctionDefLibrary) -> None:
+        """Adds the fallback functions made so far to ``library`` (once each)."""
+        present = {f.signature.name for f in library.function}
+        for name, fdef in self.new_functions.items():
+            if name not in present:
+                library.function.add().CopyFrom(fdef)

@@ -1,0 +1,113 @@
+"""Loads disc_tf's native libraries.
+
+``load()`` builds them if needed (see ``native_build``), loads the op library
+with ``tf.load_op_library`` and then imports the ``_disc_py`` extension, which
+is linked against that same library so both see one set of runtime counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import pathlib
+import sys
+import threading
+import types
+from dataclasses import dataclass
+
+from disc_tf.runtime import native_build
+
+logger = logging.getLogger("disc_tf.runtime")
+
+_PY_MODULE_QUALNAME = "disc_tf._native._disc_py"
+
+
+@dataclass(frozen=True)
+class Native:
+    """The loaded native libraries.
+
+    Attributes:
+      ops: the module returned by ``tf.load_op_library``; ``ops.disc_cluster``
+        is the DiscCluster op wrapper.
+      py: the ``_disc_py`` extension (``stats()``, ``reset_stats()``,
+        ``add_stat(name, n)``, ``note_cluster(sha, num_kernels)``).
+      native_dir: the directory holding the libraries.
+    """
+
+    ops: types.ModuleType
+    py: types.ModuleType
+    native_dir: pathlib.Path
+
+    @property
+    def ops_lib_path(self) -> pathlib.Path:
+        """Path of ``libdisc_tf_ops.so``."""
+        return native_build.ops_lib_path(self.native_dir)
+
+
+_lock = threading.Lock()
+_native: Native | None = None
+
+
+def _import_py_module(path: pathlib.Path) -> types.ModuleType:
+    existing = sys.modules.get(_PY_MODULE_QUALNAME)
+    if existing is not None:
+        return existing
+    spec = importlib.util.spec_from_file_location(_PY_MODULE_QUALNAME, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {_PY_MODULE_QUALNAME} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[_PY_MODULE_QUALNAME] = module
+    return module
+
+
+def _check_shared_counters(ops_lib: pathlib.Path, py: types.ModuleType) -> None:
+    """Verifies that ``py`` updates the counters of the loaded op library."""
+    # RTLD_NOLOAD: only succeeds for the copy TensorFlow already loaded.
+    lib = ctypes.CDLL(str(ops_lib), mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+    get = lib.disc_stats_get
+    get.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    get.restype = None
+    values = (ctypes.c_int64 * 5)()
+    get(values)
+    before = values[1]  # compilations
+    py.add_stat("compilations", 1)
+    get(values)
+    after = values[1]
+    py.add_stat("compilations", -1)
+    if after != before + 1:
+        raise RuntimeError(
+            "disc_tf: the _disc_py extension does not share counters with the "
+            f"loaded op library {ops_lib}"
+        )
+
+
+def load() -> Native:
+    """Builds (if needed) and loads the native libraries; cached, thread-safe."""
+    global _native
+    if _native is not None:
+        return _native
+    with _lock:
+        if _native is None:
+            import tensorflow as tf
+
+            native_dir = native_build.ensure_built()
+            ops_lib = native_build.ops_lib_path(native_dir)
+            ops = tf.load_op_library(str(ops_lib))
+            # Imported only now, so that its dependency on libdisc_tf_ops.so is
+            # satisfied by the copy TensorFlow just loaded.
+            py = _import_py_module(native_build.py_module_path(native_dir))
+            _check_shared_counters(ops_lib, py)
+            _native = Native(ops=ops, py=py, native_dir=native_dir)
+            logger.debug("loaded disc_tf native libraries from %s", native_dir)
+    return _native
+
+
+def ral_include_dir() -> pathlib.Path:
+    """Directory containing ``disc_ral.h`` for compiling cluster artifacts."""
+    inc = native_build.include_dir()
+    if not (inc / native_build.RAL_HEADER_NAME).is_file():
+        native_build.ensure_built()
+    return inc

@@ -1,0 +1,292 @@
+"""Builds the native part of disc_tf.
+
+Outputs, all in ``disc_tf/_native/``:
+
+* ``libdisc_tf_ops.so``: the DiscCluster op, its kernel, the TensorFlow-backed
+  runtime abstraction layer, the artifact loader and the runtime counters
+  (sources ``cc/ral/*.cc`` and ``cc/kernels/*.cc``);
+* ``_disc_py<EXT_SUFFIX>``: a pybind11 module (``cc/python/disc_py.cc``)
+  linked against ``libdisc_tf_ops.so`` (rpath ``$ORIGIN``) so both share the
+  same counters;
+* ``include/disc_ral.h``: the header generated cluster code compiles against;
+* ``build.stamp``: a hash of every input (sources, headers, flags, compiler,
+  TensorFlow version); the build is skipped while it matches.
+
+The build is safe to run from several processes at once: it holds an
+``fcntl`` lock on ``disc_tf/_native/.build.lock``, compiles into a temporary
+directory and moves finished files into place with ``os.replace``.
+
+Run ``python -m disc_tf.runtime.native_build`` to build by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger("disc_tf.runtime")
+
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
+CC_DIR = REPO_ROOT / "cc"
+NATIVE_DIR = PACKAGE_DIR / "_native"
+
+OPS_LIB_NAME = "libdisc_tf_ops.so"
+PY_MODULE_NAME = "_disc_py"
+RAL_HEADER_NAME = "disc_ral.h"
+STAMP_NAME = "build.stamp"
+LOCK_NAME = ".build.lock"
+
+_BASE_CXXFLAGS = ["-std=c++17", "-shared", "-fPIC", "-O2", "-w"]
+
+
+def py_module_filename() -> str:
+    """File name of the pybind11 module for this interpreter."""
+    return PY_MODULE_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+
+
+def ops_lib_path(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+    """Path of the built op library."""
+    return native_dir / OPS_LIB_NAME
+
+
+def py_module_path(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+    """Path of the built pybind11 module."""
+    return native_dir / py_module_filename()
+
+
+def include_dir(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+    """Directory holding the installed copy of ``disc_ral.h``."""
+    return native_dir / "include"
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines the build outputs."""
+
+    cxx: str
+    tf_compile_flags: tuple[str, ...]
+    tf_link_flags: tuple[str, ...]
+    tf_version: str
+    py_includes: tuple[str, ...]
+    ops_sources: tuple[pathlib.Path, ...]
+    py_sources: tuple[pathlib.Path, ...]
+    headers: tuple[pathlib.Path, ...]
+
+    def stamp(self) -> str:
+        """A hash of all sources, flags and tool versions."""
+        h = hashlib.sha256()
+        meta = {
+            "cxx": self.cxx,
+            "cxx_version": _compiler_version(self.cxx),
+            "base_flags": _BASE_CXXFLAGS,
+            "tf_compile_flags": self.tf_compile_flags,
+            "tf_link_flags": self.tf_link_flags,
+            "tf_version": self.tf_version,
+            "py_includes": self.py_includes,
+            "ext_suffix": py_module_filename(),
+        }
+        h.update(json.dumps(meta, sort_keys=True).encode())
+        for path in sorted(self.ops_sources + self.py_sources + self.headers):
+            h.update(b"\0" + str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, check=False
+        )
+    except OSError as e:
+        return f"unavailable: {e}"
+    return out.stdout.strip()
+
+
+def _sources(pattern_dirs: Sequence[pathlib.Path], suffix: str) -> list[pathlib.Path]:
+    files: list[pathlib.Path] = []
+    for d in pattern_dirs:
+        if d.is_dir():
+            files.extend(sorted(d.glob(f"*{suffix}")))
+    return files
+
+
+def make_config() -> BuildConfig:
+    """Collects sources and compiler flags (imports TensorFlow and pybind11)."""
+    import pybind11
+    import tensorflow as tf
+
+    ops_dirs = [CC_DIR / "ral", CC_DIR / "kernels"]
+    py_dirs = [CC_DIR / "python"]
+    py_includes = [pybind11.get_include(), sysconfig.get_paths()["include"]]
+    plat_include = sysconfig.get_paths().get("platinclude")
+    if plat_include and plat_include not in py_includes:
+        py_includes.append(plat_include)
+    return BuildConfig(
+        cxx=os.environ.get("CXX", "g++"),
+        tf_compile_flags=tuple(tf.sysconfig.get_compile_flags()),
+        tf_link_flags=tuple(tf.sysconfig.get_link_flags()),
+        tf_version=tf.__version__,
+        py_includes=tuple(py_includes),
+        ops_sources=tuple(_sources(ops_dirs, ".cc")),
+        py_sources=tuple(_sources(py_dirs, ".cc")),
+        headers=tuple(_sources(ops_dirs + py_dirs, ".h")),
+    )
+
+
+def _read_stamp(native_dir: pathlib.Path) -> str | None:
+    try:
+        return (native_dir / STAMP_NAME).read_text().strip()
+    except OSError:
+        return None
+
+
+def _outputs_exist(native_dir: pathlib.Path) -> bool:
+    return (
+        ops_lib_path(native_dir).is_file()
+        and py_module_path(native_dir).is_file()
+        and (include_dir(native_dir) / RAL_HEADER_NAME).is_file()
+    )
+
+
+def is_up_to_date(config: BuildConfig, native_dir: pathlib.Path = NATIVE_DIR) -> bool:
+    """True if the outputs exist and were built from exactly these inputs."""
+    return _outputs_exist(native_dir) and _read_stamp(native_dir) == config.stamp()
+
+
+@contextlib.contextmanager
+def _build_lock(native_dir: pathlib.Path) -> Iterator[None]:
+    native_dir.mkdir(parents=True, exist_ok=True)
+    with open(native_dir / LOCK_NAME, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str]) -> None:
+    logger.debug("running: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"native build command failed (exit {proc.returncode}):\n"
+            f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        )
+
+
+def _compile_flags(config: BuildConfig) -> list[str]:
+    return [*_BASE_CXXFLAGS, f"-I{REPO_ROOT}", *config.tf_compile_flags]
+
+
+def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
+    if not config.ops_sources:
+        raise RuntimeError(f"no native sources found under {CC_DIR}")
+    cflags = _compile_flags(config)
+    py_cflags = cflags + [f"-I{p}" for p in config.py_includes]
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=native_dir) as tmp:
+        tmp_dir = pathlib.Path(tmp)
+        jobs: list[tuple[pathlib.Path, list[str]]] = []
+        ops_objs: list[pathlib.Path] = []
+        py_objs: list[pathlib.Path] = []
+        for i, src in enumerate(config.ops_sources + config.py_sources):
+            obj = tmp_dir / f"{i:02d}_{src.stem}.o"
+            is_py = src in config.py_sources
+            flags = py_cflags if is_py else cflags
+            jobs.append((obj, [config.cxx, *flags, "-c", str(src), "-o", str(obj)]))
+            (py_objs if is_py else ops_objs).append(obj)
+        workers = max(1, min(len(jobs), os.cpu_count() or 2))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            for fut in [pool.submit(_run, cmd) for _, cmd in jobs]:
+                fut.result()
+
+        ops_out = tmp_dir / OPS_LIB_NAME
+        _run([
+            config.cxx, *_BASE_CXXFLAGS, *map(str, ops_objs), "-o", str(ops_out),
+            *config.tf_link_flags, f"-Wl,-soname,{OPS_LIB_NAME}", "-ldl",
+        ])
+        py_out = tmp_dir / py_module_filename()
+        _run([
+            config.cxx, *_BASE_CXXFLAGS, *map(str, py_objs), "-o", str(py_out),
+            str(ops_out), "-Wl,-rpath,$ORIGIN", *config.tf_link_flags,
+        ])
+        inc_tmp = tmp_dir / "include"
+        inc_tmp.mkdir()
+        shutil.copy2(CC_DIR / "ral" / RAL_HEADER_NAME, inc_tmp / RAL_HEADER_NAME)
+        stamp_tmp = tmp_dir / STAMP_NAME
+        stamp_tmp.write_text(config.stamp() + "\n")
+
+        # Move into place; the stamp goes last so an interrupted build is
+        # never mistaken for a finished one.
+        os.replace(ops_out, ops_lib_path(native_dir))
+        os.replace(py_out, py_module_path(native_dir))
+        include_dir(native_dir).mkdir(exist_ok=True)
+        os.replace(inc_tmp / RAL_HEADER_NAME, include_dir(native_dir) / RAL_HEADER_NAME)
+        os.replace(stamp_tmp, native_dir / STAMP_NAME)
+
+
+def build(force: bool = False, native_dir: pathlib.Path = NATIVE_DIR) -> bool:
+    """Builds the native outputs unless they are up to date.
+
+    Returns True if a build ran. Raises RuntimeError if compiling fails or, for
+    an installation without sources, if the prebuilt outputs are missing.
+    """
+    if not (CC_DIR / "ral" / RAL_HEADER_NAME).is_file():
+        if _outputs_exist(native_dir):
+            return False  # installed package without sources: use prebuilt
+        raise RuntimeError(
+            f"disc_tf native sources not found under {CC_DIR} and no prebuilt "
+            f"libraries in {native_dir}"
+        )
+    config = make_config()
+    if not force and is_up_to_date(config, native_dir):
+        return False
+    with _build_lock(native_dir):
+        if not force and is_up_to_date(config, native_dir):
+            return False  # another process built it while we waited
+        start = time.monotonic()
+        logger.info("building disc_tf native libraries in %s", native_dir)
+        _build(config, native_dir)
+        logger.info("built disc_tf native libraries in %.1fs", time.monotonic() - start)
+    return True
+
+
+def ensure_built() -> pathlib.Path:
+    """Builds the native outputs if needed; returns the ``_native`` directory."""
+    build()
+    return NATIVE_DIR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    start = time.monotonic()
+    built = build(force=args.force)
+    elapsed = time.monotonic() - start
+    if built:
+        print(f"built {ops_lib_path()} and {py_module_path()} in {elapsed:.1f}s")
+    else:
+        print(f"up to date: {NATIVE_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
