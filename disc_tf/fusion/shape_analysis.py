@@ -145,11 +145,12 @@ class BroadcastInfo:
 
     dims: list[int]
     expand: list[str]
+    result_rank: int
 
     @property
     def is_identity(self) -> bool:
         """True if the broadcast provably copies its operand."""
-        return all(e == "no" for e in self.expand) and self.dims == list(range(len(self.dims)))
+        return all(e == "no" for e in self.expand) and self.dims == list(range(self.result_rank))
 
 
 @dataclasses.dataclass
@@ -227,7 +228,7 @@ def analyze(func: DFunc) -> ShapeAnalysis:
                 else:
                     expand.append("maybe")
             dims[op.results[0]] = out
-            broadcasts[op.results[0]] = BroadcastInfo(list(op.broadcast_dims), expand)
+            broadcasts[op.results[0]] = BroadcastInfo(list(op.broadcast_dims), expand, len(out))
         elif kind.startswith("stablehlo.") and kind[len("stablehlo."):] in _ELEMENTWISE_SAME_SHAPE:
             first = dims[op.operands[0]]
             for other in op.operands[1:]:

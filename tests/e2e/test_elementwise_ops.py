@@ -1,0 +1,141 @@
+"""Every elementwise op of the foundation slice, against TF, at random shapes
+(size-1 broadcast dims and zero-size dims included), ranks 0-6, several dtypes.
+Each op is compiled once and must never recompile or fall back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from tests.harness import assert_same, broadcast_shapes, compiled, random_value
+
+raw = tf.raw_ops
+
+BINARY = {
+    "Add": lambda x, y: raw.Add(x=x, y=y),
+    "AddV2": lambda x, y: raw.AddV2(x=x, y=y),
+    "Sub": lambda x, y: raw.Sub(x=x, y=y),
+    "Mul": lambda x, y: raw.Mul(x=x, y=y),
+    "RealDiv": lambda x, y: raw.RealDiv(x=x, y=y),
+    "Maximum": lambda x, y: raw.Maximum(x=x, y=y),
+    "Minimum": lambda x, y: raw.Minimum(x=x, y=y),
+    "Pow": lambda x, y: raw.Pow(x=x, y=y),
+}
+COMPARE = {
+    "Equal": lambda x, y: raw.Equal(x=x, y=y),
+    "NotEqual": lambda x, y: raw.NotEqual(x=x, y=y),
+    "Less": lambda x, y: raw.Less(x=x, y=y),
+    "LessEqual": lambda x, y: raw.LessEqual(x=x, y=y),
+    "Greater": lambda x, y: raw.Greater(x=x, y=y),
+    "GreaterEqual": lambda x, y: raw.GreaterEqual(x=x, y=y),
+}
+UNARY = {
+    "Exp": lambda x: raw.Exp(x=x), "Log": lambda x: raw.Log(x=x),
+    "Tanh": lambda x: raw.Tanh(x=x), "Sigmoid": lambda x: raw.Sigmoid(x=x),
+    "Relu": lambda x: raw.Relu(features=x), "Rsqrt": lambda x: raw.Rsqrt(x=x),
+    "Sqrt": lambda x: raw.Sqrt(x=x), "Neg": lambda x: raw.Neg(x=x),
+    "Abs": lambda x: raw.Abs(x=x), "Square": lambda x: raw.Square(x=x),
+}
+FLOAT_ONLY = {"RealDiv", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Rsqrt", "Sqrt"}
+POSITIVE = {"Log", "Rsqrt", "Sqrt", "Pow"}
+
+DTYPES = [tf.float32, tf.float16, tf.int32]
+
+
+def _check(fn, dtypes, ranks, seed, count=6, positive=False, **shape_kw):
+    sig = [tf.TensorSpec([None] * r, d) for r, d in zip(ranks, dtypes)]
+    tf_fn = tf.function(fn, input_signature=sig)
+    disc_tf.reset_stats()
+    jitted = compiled(tf_fn)
+    built = disc_tf.stats()
+    assert built["compilations"] + built["cache_hits"] == len(jitted.report.compiled)
+    rng = np.random.default_rng(seed)
+    for shapes in broadcast_shapes(rng, list(ranks), count, **shape_kw):
+        args = [random_value(rng, s, d, positive) for s, d in zip(shapes, dtypes)]
+        assert_same(tf_fn(*args), jitted(*args), dtypes[-1])
+    after = disc_tf.stats()
+    assert after["compilations"] == built["compilations"], "recompiled for a new shape"
+    assert after["fallbacks"] == 0
+    return jitted
+
+
+def _op_dtypes(ops):
+    """(op, dtype) pairs for which TF itself has a CPU kernel."""
+    return [
+        pytest.param(op, d, id=f"{op}-{d.name}")
+        for op in sorted(ops) for d in DTYPES
+        if not (op in FLOAT_ONLY and d.is_integer)
+    ]
+
+
+@pytest.mark.parametrize("op,dtype", _op_dtypes(BINARY))
+def test_binary(op, dtype):
+    _check(lambda x, y: BINARY[op](x, y), [dtype, dtype], (2, 1), seed=len(op),
+           positive=op in POSITIVE)
+
+
+@pytest.mark.parametrize("op,dtype", _op_dtypes(UNARY))
+def test_unary(op, dtype):
+    _check(lambda x: UNARY[op](x), [dtype], (3,), seed=7, positive=op in POSITIVE)
+
+
+@pytest.mark.parametrize("op", sorted(COMPARE))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_compare(op, dtype):
+    _check(lambda x, y: COMPARE[op](x, y), [dtype, dtype], (2, 2), seed=3)
+
+
+@pytest.mark.parametrize("rank", range(7))
+def test_ranks_0_to_6(rank):
+    """A fused chain with a broadcast operand at every rank."""
+    def fn(x, y):
+        return tf.tanh(x * y + 1.0) - tf.maximum(x, y)
+
+    _check(fn, [tf.float32, tf.float32], (rank, max(rank - 1, 0)), seed=rank, count=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_select_v2_broadcasts_all_operands(dtype):
+    def fn(c, x, y):
+        return tf.where(c, x, y)
+
+    _check(fn, [tf.bool, dtype, dtype], (1, 2, 2), seed=11)
+
+
+def test_select_v1_with_vector_condition_picks_rows():
+    def fn(c, x, y):
+        return raw.Select(condition=c, x=x * 2.0, y=y)
+
+    sig = [tf.TensorSpec([None], tf.bool), tf.TensorSpec([None, None], tf.float32),
+           tf.TensorSpec([None, None], tf.float32)]
+    tf_fn = tf.function(fn, input_signature=sig)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(5)
+    for rows, cols in [(3, 4), (1, 5), (0, 2), (6, 1), (4, 4)]:
+        args = [rng.random(rows) < 0.5, rng.standard_normal((rows, cols)).astype(np.float32),
+                rng.standard_normal((rows, cols)).astype(np.float32)]
+        assert_same(tf_fn(*args), jitted(*args), tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be equal"):
+        jitted(args[0], args[1], args[2][:, :1])
+
+
+CASTS = [(tf.float32, tf.int32), (tf.int32, tf.float32), (tf.float32, tf.float16),
+         (tf.float16, tf.float32), (tf.float32, tf.bool), (tf.bool, tf.float32),
+         (tf.int32, tf.bool), (tf.float16, tf.int32)]
+
+
+@pytest.mark.parametrize("src,dst", CASTS, ids=lambda d: d.name)
+def test_cast(src, dst):
+    def fn(x):
+        return tf.cast(x, dst)
+
+    _check(fn, [src], (2,), seed=13)
+
+
+def test_logical_ops():
+    def fn(a, b):
+        return tf.logical_or(tf.logical_and(a, b), tf.logical_not(b))
+
+    _check(fn, [tf.bool, tf.bool], (2, 1), seed=17)

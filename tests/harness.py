@@ -1,0 +1,72 @@
+"""Shared helpers: random shapes with broadcasting, comparison against TF."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import disc_tf
+
+RTOL = {tf.float32: 1e-5, tf.float16: 2e-3, tf.int32: 0, tf.int64: 0, tf.bool: 0}
+ATOL = {tf.float32: 1e-6, tf.float16: 1e-3, tf.int32: 0, tf.int64: 0, tf.bool: 0}
+
+
+def random_value(rng: np.random.Generator, shape: tuple, dtype: tf.DType,
+                 positive: bool = False) -> np.ndarray:
+    """Random data of ``dtype``; small ints, normal floats (or positive)."""
+    if dtype == tf.bool:
+        return rng.random(shape) < 0.5
+    if dtype.is_integer:
+        lo = 1 if positive else -9
+        return rng.integers(lo, 10, size=shape).astype(dtype.as_numpy_dtype)
+    data = rng.standard_normal(shape)
+    if positive:
+        data = np.abs(data) + 0.1
+    return data.astype(dtype.as_numpy_dtype)
+
+
+def broadcast_shapes(rng: np.random.Generator, ranks: list[int], count: int,
+                     max_dim: int = 6) -> list[list[tuple]]:
+    """``count`` sets of operand shapes that numpy-broadcast together.
+
+    The sets include a size-1 broadcast dim and a zero-size dim whenever the
+    output rank allows.
+    """
+    out_rank = max(ranks)
+    sets = []
+    for n in range(count):
+        hi = max_dim if out_rank <= 4 else 3
+        full = [int(rng.integers(2, hi + 1)) for _ in range(out_rank)]
+        if n == 1 and out_rank:
+            full[int(rng.integers(out_rank))] = 0
+        shapes = []
+        for i, r in enumerate(ranks):
+            dims = full[out_rank - r:]
+            if n >= 2 and r and rng.random() < 0.6:
+                k = int(rng.integers(r))
+                dims = dims[:k] + [1] + dims[k + 1:]
+            if n == 0 and i == 0 and r:
+                dims = [1] * r  # everything broadcast from one element
+            shapes.append(tuple(dims))
+        sets.append(shapes)
+    return sets
+
+
+def assert_same(expected, actual, dtype: tf.DType) -> None:
+    """Compares outputs (NaN == NaN) with the tolerance of ``dtype``."""
+    for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual)):
+        e = np.asarray(e)
+        a = np.asarray(a)
+        assert e.shape == a.shape, (e.shape, a.shape)
+        assert e.dtype == a.dtype, (e.dtype, a.dtype)
+        if e.dtype == np.float16:
+            e, a = e.astype(np.float32), a.astype(np.float32)
+        np.testing.assert_allclose(a, e, rtol=RTOL[dtype], atol=ATOL[dtype], equal_nan=True)
+
+
+def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: int = 1):
+    """jit-compiles ``fn`` and checks it really produced DiscCluster kernels."""
+    jitted = disc_tf.jit(fn, min_cluster_size=min_cluster_size)
+    built = jitted.report.compiled
+    assert built, f"nothing compiled: {jitted.report}"
+    return jitted
