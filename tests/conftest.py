@@ -5,6 +5,5 @@ from __future__ import annotations
 import os
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if "DISC_TF_CACHE_DIR" not in os.environ:
     os.environ["DISC_TF_CACHE_DIR"] = tempfile.mkdtemp(prefix="disc_tf_test_cache_")

@@ -19,11 +19,19 @@ log = logging.getLogger("disc_tf.cluster")
 
 @dataclasses.dataclass
 class TensorInfo:
-    """One tensor of the view: flat name, dtype and rank (None if unknown)."""
+    """One tensor of the view: flat name, dtype and TF-inferred dims.
+
+    ``dims`` is None when even the rank is unknown; a dim is None when dynamic.
+    """
 
     name: str
     dtype: tf.DType
-    rank: int | None
+    dims: tuple | None
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dims, or None if unknown."""
+        return None if self.dims is None else len(self.dims)
 
 
 @dataclasses.dataclass
@@ -77,8 +85,8 @@ class GraphView:
         return result
 
 
-def _rank(shape: tf.TensorShape) -> int | None:
-    return shape.rank
+def _dims(shape: tf.TensorShape) -> tuple | None:
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 def _topological_order(graph_def: graph_pb2.GraphDef) -> list[str]:
@@ -125,11 +133,11 @@ def view_of_graph_def(
     for nd in graph_def.node:
         op = graph.get_operation_by_name(nd.name)
         inputs = [
-            TensorInfo(canonical_tensor_name(i), t.dtype, _rank(t.shape))
+            TensorInfo(canonical_tensor_name(i), t.dtype, _dims(t.shape))
             for i, t in zip((x for x in nd.input if not x.startswith("^")), op.inputs)
         ]
         outputs = [
-            TensorInfo(f"{nd.name}:{k}", t.dtype, _rank(t.shape)) for k, t in enumerate(op.outputs)
+            TensorInfo(f"{nd.name}:{k}", t.dtype, _dims(t.shape)) for k, t in enumerate(op.outputs)
         ]
         nodes[nd.name] = NodeInfo(
             name=nd.name,

@@ -78,7 +78,7 @@ def extract_cluster(
     for i, t in enumerate(inputs):
         ph = sub.node.add(name=arg_name(i), op="Placeholder")
         ph.attr["dtype"].type = t.dtype.as_datatype_enum
-        ph.attr["shape"].shape.CopyFrom(tf.TensorShape([None] * t.rank).as_proto())
+        ph.attr["shape"].shape.CopyFrom(tf.TensorShape(t.dims).as_proto())
     for n in node_names:
         src = view.nodes[n].node_def
         nd = sub.node.add(name=src.name, op=src.op)
@@ -132,7 +132,7 @@ def disc_node(
     nd.attr["Tin"].list.type.extend(t.dtype.as_datatype_enum for t in spec.inputs)
     nd.attr["Tout"].list.type.extend(t.dtype.as_datatype_enum for t in spec.outputs)
     nd.attr["output_shapes"].list.shape.extend(
-        tf.TensorShape([None] * t.rank).as_proto() for t in spec.outputs
+        tf.TensorShape(t.dims).as_proto() for t in spec.outputs
     )
     nd.attr["artifact"].s = compiled.artifact
     nd.attr["artifact_sha256"].s = compiled.artifact_sha256.encode()

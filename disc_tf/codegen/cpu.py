@@ -306,6 +306,17 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
     for i, rank in enumerate(plan.arg_ranks):
         if rank:
             out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
+    for i, dims in enumerate(plan.arg_dims):
+        for d, size in enumerate(dims):
+            if size is None:
+                continue
+            out.append(f"  if (arg{i}_dims[{d}] != {size}) {{")
+            out.append(
+                f'    snprintf(msg, sizeof(msg), "input {i}: dim {d} is %lld, the graph says {size}",'
+                f" (long long)arg{i}_dims[{d}]);"
+            )
+            out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+            out.append("  }")
     for s, d in enumerate(plan.symbols):
         if d.kind == "arg":
             out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")

@@ -102,8 +102,13 @@ class FusionPlan:
     buffers: dict[str, Buffer]
     kernels: list[Kernel]
     arg_elems: list[str]
-    arg_ranks: list[int]
+    arg_dims: list[tuple]  # per argument: static size or None per dim
     result_buffers: list[str]
+
+    @property
+    def arg_ranks(self) -> list[int]:
+        """Rank of each argument."""
+        return [len(d) for d in self.arg_dims]
 
     def describe(self) -> str:
         """Human-readable plan (what ``inspect`` and the dump dir show)."""

@@ -197,7 +197,7 @@ class _Planner:
             buffers=self.buffers,
             kernels=self._launch_order(),
             arg_elems=[e for e, _ in self.func.args],
-            arg_ranks=[len(d) for _, d in self.func.args],
+            arg_dims=[tuple(d) for _, d in self.func.args],
             result_buffers=[f"result{i}" for i in range(len(self.func.returns))],
         )
 
