@@ -198,7 +198,11 @@ def rewrite_graph_def(
         del new.input[:]
         new.input.extend(_replace_refs(nd.input, canonical_tensor_name, out_ref, ctrl))
     for _, node in replaced:
-        result.node.add().CopyFrom(node)
+        # A cluster may read from, or wait for, a node merged into another cluster.
+        new = result.node.add()
+        new.CopyFrom(node)
+        del new.input[:]
+        new.input.extend(_replace_refs(node.input, canonical_tensor_name, out_ref, ctrl))
     result.node.extend(extra)
     return result
 
@@ -233,7 +237,10 @@ def rewrite_function_def(
         del new.input[:]
         new.input.extend(_replace_refs(nd.input, to_flat, out_ref, ctrl))
     for _, node in replaced:
-        result.node_def.add().CopyFrom(node)
+        new = result.node_def.add()
+        new.CopyFrom(node)
+        del new.input[:]
+        new.input.extend(_replace_refs(node.input, to_flat, out_ref, ctrl))
     for key, ref in fdef.ret.items():
         result.ret[key] = out_ref.get(to_flat(ref), ref)
     for key, node_name in fdef.control_ret.items():

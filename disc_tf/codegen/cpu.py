@@ -8,12 +8,20 @@ with per-input strides; the host runner picks one per call.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_ops import COMPUTE, COST, ITEMSIZE, PRELUDE, RAL_DTYPE, STORAGE
+from disc_tf.codegen.cpu_ops import (
+    COMPUTE,
+    COST,
+    ITEMSIZE,
+    PRELUDE,
+    RAL_DTYPE,
+    STORAGE,
+    VECTOR_MATH,
+)
 from disc_tf.codegen.cpu_ops import expression, literal
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-1"
+CODEGEN_VERSION = "cpu-2"
 
 
 def _sym(s: int, plan: FusionPlan) -> str:
@@ -107,7 +115,7 @@ class _KernelEmitter:
         return lines
 
     def flat(self) -> str:
-        lines = [f"static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
+        lines = [f"DISC_CLONES static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
         lines += self._pointers("")
         lines.append("  for (int64_t i = begin; i < end; ++i) {")
         lines += self._loop({i: "i" for i in range(len(self.k.inputs))}, "i")
@@ -116,10 +124,21 @@ class _KernelEmitter:
 
     def broadcast(self) -> str:
         r = self.rank
+        k = self.k.name
+        bcast = [i for i, acc in enumerate(self.k.inputs) if not acc.is_identity]
+        templated = len(bcast) <= 3
+        flags = [f"B{i}" for i in bcast]
+        if templated:
+            index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        else:
+            index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
+                else "")
         lines = [
-            f"// Rows [begin, end) of the innermost dim; inputs read through strides (0 = broadcast).",
-            f"static void {self.k.name}_bcast(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "// Rows [begin, end) of the innermost dim; inputs read through strides",
+            "// (0 = broadcast). Flag Bi: input i runs along the innermost dim.",
+            f"{head}static inline __attribute__((always_inline)) void {k}_rows(",
+            f"    const {self.args}& a, int64_t begin, int64_t end) {{",
             f"  const int64_t inner = a.dims[{r - 1}];",
             "  for (int64_t row = begin; row < end; ++row) {",
             "    int64_t rem = row;",
@@ -137,14 +156,29 @@ class _KernelEmitter:
             lines.append(
                 f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
             )
-            lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
+            if not templated and i in bcast:
+                lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         for j, (_, b) in enumerate(self.k.outputs):
             lines.append(
                 f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
             )
         lines.append("    for (int64_t c = 0; c < inner; ++c) {")
-        lines += ["  " + x for x in self._loop({i: f"c * st{i}" for i in range(len(self.k.inputs))}, "c")]
-        lines += ["    }", "  }", "}"]
+        lines += ["  " + x for x in self._loop(index, "c")]
+        lines += ["    }", "  }", "}", ""]
+        lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
+        lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
+        if not (templated and flags):
+            lines.append(f"  {k}_rows(a, begin, end);")
+        else:
+            mask = " | ".join(
+                f"(a.in{i}_strides[{r - 1}] != 0) << {n}" for n, i in enumerate(bcast)
+            )
+            lines.append(f"  switch ({mask}) {{")
+            for m in range(1 << len(bcast)):
+                args = ", ".join("true" if m >> n & 1 else "false" for n in range(len(bcast)))
+                lines.append(f"    case {m}: {k}_rows<{args}>(a, begin, end); break;")
+            lines.append("  }")
+        lines.append("}")
         return "\n".join(lines)
 
     def cost(self) -> int:
@@ -268,6 +302,7 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         "#include <stdint.h>",
         "#include <stdio.h>",
         '#include "disc_ral.h"',
+        VECTOR_MATH,
         "",
         "namespace {",
         PRELUDE,

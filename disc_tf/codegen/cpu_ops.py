@@ -99,8 +99,20 @@ def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
     raise ValueError(f"CPU codegen has no expression for DHLO op {op}")
 
 
+#: Declarations that let the compiler call glibc's vector math (libmvec) from
+#: vectorized loops; must precede any use, outside any namespace.
+VECTOR_MATH = """extern "C" {
+__attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) float logf(float) noexcept;
+__attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
+__attribute__((simd("notinbranch"))) float powf(float, float) noexcept;
+}"""
+
 #: Helpers every generated source defines once.
 PRELUDE = r"""
+// Kernels are built for AVX-512, AVX2 and baseline x86-64; the loader picks
+// the best the CPU has (GCC function multi-versioning).
+#define DISC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static inline float disc_round_f16(float x) { return (float)(_Float16)x; }
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 static inline float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }

@@ -20,6 +20,8 @@ CXX_FLAGS = [
     "-std=c++17", "-O3", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno",
     "-ffp-contract=off", "-fno-exceptions", "-fno-rtti",
 ]
+#: glibc's vector math library backs the vectorized expf/logf/tanhf/powf calls.
+LINK_FLAGS = ["-lmvec", "-lm"]
 
 
 class CompileError(RuntimeError):
@@ -49,7 +51,7 @@ def cache_key(source: str, target: str = "cpu") -> str:
     """Key of a generated source: hash of it, the RAL, flags, compiler, target."""
     ral = (native.ral_include_dir() / "disc_ral.h").read_bytes()
     h = hashlib.sha256()
-    for part in (source.encode(), ral, " ".join(CXX_FLAGS).encode(),
+    for part in (source.encode(), ral, " ".join(CXX_FLAGS + LINK_FLAGS).encode(),
                  compiler_version().encode(), target.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -60,7 +62,7 @@ def _run_compiler(source: str, name: str) -> bytes:
         src = pathlib.Path(tmp) / f"{name}.cc"
         out = pathlib.Path(tmp) / f"{name}.so"
         src.write_text(source)
-        cmd = [CXX, *CXX_FLAGS, f"-I{native.ral_include_dir()}", str(src), "-o", str(out), "-lm"]
+        cmd = [CXX, *CXX_FLAGS, f"-I{native.ral_include_dir()}", str(src), "-o", str(out), *LINK_FLAGS]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
