@@ -171,7 +171,7 @@ def rewrite_graph_def(
     ctrl: dict[str, str] = {}
     removed: set[str] = set()
     extra: list[node_def_pb2.NodeDef] = []
-    for spec, node in replaced:
+    for spec, _ in replaced:
         removed.update(spec.node_names)
         for k, t in enumerate(spec.outputs):
             out_ref[t.name] = f"{spec.name}:{k}"

@@ -16,8 +16,9 @@ from disc_tf.codegen.cpu_ops import (
     RAL_DTYPE,
     STORAGE,
     VECTOR_MATH,
+    expression,
+    literal,
 )
-from disc_tf.codegen.cpu_ops import expression, literal
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
@@ -258,7 +259,7 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
         if check.kind == "broadcast":
             new_syms = [s for s in check.result if plan.symbols[s].kind == "broadcast"]
             lines.append(f"  // numpy broadcast for TF op '{_comment(check.tf_node)}'")
-            lines.append("  bool ok{} = true;".format(n))
+            lines.append(f"  bool ok{n} = true;")
             for s in new_syms:
                 comps = plan.symbols[s].components
                 expr = "1"

@@ -7,7 +7,7 @@ the ones in ``disc_tf.cluster.op_registry``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf

@@ -13,7 +13,7 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 
 def cache_dir() -> pathlib.Path:

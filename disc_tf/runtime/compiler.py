@@ -40,7 +40,7 @@ class Artifact:
     compile_seconds: float
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_version() -> str:
     """First line of ``g++ --version`` (part of every cache key)."""
     out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True)

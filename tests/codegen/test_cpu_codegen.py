@@ -1,0 +1,36 @@
+"""Generated C++: readable, named, with input checks; one kernel per plan entry."""
+
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+
+from disc_tf import pipeline
+from tests.stage_helpers import cluster_of, dyn
+
+
+def _source(fn, *specs) -> str:
+    return pipeline.front_end(cluster_of(fn, *specs)).source
+
+
+def test_source_names_tf_ops_buffers_and_checks_inputs():
+    src = _source(lambda x, b: tf.nn.relu(x + b) * 2.0, dyn(2), dyn(1))
+    assert "// TF ops: add, Relu, mul" in src
+    assert re.search(r"static void kernel0_flat", src)
+    assert "kernel0_bcast" in src  # b may broadcast: speculated version chosen per call
+    assert "Incompatible shapes" in src
+    assert "expected rank 2 f32" in src and "expected rank 1 f32" in src
+    assert 'extern "C" int32_t disc_entry(disc_ral* ral)' in src
+    assert src.count("#include") == 4  # only the C library and disc_ral.h
+    assert "tensorflow" not in src.lower().replace("tensorflow's", "")
+
+
+def test_no_broadcast_version_when_shapes_are_proven_equal():
+    src = _source(lambda x: tf.exp(x) * x, dyn(4))
+    assert "kernel0_flat" in src and "kernel0_bcast" not in src
+
+
+def test_f16_rounds_after_every_op():
+    src = _source(lambda x: tf.exp(x) * x, dyn(1, tf.float16))
+    assert src.count("disc_round_f16(") >= 3  # exp, multiply, plus the helper itself
