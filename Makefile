@@ -21,7 +21,7 @@ demo: install
 	$(VPY) -m disc_tf.demo
 
 test: install
-	$(VPY) -m ruff check disc_tf tests bench
+	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q
 
 test-all: install
@@ -31,7 +31,7 @@ bench: install
 	$(VPY) -m bench.run
 
 lint: $(STAMP)
-	$(VPY) -m ruff check disc_tf tests bench
+	$(VPY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) disc_tf/_native build *.egg-info

@@ -76,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     report = optimize_saved_model(str(work / "model"), str(work / "optimized"))
     compile_seconds = time.perf_counter() - start
     for c in report.clusters:
-        status = c.error or (f"{c.kernels} kernel(s), "
+        kernels = f"{c.kernels} kernel(s)"
+        if c.speculative_kernels is not None:
+            kernels += (f" ({c.kernels - c.speculative_kernels} general, {c.speculative_kernels} "
+                        "when no dim is broadcast, chosen per call)")
+        status = c.error or (kernels + ", "
                              + ("from cache" if c.from_cache else f"compiled in {c.compile_seconds:.2f}s"))
         print(f"  cluster {c.name} in {c.body}: {len(c.ops)} TF ops -> {status}")
     print(f"optimize: {compile_seconds:.2f}s total")

@@ -32,6 +32,8 @@ class ClusterReport:
     num_inputs: int
     num_outputs: int
     kernels: int = 0
+    #: kernels of the speculative (nothing-broadcast) plan, if it has one
+    speculative_kernels: int | None = None
     from_cache: bool = False
     compile_seconds: float = 0.0
     error: str | None = None
@@ -96,6 +98,8 @@ class BodyOptimizer:
                 continue
             art = compiled.artifact
             rep.kernels, rep.from_cache = art.num_kernels, art.from_cache
+            if compiled.plan.speculative is not None:
+                rep.speculative_kernels = len(compiled.plan.speculative.kernels)
             rep.compile_seconds = art.compile_seconds
             self.new_functions[fallback.signature.name] = fallback
             native.load().py.note_cluster(art.sha256, art.num_kernels)

@@ -77,5 +77,5 @@ def compile_cluster(spec: ClusterSpec, target: str = "cpu") -> CompiledCluster:
     fe = front_end(spec, target)
     key = compiler.cache_key(fe.source, target)
     _dump(spec, fe, key)
-    artifact = compiler.build(fe.source, spec.name, len(fe.plan.kernels), target)
+    artifact = compiler.build(fe.source, spec.name, fe.plan.num_kernels, target)
     return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.source, artifact)

@@ -104,6 +104,15 @@ class FusionPlan:
     arg_elems: list[str]
     arg_dims: list[tuple]  # per argument: static size or None per dim
     result_buffers: list[str]
+    #: A plan with fewer kernels, valid when every broadcast symbol listed in
+    #: ``speculated_symbols`` equals all its components in this call.
+    speculative: FusionPlan | None = None
+    speculated_symbols: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_kernels(self) -> int:
+        """Generated kernels, speculative versions included."""
+        return len(self.kernels) + (len(self.speculative.kernels) if self.speculative else 0)
 
     @property
     def arg_ranks(self) -> list[int]:
@@ -126,4 +135,9 @@ class FusionPlan:
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
             lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
+        if self.speculative is not None:
+            cond = ", ".join(f"s{s} == {self.symbols[s]}" for s in self.speculated_symbols)
+            lines.append(f"speculation: when {cond} (nothing broadcast in this call):")
+            lines.extend("  " + line for line in self.speculative.describe().splitlines()[1:]
+                         if not line.startswith(("symbols:", "  s", "host checks:", "  check")))
         return "\n".join(lines)

@@ -13,7 +13,7 @@ import logging
 
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
-from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze
+from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
 
 log = logging.getLogger("disc_tf.fusion")
 
@@ -29,7 +29,9 @@ def _combine(a: str, b: str) -> str:
 
 
 class _Planner:
-    def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str) -> None:
+    def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
+                 prefix: str = "") -> None:
+        self.prefix = prefix
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
@@ -62,13 +64,13 @@ class _Planner:
             return self.buffer_of[base]
         op = self.producer.get(base)
         if op is not None and op.name == "stablehlo.constant":
-            name = f"const{len([b for b in self.buffers.values() if b.role == 'const'])}"
+            name = f"{self.prefix}const{len([b for b in self.buffers.values() if b.role == 'const'])}"
             elem, _ = op.result_types[0]
             self.buffers[name] = Buffer(
                 name, elem, self.a.value_dims[base], "const", const_value=op.const_value
             )
         else:
-            name = f"tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+            name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
             elem = self.producer[base].result_types[0][0]
             self.buffers[name] = Buffer(name, elem, self.a.value_dims[base], "temp")
         self.buffer_of[base] = name
@@ -158,7 +160,7 @@ class _Planner:
                     order.append(self.kernels[k])
                     break
         for i, kernel in enumerate(order):
-            kernel.name = f"kernel{i}"
+            kernel.name = f"{self.prefix}kernel{i}"
         return order
 
     def _elem(self, value: str) -> str:
@@ -203,8 +205,20 @@ class _Planner:
 
 
 def plan_fusion(func: DFunc, cluster_name: str) -> tuple[FusionPlan, ShapeAnalysis]:
-    """Analyses shapes of ``func`` and plans its kernels."""
+    """Analyses shapes of ``func`` and plans its kernels.
+
+    When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
+    the plan also carries that speculative plan; the host runner checks the
+    assumption per call and runs whichever plan holds.
+    """
     analysis = analyze(func)
     plan = _Planner(func, analysis, cluster_name).run()
+    speculation = speculate_no_broadcast(analysis)
+    if speculation is not None:
+        spec_analysis, symbols = speculation
+        spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_").run()
+        if len(spec_plan.kernels) < len(plan.kernels):
+            plan.speculative = spec_plan
+            plan.speculated_symbols = symbols
     log.debug("%s", plan.describe())
     return plan, analysis

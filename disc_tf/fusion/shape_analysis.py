@@ -10,6 +10,7 @@ let the fusion planner reason.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from disc_tf.fusion.dhlo_reader import DFunc
@@ -146,6 +147,8 @@ class BroadcastInfo:
     dims: list[int]
     expand: list[str]
     result_rank: int
+    operand_syms: list[int]
+    result_syms: list[int]
 
     @property
     def is_identity(self) -> bool:
@@ -219,16 +222,8 @@ def analyze(func: DFunc) -> ShapeAnalysis:
         elif kind == "stablehlo.dynamic_broadcast_in_dim":
             operand = dims[op.operands[0]]
             out = list(extents[op.operands[1]])
-            expand = []
-            for i, d in enumerate(op.broadcast_dims):
-                if syms.same(operand[i], out[d]):
-                    expand.append("no")
-                elif syms.constant_value(operand[i]) == 1:
-                    expand.append("yes")
-                else:
-                    expand.append("maybe")
             dims[op.results[0]] = out
-            broadcasts[op.results[0]] = BroadcastInfo(list(op.broadcast_dims), expand, len(out))
+            broadcasts[op.results[0]] = _broadcast_info(syms, operand, out, list(op.broadcast_dims))
         elif kind.startswith("stablehlo.") and kind[len("stablehlo."):] in _ELEMENTWISE_SAME_SHAPE:
             first = dims[op.operands[0]]
             for other in op.operands[1:]:
@@ -240,6 +235,43 @@ def analyze(func: DFunc) -> ShapeAnalysis:
         else:
             raise ShapeError(f"shape analysis does not know {kind}")
     return ShapeAnalysis(syms, dims, checks, broadcasts)
+
+
+def _broadcast_info(syms: SymbolTable, operand: list[int], out: list[int],
+                    dims: list[int]) -> BroadcastInfo:
+    expand = []
+    for i, d in enumerate(dims):
+        if syms.same(operand[i], out[d]):
+            expand.append("no")
+        elif syms.constant_value(operand[i]) == 1:
+            expand.append("yes")
+        else:
+            expand.append("maybe")
+    return BroadcastInfo(dims, expand, len(out), list(operand), list(out))
+
+
+def speculate_no_broadcast(analysis: ShapeAnalysis) -> tuple[ShapeAnalysis, list[int]] | None:
+    """The analysis under the assumption that no unknown dim is broadcast.
+
+    Every ``broadcast(a, b, ...)`` symbol is assumed equal to all its
+    components (the common case in serving: operands have the same shape).
+    Returns the speculative analysis and the broadcast symbols whose
+    components the host runner must find equal before using it; None if
+    there is nothing to speculate on.
+    """
+    table = analysis.symbols
+    speculated = [s for s, d in enumerate(table.defs) if d.kind == "broadcast"]
+    if not speculated:
+        return None
+    spec = copy.deepcopy(table)
+    for s in speculated:
+        for c in table.defs[s].components:
+            spec.union(s, c)
+    broadcasts = {
+        v: _broadcast_info(spec, b.operand_syms, b.result_syms, b.dims)
+        for v, b in analysis.broadcasts.items()
+    }
+    return ShapeAnalysis(spec, analysis.value_dims, analysis.checks, broadcasts), speculated
 
 
 def _broadcast_extents(syms: SymbolTable, shapes: list[list[int]]) -> tuple[list[int], bool]:

@@ -139,3 +139,19 @@ def test_logical_ops():
         return tf.logical_or(tf.logical_and(a, b), tf.logical_not(b))
 
     _check(fn, [tf.bool, tf.bool], (2, 1), seed=17)
+
+
+def test_speculative_and_general_paths_agree_with_tf():
+    """Same shapes take the 1-kernel speculative path, broadcasts the general one."""
+    def fn(x, residual):
+        return residual + tf.sigmoid(x) * tf.tanh(x)
+
+    sig = [tf.TensorSpec([None, None, None], tf.float32)] * 2
+    tf_fn = tf.function(fn, input_signature=sig)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(21)
+    pairs = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (1, 3, 4)), ((1, 1, 4), (5, 2, 4)),
+             ((3, 1, 2), (3, 4, 2)), ((0, 3, 4), (0, 3, 4)), ((6, 7, 8), (6, 7, 8))]
+    for xs, rs in pairs:
+        args = [random_value(rng, xs, tf.float32), random_value(rng, rs, tf.float32)]
+        assert_same(tf_fn(*args), jitted(*args), tf.float32)

@@ -88,3 +88,16 @@ def test_plan_names_fused_tf_ops():
     plan, _ = _plan(lambda x: tf.nn.relu(x * 3.0), dyn(2))
     text = plan.describe()
     assert "TF ops: mul, Relu" in text
+
+
+def test_speculative_plan_fuses_when_nothing_is_broadcast():
+    # residual + f(x): shapes of x and residual are unknown and unrelated, so
+    # the general plan needs two kernels; assuming no broadcast needs one.
+    def fn(x, residual):
+        return residual + tf.sigmoid(x) * 2.0
+
+    plan, _ = _plan(fn, dyn(3), dyn(3))
+    assert len(plan.kernels) == 2
+    assert plan.speculative is not None and len(plan.speculative.kernels) == 1
+    assert plan.num_kernels == 3
+    assert "speculation: when" in plan.describe()
