@@ -43,7 +43,9 @@ class JitFunction:
         protected = frozenset(t.op.name for t in list(concrete.inputs) + list(concrete.outputs))
         self.report = OptimizeReport()
         opt = BodyOptimizer(graph_def.library, options, self.report)
-        new_graph = opt.optimize_graph_def(graph_def, protected, body=concrete.name)
+        name = concrete.name.decode() if isinstance(concrete.name, bytes) else str(concrete.name)
+        new_graph = opt.optimize_graph_def(graph_def, protected, body=name,
+                                           graph=concrete.graph)
         opt.add_new_functions(new_graph.library)
         self.graph_def = new_graph
         self._signature = [tf.TensorSpec(t.shape, t.dtype) for t in concrete.inputs[:n_args]]
@@ -51,7 +53,10 @@ class JitFunction:
 
         def run_graph(*args):
             input_map = dict(zip(self._arg_names, args))
-            input_map.update(zip(self._capture_names, captured))
+            # Variables and other captures of the original function become
+            # captures of the wrapper graph.
+            graph = tf.compat.v1.get_default_graph()
+            input_map.update(zip(self._capture_names, (graph.capture(c) for c in captured)))
             return tf.graph_util.import_graph_def(
                 new_graph, input_map=input_map, return_elements=output_names, name="disc"
             )

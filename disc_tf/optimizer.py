@@ -108,10 +108,13 @@ class BodyOptimizer:
         return replaced
 
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
-                           body: str = "graph") -> graph_pb2.GraphDef:
-        """Clusters a flat GraphDef; ``protected`` node names survive."""
+                           body: str = "graph", graph=None) -> graph_pb2.GraphDef:
+        """Clusters a flat GraphDef; ``protected`` node names survive.
+
+        ``graph`` is the live tf.Graph of ``graph_def`` when the caller has it.
+        """
         try:
-            view = view_of_graph_def(graph_def, self.library)
+            view = view_of_graph_def(graph_def, self.library, graph)
         except Exception as e:  # noqa: BLE001
             log.warning("body %s not analysed (%s); left unchanged", body, e)
             return graph_def

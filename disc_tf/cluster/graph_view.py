@@ -115,38 +115,49 @@ def _topological_order(graph_def: graph_pb2.GraphDef) -> list[str]:
 
 
 def view_of_graph_def(
-    graph_def: graph_pb2.GraphDef, library: function_pb2.FunctionDefLibrary | None = None
+    graph_def: graph_pb2.GraphDef,
+    library: function_pb2.FunctionDefLibrary | None = None,
+    graph: tf.Graph | None = None,
 ) -> GraphView:
     """Analyses a flat GraphDef (inputs named 'node:index').
 
     ``library`` supplies the functions that call nodes refer to, so that TF can
-    infer their output shapes.
+    infer their output shapes. ``graph``, if given, is the live graph the
+    GraphDef came from; its shapes (which know resource handle data) are used
+    instead of re-importing.
     """
-    full = graph_pb2.GraphDef()
-    full.CopyFrom(graph_def)
-    if library is not None:
-        full.library.CopyFrom(library)
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(full, name="")
+    if graph is None:
+        full = graph_pb2.GraphDef()
+        full.CopyFrom(graph_def)
+        if library is not None:
+            full.library.CopyFrom(library)
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(full, name="")
+    tensors: dict[str, TensorInfo] = {}
+    for nd in graph_def.node:
+        op = graph.get_operation_by_name(nd.name)
+        recorded = nd.attr["_output_shapes"].list.shape if "_output_shapes" in nd.attr else []
+        for k, t in enumerate(op.outputs):
+            dims = _dims(t.shape)
+            if dims is None and k < len(recorded) and not recorded[k].unknown_rank:
+                dims = _dims(tf.TensorShape(recorded[k]))  # shape recorded when the graph was built
+            tensors[f"{nd.name}:{k}"] = TensorInfo(f"{nd.name}:{k}", t.dtype, dims)
     nodes: dict[str, NodeInfo] = {}
     for nd in graph_def.node:
         op = graph.get_operation_by_name(nd.name)
-        inputs = [
-            TensorInfo(canonical_tensor_name(i), t.dtype, _dims(t.shape))
-            for i, t in zip((x for x in nd.input if not x.startswith("^")), op.inputs)
-        ]
-        outputs = [
-            TensorInfo(f"{nd.name}:{k}", t.dtype, _dims(t.shape)) for k, t in enumerate(op.outputs)
-        ]
+        data_inputs = [canonical_tensor_name(x) for x in nd.input if not x.startswith("^")]
         nodes[nd.name] = NodeInfo(
             name=nd.name,
             op=nd.op,
             device=nd.device,
             node_def=nd,
-            inputs=inputs,
+            inputs=[
+                tensors.get(name) or TensorInfo(name, t.dtype, _dims(t.shape))
+                for name, t in zip(data_inputs, op.inputs)
+            ],
             control_inputs=[producer(i) for i in nd.input if i.startswith("^")],
-            outputs=outputs,
+            outputs=[tensors[f"{nd.name}:{k}"] for k in range(len(op.outputs))],
             stateful=op.op_def.is_stateful if op.op_def is not None else True,
         )
     return GraphView(nodes=nodes, order=_topological_order(graph_def), flat_graph_def=graph_def)
@@ -161,5 +172,11 @@ def view_of_function_def(
     ('node:out_arg:index', 'arg') to flat names ('node:flat_index', 'arg:0').
     Argument shapes come from the FunctionDef's ``_output_shapes`` arg attrs.
     """
-    graph_def, nested_to_flat = function_def_to_graph.function_def_to_graph_def(fdef)
+    scratch = tf.Graph()
+    with scratch.as_default():
+        if library is not None and library.function:
+            # TF resolves call nodes against the default graph's functions; outside
+            # the process that traced them, only ``library`` knows them.
+            tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=library), name="")
+        graph_def, nested_to_flat = function_def_to_graph.function_def_to_graph_def(fdef)
     return view_of_graph_def(graph_def, library), nested_to_flat

@@ -1,0 +1,316 @@
+"""The ``disc-tf`` command line.
+
+``disc-tf optimize IN OUT`` compiles every cluster of a SavedModel ahead of time;
+``disc-tf inspect MODEL`` shows, without compiling, what would be clustered, why
+every other op stays out, and (with ``--until``) each compiler stage of every
+cluster: DHLO, shape classes and fusion plan, generated source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import TextIO
+
+from tensorflow.core.protobuf import saved_model_pb2
+
+from disc_tf import pipeline
+from disc_tf.cluster import clustering, rewrite
+from disc_tf.cluster.graph_view import (
+    GraphView,
+    TensorInfo,
+    view_of_function_def,
+    view_of_graph_def,
+)
+from disc_tf.optimizer import FALLBACK_PREFIX, OptimizeReport
+from disc_tf.saved_model import _referenced_nodes, optimize_saved_model
+
+log = logging.getLogger("disc_tf")
+
+#: Ops that move, name or hold data rather than compute; left out of the ratio.
+NON_COMPUTE_OPS = frozenset(
+    {"Placeholder", "Const", "Identity", "NoOp", "_Arg", "_Retval", "ReadVariableOp",
+     "VarHandleOp", "StatefulPartitionedCall", "PartitionedCall"}
+)
+STAGES = ("cluster", "dhlo", "fusion", "codegen")
+MIN_CLUSTER_SIZE = 2  # what optimize uses
+MAX_NAMES = 20  # names listed per unclustered reason
+
+
+class UsageError(Exception):
+    """A command line that cannot be served (exit code 2)."""
+
+
+# --------------------------------------------------------------------------
+# Bodies of a SavedModel
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Body:
+    """One clusterable body: a library function or a MetaGraph's main graph."""
+
+    name: str
+    kind: str  # "function" | "graph"
+    view: GraphView | None
+    fetched: frozenset[str] = frozenset()  # flat tensor names read from outside
+    protected: frozenset[str] = frozenset()  # node names that must survive
+    error: str | None = None  # why the body could not be analysed
+
+
+def _load_saved_model(path: str) -> saved_model_pb2.SavedModel:
+    model_dir = pathlib.Path(path)
+    if not model_dir.is_dir() or not (model_dir / "saved_model.pb").is_file():
+        raise UsageError(f"{path} is not a SavedModel directory (no saved_model.pb inside)")
+    sm = saved_model_pb2.SavedModel()
+    sm.ParseFromString((model_dir / "saved_model.pb").read_bytes())
+    return sm
+
+
+def iter_bodies(sm: saved_model_pb2.SavedModel) -> Iterator[Body]:
+    """Every body the optimizer would cluster, in the optimizer's order."""
+    for meta_graph in sm.meta_graphs:
+        library = meta_graph.graph_def.library
+        for fdef in library.function:
+            name = fdef.signature.name
+            if name.startswith(FALLBACK_PREFIX):
+                continue
+            try:
+                view, nested_to_flat = view_of_function_def(fdef, library)
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                yield Body(name, "function", None, error=f"{type(e).__name__}: {e}")
+                continue
+            fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
+            yield Body(name, "function", view, fetched)
+        tags = ",".join(meta_graph.meta_info_def.tags) or "untagged"
+        name = f"main_graph[{tags}]"
+        try:
+            view = view_of_graph_def(meta_graph.graph_def, library)
+        except Exception as e:  # noqa: BLE001
+            yield Body(name, "graph", None, error=f"{type(e).__name__}: {e}")
+            continue
+        protected = _referenced_nodes(meta_graph)
+        fetched = frozenset(t.name for n in protected if n in view.nodes
+                            for t in view.nodes[n].outputs)
+        yield Body(name, "graph", view, fetched, protected)
+
+
+def cluster_body(body: Body) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
+    """Clusters ``body`` as the optimizer does and extracts each cluster."""
+    assert body.view is not None
+    result = clustering.find_clusters(
+        body.view, min_cluster_size=MIN_CLUSTER_SIZE, protected=body.protected
+    )
+    taken = set(body.view.nodes)
+    specs = []
+    for k, nodes in enumerate(result.clusters):
+        name = f"disc_cluster_{k}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        outs = {t.name for n in nodes if n in body.protected for t in body.view.nodes[n].outputs}
+        specs.append(rewrite.extract_cluster(body.view, nodes, name, body.fetched | outs))
+    return result, specs
+
+
+# --------------------------------------------------------------------------
+# inspect
+# --------------------------------------------------------------------------
+
+
+def _tensor(t: TensorInfo) -> str:
+    dims = "<unknown rank>" if t.dims is None else ",".join(
+        "?" if d is None else str(d) for d in t.dims)
+    return f"{t.name} {t.dtype.name}[{dims}]"
+
+
+def _ratio(done: int, total: int) -> str:
+    pct = f"{100.0 * done / total:.1f}%" if total else "n/a"
+    return f"clustered compute ops: {done}/{total} ({pct})"
+
+
+def _stage_text(title: str, text: str) -> list[str]:
+    return [f"    -- {title} --", textwrap.indent(text.rstrip("\n"), "      ")]
+
+
+def describe_cluster(spec: rewrite.ClusterSpec, until: str) -> list[str]:
+    """The lines ``inspect`` prints for one cluster, up to stage ``until``."""
+    ops = spec.op_summary()
+    lines = [f"  cluster {spec.name}: {len(ops)} ops"]
+    lines.extend(f"    op {name} ({op})" for name, op in ops)
+    lines.extend(f"    input data {_tensor(t)}" for t in spec.inputs)
+    lines.extend(f"    input control ^{c}" for c in spec.control_inputs)
+    lines.extend(f"    output {_tensor(t)}" for t in spec.outputs)
+    level = STAGES.index(until)
+    if level == 0:
+        return lines
+    try:
+        fe = pipeline.front_end(spec, "cpu")
+    except Exception as e:  # noqa: BLE001 - shown instead of the stages
+        return lines + [f"    stages failed: {type(e).__name__}: {e}"]
+    lines += _stage_text("dhlo", fe.dhlo.text)
+    if level >= 2:
+        lines += _stage_text("shape classes", fe.shapes)
+        lines += _stage_text("fusion plan", fe.plan.describe())
+    if level >= 3:
+        lines += _stage_text("generated source", fe.source)
+    return lines
+
+
+def describe_unclustered(view: GraphView, reasons: dict[str, str]) -> list[str]:
+    """Compute ops grouped by reason (count, then names); other ops by type."""
+    by_reason: dict[str, list[str]] = collections.defaultdict(list)
+    noise: collections.Counter[str] = collections.Counter()
+    for name in view.order:
+        if name not in reasons:
+            continue
+        if view.nodes[name].op in NON_COMPUTE_OPS:
+            noise[view.nodes[name].op] += 1
+        else:
+            by_reason[reasons[name]].append(name)
+    lines = []
+    for why, names in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(names[:MAX_NAMES])
+        more = f", ... (+{len(names) - MAX_NAMES} more)" if len(names) > MAX_NAMES else ""
+        lines.append(f"    {why} ({len(names)}): {shown}{more}")
+    if noise:
+        kinds = ", ".join(f"{op} x{n}" for op, n in sorted(noise.items()))
+        lines.append(f"    non-compute ops ({sum(noise.values())}): {kinds}")
+    return lines
+
+
+def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None) -> int:
+    """Prints the clusters and unclustered ops of every body of a SavedModel."""
+    out = out or sys.stdout
+    sm = _load_saved_model(path)
+    total_done = total = 0
+    for body in iter_bodies(sm):
+        if body.view is None:
+            print(f"body {body.name} ({body.kind}): not analysed: {body.error}", file=out)
+            continue
+        compute = [n for n, nd in body.view.nodes.items() if nd.op not in NON_COMPUTE_OPS]
+        if not compute:
+            print(f"body {body.name} ({body.kind}): no compute ops", file=out)
+            continue
+        result, specs = cluster_body(body)
+        clustered = {n for c in result.clusters for n in c}
+        done = sum(n in clustered for n in compute)
+        total_done, total = total_done + done, total + len(compute)
+        print(f"body {body.name} ({body.kind}): {len(body.view.nodes)} nodes, "
+              f"{len(specs)} cluster(s)", file=out)
+        for spec in specs:
+            print("\n".join(describe_cluster(spec, until)), file=out)
+        unclustered = describe_unclustered(body.view, result.reasons)
+        if unclustered:
+            print("  unclustered:", file=out)
+            print("\n".join(unclustered), file=out)
+        print(f"  {_ratio(done, len(compute))}", file=out)
+    print(_ratio(total_done, total), file=out)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# optimize
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress(total: int, err: TextIO) -> Iterator[None]:
+    """Reports each cluster on ``err`` as the optimizer starts compiling it."""
+    compile_cluster = pipeline.compile_cluster
+    count = 0
+
+    def reporting(spec: rewrite.ClusterSpec, target: str = "cpu"):
+        nonlocal count
+        count += 1
+        print(f"[{count}/{max(total, count)}] compiling {spec.name} "
+              f"({len(spec.op_summary())} ops)", file=err, flush=True)
+        return compile_cluster(spec, target)
+
+    pipeline.compile_cluster = reporting
+    try:
+        yield
+    finally:
+        pipeline.compile_cluster = compile_cluster
+
+
+def summary_lines(report: OptimizeReport) -> list[str]:
+    """One line per cluster: body, name, #ops, #kernels, compile time or error."""
+    lines = []
+    for c in report.clusters:
+        head = f"{c.body}  {c.name}  {len(c.ops)} ops"
+        if c.error is not None:
+            lines.append(f"{head}  FAILED: {c.error}")
+        else:
+            when = "cache" if c.from_cache else f"{c.compile_seconds:.2f}s"
+            lines.append(f"{head}  {c.kernels} kernel(s)  {when}")
+    return lines
+
+
+def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None,
+                   out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Optimizes a SavedModel and prints what happened to every cluster."""
+    out, err = out or sys.stdout, err or sys.stderr
+    sm = _load_saved_model(src)
+    total = sum(len(cluster_body(b)[1]) for b in iter_bodies(sm) if b.view is not None)
+    print(f"{total} cluster(s) to compile", file=err, flush=True)
+    with _progress(total, err):
+        report = optimize_saved_model(src, dst, target=target, signatures=signatures)
+    for line in summary_lines(report):
+        print(line, file=out)
+    failed = len(report.clusters) - len(report.compiled)
+    print(f"optimized {src} -> {dst}: {len(report.compiled)} cluster(s) compiled, "
+          f"{failed} failed", file=out)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="disc-tf", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+    opt = sub.add_parser("optimize", help="compile every cluster of a SavedModel")
+    opt.add_argument("input", metavar="IN", help="SavedModel directory")
+    opt.add_argument("output", metavar="OUT", help="where the optimized SavedModel goes")
+    opt.add_argument("--target", choices=("auto", "cpu"), default="auto")
+    opt.add_argument("--signatures", default=None,
+                     help="comma-separated signature names (default: all)")
+    ins = sub.add_parser("inspect", help="show clusters and why other ops stay out")
+    ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
+    ins.add_argument("--until", choices=STAGES, default="cluster",
+                     help="last compiler stage to show for each cluster")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs ``disc-tf``; returns the exit code (2 for usage errors)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed
+        return e.code if isinstance(e.code, int) else 2
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "inspect":
+            return inspect_model(args.model, args.until)
+        signatures = [s for s in args.signatures.split(",") if s] if args.signatures else None
+        return optimize_model(args.input, args.output, args.target, signatures)
+    except UsageError as e:
+        print(f"disc-tf: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback
+        log.debug("disc-tf failed", exc_info=True)
+        print(f"disc-tf: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
