@@ -155,3 +155,18 @@ def test_speculative_and_general_paths_agree_with_tf():
     for xs, rs in pairs:
         args = [random_value(rng, xs, tf.float32), random_value(rng, rs, tf.float32)]
         assert_same(tf_fn(*args), jitted(*args), tf.float32)
+
+
+@pytest.mark.parametrize("dtype", [tf.int64, tf.bool], ids=lambda d: d.name)
+def test_int64_and_bool_equality_chain(dtype):
+    def fn(x, y):
+        return tf.logical_or(tf.equal(x, y), tf.not_equal(y, x))
+
+    _check(fn, [dtype, dtype], (3, 1), seed=23)
+
+
+def test_int64_arithmetic():
+    def fn(x, y):
+        return tf.maximum(x * y - x, -y) + tf.abs(x)
+
+    _check(fn, [tf.int64, tf.int64], (2, 2), seed=29)

@@ -1,0 +1,27 @@
+"""DISC_TF_DUMP_DIR: every stage of every cluster is written out."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+import disc_tf
+
+
+def test_dump_dir_has_every_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISC_TF_DUMP_DIR", str(tmp_path))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32),
+                                  tf.TensorSpec([None], tf.float32)])
+    def f(x, b):
+        return tf.nn.relu(x + b) * 2.0
+
+    disc_tf.jit(f)
+    (cluster_dir,) = list(tmp_path.iterdir())
+    files = {p.name: p.read_text() for p in cluster_dir.iterdir()}
+    assert set(files) == {"cluster.pbtxt", "dhlo.mlir", "shapes.txt", "fusion_plan.txt",
+                          "kernels.cc"}
+    assert 'op: "Relu"' in files["cluster.pbtxt"]
+    assert "stablehlo.dynamic_broadcast_in_dim" in files["dhlo.mlir"]
+    assert "check broadcast" in files["shapes.txt"]
+    assert "TF ops: add, Relu, mul" in files["fusion_plan.txt"]
+    assert "disc_entry" in files["kernels.cc"]
