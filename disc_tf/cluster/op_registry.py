@@ -29,8 +29,8 @@ class OpSupport:
     dtypes: frozenset
     #: attribute naming the dtype checked against ``dtypes``.
     dtype_attr: str = "T"
-    #: ops that do no arithmetic (constants); they do not count towards the
-    #: minimum cluster size.
+    #: ops that do no arithmetic (constants, identities); they do not count
+    #: towards the minimum cluster size.
     trivial: bool = False
 
 
@@ -51,6 +51,16 @@ for _op in ("Less", "LessEqual", "Greater", "GreaterEqual"):
     _register(_op, NUMERIC_TYPES)
 for _op in ("LogicalAnd", "LogicalOr", "LogicalNot"):
     _register(_op, frozenset({tf.bool}), dtype_attr="")
+for _op in ("Erf", "Log1p", "Expm1", "Sin", "Cos", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
+            "Softplus", "Softsign", "Elu", "Selu", "IsNan", "IsFinite", "FloorDiv", "FloorMod",
+            "LeakyRelu"):
+    _register(_op, FLOAT_TYPES)
+for _op in ("Sign", "SquaredDifference", "Relu6", "BiasAdd", "AddN", "ClipByValue"):
+    _register(_op, NUMERIC_TYPES)
+for _op in ("Identity", "StopGradient", "Snapshot"):
+    _register(_op, ALL_TYPES, trivial=True)  # free inside a cluster, no reason to make one
+for _op in ("ZerosLike", "OnesLike"):
+    _register(_op, ALL_TYPES)
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")

@@ -22,7 +22,7 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-3"
+CODEGEN_VERSION = "cpu-4"
 
 
 def _sym(s: int, plan: FusionPlan) -> str:
@@ -245,7 +245,7 @@ def _const_data(b: Buffer) -> str:
 
 def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
     for n, check in enumerate(plan.checks):
-        shapes = check.operands
+        shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         decl = []
         for i, s in enumerate(shapes):
             decl.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(_sym(x, plan) for x in s) or '0'}}};")
@@ -267,6 +267,20 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
                     expr = f"disc_bcast_dim({expr}, {_sym(c, plan)}, &ok{n})"
                 lines.append(f"  const int64_t s{s} = {expr};")
             lines.append(f"  if (!ok{n}) {{")
+            lines.extend(decl)
+            lines.append(fail.rstrip("\n"))
+            lines.append(
+                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': Incompatible shapes: ", '
+                f"{len(shapes)}, shapes, ranks);"
+            )
+            lines.append("  }")
+        elif check.kind == "expand":
+            conds = []
+            for i, d in check.dims:
+                o, r = _sym(check.operands[0][i], plan), _sym(check.result[d], plan)
+                conds.append(f"({o} != 1 && {o} != {r})")
+            lines.append(f"  // broadcast operand dims of TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  if ({' || '.join(conds)}) {{")
             lines.extend(decl)
             lines.append(fail.rstrip("\n"))
             lines.append(

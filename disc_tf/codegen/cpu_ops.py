@@ -24,7 +24,8 @@ _COMPARE = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="
 
 #: Rough cost in cycles per element, for the thread pool's cost model.
 COST = {"exponential": 20, "log": 20, "tanh": 25, "logistic": 25, "power": 40,
-        "sqrt": 8, "rsqrt": 10, "divide": 4}
+        "sqrt": 8, "rsqrt": 10, "divide": 4, "erf": 25, "log_plus_one": 20,
+        "exponential_minus_one": 20, "sine": 20, "cosine": 20, "remainder": 10}
 
 
 def literal(value: object, elem: str) -> str:
@@ -75,9 +76,22 @@ def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
         return f"({a} < {b} ? {a} : {b})"
     if op == "abs":
         return _round(f"fabsf({a})", elem) if is_float else f"{ct}({a} < 0 ? -{a} : {a})"
-    unary_float = {"exponential": "expf", "log": "logf", "tanh": "tanhf", "sqrt": "sqrtf"}
+    unary_float = {
+        "exponential": "expf", "log": "logf", "tanh": "tanhf", "sqrt": "sqrtf",
+        "floor": "floorf", "ceil": "ceilf", "round_nearest_even": "nearbyintf",
+        "log_plus_one": "log1pf", "exponential_minus_one": "expm1f", "sine": "sinf",
+        "cosine": "cosf", "erf": "erff",
+    }
     if op in unary_float:
         return _round(f"{unary_float[op]}({a})", elem)
+    if op == "sign":
+        if is_float:
+            return f"({a} != {a} ? {a} : (float)(({a} > 0) - ({a} < 0)))"
+        return f"{ct}(({a} > 0) - ({a} < 0))"
+    if op == "is_finite":
+        return f"(bool)isfinite({a})"
+    if op == "remainder":
+        return _round(f"fmodf({a}, {b})", elem) if is_float else f"{ct}({a} % {b})"
     if op == "rsqrt":
         return _round(f"1.0f / sqrtf({a})", elem)
     if op == "logistic":
@@ -106,6 +120,11 @@ __attribute__((simd("notinbranch"))) float expf(float) noexcept;
 __attribute__((simd("notinbranch"))) float logf(float) noexcept;
 __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 __attribute__((simd("notinbranch"))) float powf(float, float) noexcept;
+__attribute__((simd("notinbranch"))) float log1pf(float) noexcept;
+__attribute__((simd("notinbranch"))) float expm1f(float) noexcept;
+__attribute__((simd("notinbranch"))) float sinf(float) noexcept;
+__attribute__((simd("notinbranch"))) float cosf(float) noexcept;
+__attribute__((simd("notinbranch"))) float erff(float) noexcept;
 }"""
 
 #: Helpers every generated source defines once.

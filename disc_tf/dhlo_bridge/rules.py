@@ -55,6 +55,9 @@ _BINARY = {
 _UNARY = {
     "Neg": "negate", "Abs": "abs", "Exp": "exponential", "Log": "log", "Tanh": "tanh",
     "Sigmoid": "logistic", "Rsqrt": "rsqrt", "Sqrt": "sqrt", "LogicalNot": "not",
+    "Sign": "sign", "Floor": "floor", "Ceil": "ceil", "Round": "round_nearest_even",
+    "Log1p": "log_plus_one", "Expm1": "exponential_minus_one", "Sin": "sine", "Cos": "cosine",
+    "Erf": "chlo.erf",
 }
 _COMPARE = {
     "Equal": "EQ", "NotEqual": "NE", "Less": "LT", "LessEqual": "LE",
@@ -134,3 +137,162 @@ def _const(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     value = tf.make_ndarray(node.attr["value"].tensor)
     elem = MLIR_TYPE[tf.as_dtype(node.attr["dtype"].type)]
     return [b.constant(dense_literal(value, elem), elem, tuple(value.shape))]
+
+
+def _like(b: DhloBuilder, x: TValue, value: float, elem: str | None = None) -> TValue:
+    """A tensor of x's shape filled with ``value``."""
+    elem = elem or x.elem
+    return b.broadcast_to(_scalar(b, value, elem), b.shape_of(x), x.rank, [])
+
+
+@register("Identity", "StopGradient", "Snapshot")
+def _identity(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    # A same-type convert: free inside a fused kernel, a copy if it is all there is.
+    return [b.op("convert", xs, xs[0].elem, xs[0].dims)]
+
+
+@register("ZerosLike", "OnesLike")
+def _fill_like(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    value = 0 if node.op == "ZerosLike" else 1
+    filled = _like(b, xs[0], value)
+    return [b.op("convert", [filled], filled.elem, filled.dims)]
+
+
+@register("IsNan")
+def _is_nan(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    attr = "comparison_direction = #stablehlo<comparison_direction NE>"
+    return [b.op("compare", [xs[0], xs[0]], "i1", xs[0].dims, attr)]
+
+
+@register("IsFinite")
+def _is_finite(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    return [b.op("is_finite", xs, "i1", xs[0].dims)]
+
+
+@register("Reciprocal", "Inv")
+def _reciprocal(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    return [b.op("divide", [_like(b, xs[0], 1), xs[0]], xs[0].elem, xs[0].dims)]
+
+
+@register("SquaredDifference")
+def _squared_difference(b: DhloBuilder, node: node_def_pb2.NodeDef,
+                        xs: list[TValue]) -> list[TValue]:
+    d = _elementwise(b, "subtract", xs)
+    return [b.op("multiply", [d, d], d.elem, d.dims)]
+
+
+def _select(b: DhloBuilder, pred: TValue, x: TValue, y: TValue) -> TValue:
+    return b.op("select", [pred, x, y], x.elem, x.dims)
+
+
+def _compare(b: DhloBuilder, x: TValue, y: TValue, direction: str) -> TValue:
+    attr = f"comparison_direction = #stablehlo<comparison_direction {direction}>"
+    return b.op("compare", [x, y], "i1", x.dims, attr)
+
+
+@register("Relu6")
+def _relu6(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    low = b.op("maximum", [x, _like(b, x, 0)], x.elem, x.dims)
+    return [b.op("minimum", [low, _like(b, x, 6)], x.elem, x.dims)]
+
+
+@register("LeakyRelu")
+def _leaky_relu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    alpha = node.attr["alpha"].f if "alpha" in node.attr else 0.2
+    scaled = b.op("multiply", [x, _like(b, x, alpha)], x.elem, x.dims)
+    return [_select(b, _compare(b, x, _like(b, x, 0), "GT"), x, scaled)]
+
+
+def _exp_minus_one(b: DhloBuilder, x: TValue) -> TValue:
+    # TF's Elu/Selu compute exp(x) - 1 (not expm1); match them.
+    e = b.op("exponential", [x], x.elem, x.dims)
+    return b.op("subtract", [e, _like(b, x, 1)], x.elem, x.dims)
+
+
+@register("Elu")
+def _elu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    return [_select(b, _compare(b, x, _like(b, x, 0), "LT"), _exp_minus_one(b, x), x)]
+
+
+_SELU_SCALE = 1.0507009873554804934193349852946
+_SELU_ALPHA = 1.6732632423543772848170429916717
+
+
+@register("Selu")
+def _selu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    neg = b.op("multiply", [_exp_minus_one(b, x), _like(b, x, _SELU_SCALE * _SELU_ALPHA)],
+               x.elem, x.dims)
+    pos = b.op("multiply", [x, _like(b, x, _SELU_SCALE)], x.elem, x.dims)
+    return [_select(b, _compare(b, x, _like(b, x, 0), "LT"), neg, pos)]
+
+
+@register("Softplus")
+def _softplus(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    # TF: x if x > -t, exp(x) if x < t, else log1p(exp(x)), t = log(eps) + 2.
+    x = xs[0]
+    eps = float(np.finfo(np.float16 if x.elem == "f16" else np.float32).eps)
+    t = float(np.log(eps) + 2.0)
+    e = b.op("exponential", [x], x.elem, x.dims)
+    soft = b.op("log_plus_one", [e], x.elem, x.dims)
+    small = _select(b, _compare(b, x, _like(b, x, t), "LT"), e, soft)
+    return [_select(b, _compare(b, x, _like(b, x, -t), "GT"), x, small)]
+
+
+@register("Softsign")
+def _softsign(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    a = b.op("abs", [x], x.elem, x.dims)
+    d = b.op("add", [a, _like(b, x, 1)], x.elem, x.dims)
+    return [b.op("divide", [x, d], x.elem, x.dims)]
+
+
+@register("FloorDiv")
+def _floor_div(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    q = _elementwise(b, "divide", xs)
+    return [b.op("floor", [q], q.elem, q.dims)]
+
+
+@register("FloorMod")
+def _floor_mod(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    # Python-style modulo: the result takes the divisor's sign.
+    x, y = b.numpy_broadcast(xs)
+    r = b.op("remainder", [x, y], x.elem, x.dims)
+    zero = _like(b, r, 0)
+    fix = b.op("and", [_compare(b, r, zero, "NE"),
+                      b.op("compare", [_compare(b, r, zero, "LT"), _compare(b, y, zero, "LT")],
+                           "i1", x.dims,
+                           "comparison_direction = #stablehlo<comparison_direction NE>")],
+               "i1", x.dims)
+    return [_select(b, fix, b.op("add", [r, y], x.elem, x.dims), r)]
+
+
+@register("BiasAdd")
+def _bias_add(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, bias = xs
+    channels_first = node.attr["data_format"].s == b"NCHW" if "data_format" in node.attr else False
+    dim = 1 if channels_first and x.rank > 2 else x.rank - 1
+    wide = b.broadcast_to(bias, b.shape_of(x), x.rank, [dim])
+    return [b.op("add", [x, wide], x.elem, x.dims)]
+
+
+@register("AddN")
+def _add_n(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    if len(xs) > 1:
+        b.require_equal_shapes(xs)
+    total = xs[0]
+    for x in xs[1:]:
+        total = b.op("add", [total, x], total.elem, total.dims)
+    if len(xs) == 1:
+        total = b.op("convert", [total], total.elem, total.dims)
+    return [total]
+
+
+@register("ClipByValue")
+def _clip(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    t, lo, hi = xs
+    low = _elementwise(b, "maximum", [t, lo])
+    return [_elementwise(b, "minimum", [low, hi])]

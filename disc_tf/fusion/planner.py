@@ -185,7 +185,7 @@ class _Planner:
                                         "output", i)
             self.buffer_of[base] = name
         for op in self.func.ops:
-            if op.name.startswith("stablehlo.") and op.name not in _NOT_COMPUTE:
+            if op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
                 self.place(op)
         # A value leaves its kernel if another kernel reads it or it is a result.
         for value, buf in self.buffer_of.items():

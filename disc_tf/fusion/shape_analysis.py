@@ -41,10 +41,11 @@ class SymDef:
 class ShapeCheck:
     """A host-side check emitted before any kernel runs."""
 
-    kind: str  # "broadcast": operands broadcast to result; "equal": all shapes equal
+    kind: str  # "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d)
     operands: list[list[int]]
     result: list[int]
     tf_node: str
+    dims: list[tuple[int, int]] | None = None  # (operand dim, result dim) for "expand"
 
     def __str__(self) -> str:
         shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]" for o in self.operands)
@@ -182,7 +183,9 @@ class ShapeAnalysis:
 _ELEMENTWISE_SAME_SHAPE = frozenset(
     {"add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "and", "or",
      "negate", "abs", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "not",
-     "compare", "select", "convert"}
+     "compare", "select", "convert", "sign", "floor", "ceil", "round_nearest_even",
+     "log_plus_one", "exponential_minus_one", "sine", "cosine", "erf", "is_finite",
+     "remainder"}
 )
 
 
@@ -223,8 +226,16 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             operand = dims[op.operands[0]]
             out = list(extents[op.operands[1]])
             dims[op.results[0]] = out
-            broadcasts[op.results[0]] = _broadcast_info(syms, operand, out, list(op.broadcast_dims))
-        elif kind.startswith("stablehlo.") and kind[len("stablehlo."):] in _ELEMENTWISE_SAME_SHAPE:
+            info = _broadcast_info(syms, operand, out, list(op.broadcast_dims))
+            broadcasts[op.results[0]] = info
+            # StableHLO requires each operand dim to be 1 or the result dim;
+            # unless a broadcast symbol already implies it, the host checks.
+            unproven = [i for i, (d, e) in enumerate(zip(info.dims, info.expand))
+                        if e == "maybe" and not syms.absorbed(out[d], operand[i])]
+            if unproven:
+                checks.append(ShapeCheck("expand", [operand], out, op.tf_node,
+                                         dims=[(i, info.dims[i]) for i in unproven]))
+        elif kind.split(".", 1)[-1] in _ELEMENTWISE_SAME_SHAPE:
             first = dims[op.operands[0]]
             for other in op.operands[1:]:
                 for a, b in zip(first, dims[other]):

@@ -81,7 +81,8 @@ def test_unproven_shape_classes_get_separate_kernels():
     plan, _ = _plan(fn, dyn(2), dyn(1))
     assert len(plan.kernels) == 3
     assert len({tuple(k.dims) for k in plan.kernels}) == 3
-    assert [len(k.ops) for k in plan.kernels] == [2, 2, 1]
+    # the function's output Identity nodes join too, as same-type converts
+    assert [len([o for o in k.ops if o.op != "convert"]) for k in plan.kernels] == [2, 2, 1]
 
 
 def test_plan_names_fused_tf_ops():
