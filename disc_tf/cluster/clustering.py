@@ -69,6 +69,15 @@ def why_not_compilable(node: NodeInfo) -> str | None:
     return None
 
 
+def _why_not_constant(view: GraphView, node: NodeInfo) -> str | None:
+    """A reason if an input the op needs at compile time is not a Const node."""
+    for i in op_registry.lookup(node.op).const_inputs:
+        src = view.nodes.get(producer(node.inputs[i].name)) if i < len(node.inputs) else None
+        if src is None or src.op != "Const":
+            return f"input {i} of {node.op} must be a constant"
+    return None
+
+
 class _ClusterGraph:
     """Union-find over nodes plus the contracted edge sets, kept acyclic."""
 
@@ -144,7 +153,7 @@ def find_clusters(
 
     compilable: set[str] = set()
     for name in view.order:
-        why = why_not_compilable(view.nodes[name])
+        why = why_not_compilable(view.nodes[name]) or _why_not_constant(view, view.nodes[name])
         if why is None:
             compilable.add(name)
         else:

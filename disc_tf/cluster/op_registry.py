@@ -32,13 +32,16 @@ class OpSupport:
     #: ops that do no arithmetic (constants, identities); they do not count
     #: towards the minimum cluster size.
     trivial: bool = False
+    #: inputs that must be compile-time constants (e.g. reduction axes)
+    const_inputs: tuple = ()
 
 
 _REGISTRY: dict[str, OpSupport] = {}
 
 
-def _register(op: str, dtypes: frozenset, dtype_attr: str = "T", trivial: bool = False) -> None:
-    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial)
+def _register(op: str, dtypes: frozenset, dtype_attr: str = "T", trivial: bool = False,
+              const_inputs: tuple = ()) -> None:
+    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs)
 
 
 for _op in ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "Neg", "Abs", "Square", "Relu"):
@@ -61,6 +64,13 @@ for _op in ("Identity", "StopGradient", "Snapshot"):
     _register(_op, ALL_TYPES, trivial=True)  # free inside a cluster, no reason to make one
 for _op in ("ZerosLike", "OnesLike"):
     _register(_op, ALL_TYPES)
+REDUCE_TYPES = frozenset({tf.float32, tf.int32, tf.int64})
+for _op in ("Sum", "Mean", "Max", "Min", "Prod"):
+    _register(_op, REDUCE_TYPES, const_inputs=(1,))
+for _op in ("All", "Any"):
+    _register(_op, frozenset({tf.bool}), dtype_attr="", const_inputs=(1,))
+for _op in ("Softmax", "LogSoftmax"):
+    _register(_op, frozenset({tf.float32}))
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")

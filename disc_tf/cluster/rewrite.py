@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import graph_to_function_def
 
+from disc_tf.cluster.clustering import why_not_compilable
 from disc_tf.cluster.graph_view import GraphView, TensorInfo, canonical_tensor_name, producer
 
 DISC_OP = "DiscCluster"
@@ -54,6 +55,18 @@ def extract_cluster(
     returns, fetches); such tensors always become cluster outputs.
     """
     members = set(node_names)
+    # Small constants outside the cluster are copied in rather than passed in:
+    # their values are then known to the compiler (e.g. reduction axes).
+    copied = []
+    for n in node_names:
+        for t in view.nodes[n].inputs:
+            src = view.nodes.get(producer(t.name))
+            if (src is not None and src.op == "Const" and src.name not in members
+                    and src.name not in copied and not src.control_inputs
+                    and why_not_compilable(src) is None):
+                copied.append(src.name)
+    members |= set(copied)
+    node_names = copied + list(node_names)
     inputs: list[TensorInfo] = []
     input_index: dict[str, int] = {}
     control_inputs: list[str] = []
@@ -70,6 +83,7 @@ def extract_cluster(
     outputs = [
         t
         for n in node_names
+        if n not in copied
         for t in view.nodes[n].outputs
         if t.name in fetched or any(c not in members for c, _ in consumers.get(t.name, []))
     ]
@@ -90,7 +104,8 @@ def extract_cluster(
                 continue
             flat = canonical_tensor_name(i)
             nd.input.append(f"{arg_name(input_index[flat])}:0" if flat in input_index else flat)
-    return ClusterSpec(name, list(node_names), inputs, outputs, control_inputs, sub)
+    return ClusterSpec(name, [n for n in node_names if n not in copied], inputs, outputs,
+                       control_inputs, sub)
 
 
 def fallback_function(spec: ClusterSpec) -> function_pb2.FunctionDef:

@@ -37,6 +37,8 @@ class DhloBuilder:
         self.lines: list[str] = []
         self._counter = 0
         self._shape_of: dict[str, str] = {}
+        #: numpy values of constants, for rules that need compile-time operands
+        self.const_values: dict = {}
         self.loc = "unknown"
 
     def _fresh(self, prefix: str = "v") -> str:
@@ -66,10 +68,13 @@ class DhloBuilder:
         )
         return result
 
-    def constant(self, literal: str, elem: str, dims: tuple) -> TValue:
-        """Emits a ``stablehlo.constant`` of a static type."""
+    def constant(self, literal: str, elem: str, dims: tuple, value=None) -> TValue:
+        """Emits a ``stablehlo.constant`` of a static type (``value``: its numpy data)."""
         ty = tensor_type(elem, dims)
-        return self.op("constant", [], elem, dims, attrs=f"value = {literal} : {ty}")
+        result = self.op("constant", [], elem, dims, attrs=f"value = {literal} : {ty}")
+        if value is not None:
+            self.const_values[result.ssa] = value
+        return result
 
     def shape_of(self, value: TValue) -> str:
         """The ``tensor<Rxindex>`` extents of ``value`` (emitted once per value)."""
@@ -112,6 +117,73 @@ class DhloBuilder:
         self.lines.append(
             f'{result.ssa} = "stablehlo.dynamic_broadcast_in_dim"({value.ssa}, {shape_ssa}) '
             f"{{{attr}}} : ({value.type}, tensor<{rank}xindex>) -> {result.type} {self._loc()}"
+        )
+        return result
+
+    def index_const(self, value: int) -> str:
+        """An ``index`` constant (host scalar)."""
+        ssa = self._fresh("c")
+        self.lines.append(
+            f'{ssa} = "arith.constant"() {{value = {value} : index}} : () -> index {self._loc()}'
+        )
+        return ssa
+
+    def dim(self, value: TValue, d: int) -> str:
+        """Dim ``d`` of ``value`` as a host ``index`` scalar."""
+        ssa = self._fresh("d")
+        self.lines.append(
+            f'{ssa} = "tensor.extract"({self.shape_of(value)}, {self.index_const(d)}) : '
+            f"(tensor<{value.rank}xindex>, index) -> index {self._loc()}"
+        )
+        return ssa
+
+    def shape_from(self, extents: list[str]) -> str:
+        """A ``tensor<Nxindex>`` shape from host ``index`` scalars."""
+        ssa = self._fresh("s")
+        types = ", ".join("index" for _ in extents)
+        self.lines.append(
+            f'{ssa} = "tensor.from_elements"({", ".join(extents)}) : ({types}) -> '
+            f"tensor<{len(extents)}xindex> {self._loc()}"
+        )
+        return ssa
+
+    def num_elements(self, value: TValue, dims: list[int], elem: str) -> TValue:
+        """Product of the given dims of ``value`` as a rank-0 tensor of ``elem``."""
+        total = self.index_const(1)
+        for d in dims:
+            ssa = self._fresh("n")
+            self.lines.append(
+                f'{ssa} = "arith.muli"({total}, {self.dim(value, d)}) : (index, index) -> index '
+                f"{self._loc()}"
+            )
+            total = ssa
+        wide = self._fresh("n")
+        self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
+        scalar = wide
+        if elem.startswith("f"):
+            scalar = self._fresh("n")
+            self.lines.append(f'{scalar} = "arith.sitofp"({wide}) : (i64) -> {elem} {self._loc()}')
+        elif elem != "i64":
+            scalar = self._fresh("n")
+            self.lines.append(f'{scalar} = "arith.trunci"({wide}) : (i64) -> {elem} {self._loc()}')
+        result = TValue(self._fresh(), elem, ())
+        self.lines.append(
+            f'{result.ssa} = "tensor.from_elements"({scalar}) : ({elem}) -> {result.type} {self._loc()}'
+        )
+        return result
+
+    def reduce(self, value: TValue, init: TValue, combiner: str, dims: list[int]) -> TValue:
+        """``stablehlo.reduce`` of ``value`` over ``dims`` with a scalar combiner op."""
+        kept = tuple(d for i, d in enumerate(value.dims) if i not in dims)
+        result = TValue(self._fresh(), value.elem, kept)
+        scalar = f"tensor<{value.elem}>"
+        self.lines.append(
+            f'{result.ssa} = "stablehlo.reduce"({value.ssa}, {init.ssa}) ({{\n'
+            f"    ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
+            f'      %acc = "stablehlo.{combiner}"(%lhs, %rhs) : ({scalar}, {scalar}) -> {scalar}\n'
+            f'      "stablehlo.return"(%acc) : ({scalar}) -> ()\n'
+            f"    }}) {{dimensions = array<i64: {', '.join(map(str, dims))}>}} : "
+            f"({value.type}, {scalar}) -> {result.type} {self._loc()}"
         )
         return result
 

@@ -136,7 +136,7 @@ def _cast(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
 def _const(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     value = tf.make_ndarray(node.attr["value"].tensor)
     elem = MLIR_TYPE[tf.as_dtype(node.attr["dtype"].type)]
-    return [b.constant(dense_literal(value, elem), elem, tuple(value.shape))]
+    return [b.constant(dense_literal(value, elem), elem, tuple(value.shape), value)]
 
 
 def _like(b: DhloBuilder, x: TValue, value: float, elem: str | None = None) -> TValue:
@@ -296,3 +296,66 @@ def _clip(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     t, lo, hi = xs
     low = _elementwise(b, "maximum", [t, lo])
     return [_elementwise(b, "minimum", [low, hi])]
+
+
+def _const_axes(b: DhloBuilder, node: node_def_pb2.NodeDef, axes: TValue, rank: int) -> list[int]:
+    if axes.ssa not in b.const_values:
+        raise LoweringError(f"{node.op} {node.name}: reduction axes must be a constant")
+    result = []
+    for a in np.asarray(b.const_values[axes.ssa]).reshape(-1).tolist():
+        if not -max(rank, 1) <= a < max(rank, 1):
+            raise LoweringError(f"{node.op} {node.name}: axis {a} out of range for rank {rank}")
+        if rank and a % rank not in result:
+            result.append(a % rank)
+    return sorted(result)
+
+
+_REDUCE = {"Sum": "add", "Mean": "add", "Prod": "multiply", "Max": "maximum",
+           "Min": "minimum", "All": "and", "Any": "or"}
+
+
+def _init(op: str, elem: str) -> float:
+    if op in ("Sum", "Mean", "Any"):
+        return 0
+    if op in ("Prod", "All"):
+        return 1
+    big = {"f32": np.inf, "f16": np.inf, "i32": 2**31 - 1, "i64": 2**63 - 1}[elem]
+    return -big - (0 if elem.startswith("f") else 1) if op == "Max" else big
+
+
+def _keep_dims(b: DhloBuilder, x: TValue, reduced: TValue, axes: list[int]) -> TValue:
+    """Re-inserts the reduced axes as size-1 dims (keep_dims=True)."""
+    extents = [b.index_const(1) if d in axes else b.dim(x, d) for d in range(x.rank)]
+    kept = [d for d in range(x.rank) if d not in axes]
+    return b.broadcast_to(reduced, b.shape_from(extents), x.rank, list(range(len(kept))))
+
+
+def reduce_tf(b: DhloBuilder, op: str, x: TValue, axes: list[int], keep_dims: bool) -> TValue:
+    """A TF reduction (Sum/Mean/Prod/Max/Min/All/Any) of ``x`` over ``axes``."""
+    init = _scalar(b, _init(op, x.elem), x.elem)
+    r = b.reduce(x, init, _REDUCE[op], axes) if axes else b.op("convert", [x], x.elem, x.dims)
+    if op == "Mean" and axes:
+        count = b.num_elements(x, axes, x.elem)
+        r = b.op("divide", [r, b.broadcast_to(count, b.shape_of(r), r.rank, [])], r.elem, r.dims)
+    if keep_dims and axes:
+        r = _keep_dims(b, x, r, axes)
+    return r
+
+
+@register(*_REDUCE)
+def _reduction(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, axes = xs
+    keep = node.attr["keep_dims"].b if "keep_dims" in node.attr else False
+    return [reduce_tf(b, node.op, x, _const_axes(b, node, axes, x.rank), keep)]
+
+
+@register("Softmax", "LogSoftmax")
+def _softmax(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    last = [x.rank - 1]
+    shifted = _elementwise(b, "subtract", [x, reduce_tf(b, "Max", x, last, True)])
+    e = b.op("exponential", [shifted], x.elem, x.dims)
+    total = reduce_tf(b, "Sum", e, last, True)
+    if node.op == "Softmax":
+        return [_elementwise(b, "divide", [e, total])]
+    return [_elementwise(b, "subtract", [shifted, b.op("log", [total], x.elem, total.dims)])]

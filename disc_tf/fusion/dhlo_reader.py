@@ -25,6 +25,9 @@ class DOp:
     tf_node: str
     const_value: np.ndarray | None = None
     broadcast_dims: list[int] | None = None
+    reduce_dims: list[int] | None = None
+    reduce_kind: str | None = None  # the combiner of a reduce, e.g. "add"
+    index_value: int | None = None  # value of an index/integer arith.constant
 
 
 @dataclasses.dataclass
@@ -37,10 +40,11 @@ class DFunc:
 
 
 def parse_type(text: str) -> tuple[str, tuple]:
-    """'tensor<?x3xf32>' -> ('f32', (None, 3)); '!shape.witness' -> ('witness', ())."""
+    """'tensor<?x3xf32>' -> ('f32', (None, 3)); scalars 'index'/'f32' -> ('scalar:index', ());
+    '!shape.witness' -> ('witness', ())."""
     m = _TENSOR_RE.fullmatch(text)
     if not m:
-        return ("witness", ())
+        return ("witness", ()) if text.startswith("!") else (f"scalar:{text}", ())
     dims = tuple(None if d == "?" else int(d) for d in m.group(1).split("x") if d)
     return (m.group(2), dims)
 
@@ -77,6 +81,12 @@ def read_module(text: str) -> DFunc:
                 dense = ir.DenseElementsAttr(o.attributes["value"])
                 elem, dims = rec.result_types[0]
                 rec.const_value = np.broadcast_to(np.array(dense), dims).copy()
+            if o.name == "stablehlo.reduce":
+                rec.reduce_dims = list(ir.DenseI64ArrayAttr(o.attributes["dimensions"]))
+                body = o.regions[0].blocks[0].operations[0].operation.name
+                rec.reduce_kind = body.split(".", 1)[1]
+            if o.name == "arith.constant":
+                rec.index_value = ir.IntegerAttr(o.attributes["value"]).value
             if o.name == "stablehlo.dynamic_broadcast_in_dim":
                 rec.broadcast_dims = list(ir.DenseI64ArrayAttr(o.attributes["broadcast_dimensions"]))
             ops.append(rec)

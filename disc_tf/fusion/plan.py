@@ -51,10 +51,14 @@ class Access:
 
 @dataclasses.dataclass
 class KernelOp:
-    """One elementwise computation inside a kernel.
+    """One computation inside a kernel.
 
     Operands are ("in", k) for kernel input k, ("val", name) for an earlier
-    op of the same kernel, or ("const", scalar) for an inlined scalar constant.
+    op of the same kernel, ("const", scalar) for an inlined scalar constant, or
+    ("host", HostScalar) for a value the host runner computes from dims.
+    ``op == "reduce"`` folds its operand over the kernel's innermost dim
+    (combiner and init in ``attrs``). ``row`` ops (reductions and what is
+    computed from their results) run once per row of a stitch kernel.
     """
 
     value: str
@@ -63,12 +67,18 @@ class KernelOp:
     elem: str
     operand_elems: list[str]
     tf_node: str
-    attrs: dict[str, str]
+    attrs: dict
+    row: bool = False
 
 
 @dataclasses.dataclass
 class Kernel:
-    """One generated kernel (a loop fusion over ``dims``)."""
+    """One generated kernel over the iteration space ``dims``.
+
+    kinds: "loop" (elementwise), "stitch" (reductions over the innermost dim
+    with their producers and consumers, one row per task), "reduce" (one
+    reduction over any other dims, one output element per task; ``reduce_dims``).
+    """
 
     name: str
     kind: str
@@ -76,6 +86,7 @@ class Kernel:
     inputs: list[Access]
     ops: list[KernelOp]
     outputs: list[tuple[str, str]]  # (value, buffer)
+    reduce_dims: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def tf_ops(self) -> list[str]:

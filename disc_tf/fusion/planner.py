@@ -41,6 +41,7 @@ class _Planner:
         self.kernel_of: dict[str, int] = {}  # value -> kernel index
         self.kernels: list[Kernel] = []
         self.deps: list[set[int]] = []  # kernels each kernel reads directly
+        self.row_values: set[str] = set()  # values computed once per stitch-kernel row
 
     def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
         """Follows broadcasts: (base value, dims map, expansion) of a read."""
@@ -76,12 +77,38 @@ class _Planner:
         self.buffer_of[base] = name
         return name
 
+    def _is_row_read(self, kernel: int, base: str, dims: list[int] | None,
+                     expand: list[str] | None) -> bool:
+        """A read of one of ``kernel``'s row values that stays within its row.
+
+        Row values have the kernel's leading dims, optionally followed by a
+        size-1 dim (keep_dims). The read must map leading dims onto leading
+        dims unexpanded; a trailing 1 may map anywhere after them.
+        """
+        if base not in self.row_values or self.kernel_of.get(base) != kernel:
+            return False
+        lead = len(self.kernels[kernel].dims) - 1
+        bdims = self.a.value_dims[base]
+        if dims is None:
+            dims, expand = list(range(len(bdims))), ["no"] * len(bdims)
+        for i, (d, e) in enumerate(zip(dims, expand)):
+            if i < lead:
+                if d != i or e != "no":
+                    return False
+            elif self.a.symbols.constant_value(bdims[i]) != 1:
+                return False
+        return len(bdims) >= lead
+
     def operand_ref(self, kernel: int, value: str) -> tuple[str, object]:
         base, dims, expand = self.resolve(value)
         op = self.producer.get(base)
         if op is not None and op.name == "stablehlo.constant" and op.const_value.ndim == 0:
             return ("const", op.const_value.item())
-        if dims is None and self.kernel_of.get(base) == kernel:
+        if base in self.a.host_values:
+            return ("host", self.a.host_values[base])
+        if self.kernel_of.get(base) == kernel and (
+            dims is None or self._is_row_read(kernel, base, dims, expand)
+        ):
             return ("val", base)
         access = Access(self.buffer_for_base(base), dims, expand)
         k = self.kernels[kernel]
@@ -96,16 +123,44 @@ class _Planner:
     def legal_kernel(self, kernel: int, op: DOp) -> bool:
         """May ``op`` join ``kernel`` without a cycle or an in-kernel broadcast?"""
         for operand in op.operands:
-            base, dims, _ = self.resolve(operand)
+            base, dims, expand = self.resolve(operand)
             src = self.kernel_of.get(base)
             if src is None:
                 continue
             if src == kernel:
-                if dims is not None:
+                if dims is not None and not self._is_row_read(kernel, base, dims, expand):
                     return False
+                if dims is None and base in self.row_values:
+                    return False  # a row value read at full shape: not the same space
             elif self._reaches(src, kernel):
                 return False
         return True
+
+    def _row_kernel(self, op: DOp) -> int | None:
+        """The stitch kernel ``op`` can join as a once-per-row op, if any."""
+        target = None
+        for operand in op.operands:
+            base, dims, expand = self.resolve(operand)
+            producer = self.producer.get(base)
+            if producer is not None and producer.name == "stablehlo.constant":
+                if producer.const_value.ndim == 0:
+                    continue
+                return None
+            if base in self.a.host_values:
+                continue
+            k = self.kernel_of.get(base)
+            if k is None or not self._is_row_read(k, base, dims, expand) or target not in (None, k):
+                return None
+            target = k
+        if target is not None:
+            lead = self.kernels[target].dims[:-1]
+            shape = self.a.shape_class(op.results[0])
+            row_shaped = list(shape[:len(lead)]) == lead and (
+                len(shape) == len(lead)
+                or len(shape) == len(lead) + 1 and self.a.symbols.constant_value(shape[-1]) == 1)
+            if not row_shaped:
+                return None
+        return target
 
     def _reaches(self, reader: int, kernel: int) -> bool:
         """True if ``reader`` (transitively) reads what ``kernel`` writes."""
@@ -119,20 +174,60 @@ class _Planner:
                 stack.extend(self.deps[k])
         return False
 
-    def place(self, op: DOp) -> None:
-        shape = self.a.shape_class(op.results[0])
-        target = None
+    def _new_kernel(self, kind: str, dims: tuple) -> int:
+        self.kernels.append(Kernel(f"kernel{len(self.kernels)}", kind, list(dims), [], [], []))
+        self.deps.append(set())
+        return len(self.kernels) - 1
+
+    def _latest(self, dims: tuple, op: DOp) -> int | None:
+        """The latest loop/stitch kernel over ``dims``, if ``op`` may join it."""
         for idx in range(len(self.kernels) - 1, -1, -1):
-            if tuple(self.kernels[idx].dims) == shape:
-                if self.legal_kernel(idx, op):
-                    target = idx
-                break
+            k = self.kernels[idx]
+            if tuple(k.dims) == dims and k.kind != "reduce":
+                return idx if self.legal_kernel(idx, op) else None
+        return None
+
+    def place(self, op: DOp) -> None:
+        if op.name == "stablehlo.reduce":
+            self.place_reduce(op)
+            return
+        shape = self.a.shape_class(op.results[0])
+        row = False
+        target = self._row_kernel(op)
+        if target is not None:
+            row = True
+        else:
+            target = self._latest(shape, op)
         if target is None:
-            target = len(self.kernels)
-            self.kernels.append(Kernel(f"kernel{target}", "loop", list(shape), [], [], []))
-            self.deps.append(set())
-        operands = [self.operand_ref(target, v) for v in op.operands]
-        for v in op.operands:
+            target = self._new_kernel("loop", shape)
+        self._append(target, op, op.operands, row)
+        if row:
+            self.row_values.add(op.results[0])
+
+    def place_reduce(self, op: DOp) -> None:
+        operand = op.operands[0]
+        shape = self.a.shape_class(operand)
+        rank = len(shape)
+        init = self.producer[op.operands[1]].const_value.item()
+        attrs = {"combiner": op.reduce_kind, "init": init}
+        if op.reduce_dims == [rank - 1]:
+            target = self._latest(shape, op)
+            if target is None:
+                target = self._new_kernel("stitch", shape)
+            self.kernels[target].kind = "stitch"
+            self._append(target, op, [operand], True, attrs)
+            self.row_values.add(op.results[0])
+        else:
+            target = self._new_kernel("reduce", shape)
+            self.kernels[target].reduce_dims = list(op.reduce_dims)
+            self._append(target, op, [operand], False, attrs)
+            if self.kernels[target].ops[-1].operands[0][0] != "in":
+                raise ShapeError(f"reduction {op.tf_node} of a constant is not supported")
+
+    def _append(self, target: int, op: DOp, operands: list[str], row: bool,
+                attrs: dict | None = None) -> None:
+        refs = [self.operand_ref(target, v) for v in operands]
+        for v in operands:
             src = self.kernel_of.get(self.resolve(v)[0])
             if src is not None and src != target:
                 self.deps[target].add(src)
@@ -140,11 +235,12 @@ class _Planner:
             KernelOp(
                 value=op.results[0],
                 op=op.name.split(".", 1)[1],
-                operands=operands,
+                operands=refs,
                 elem=op.result_types[0][0],
-                operand_elems=[self._elem(v) for v in op.operands],
+                operand_elems=[self._elem(v) for v in operands],
                 tf_node=op.tf_node,
-                attrs=op.attrs,
+                attrs=attrs if attrs is not None else op.attrs,
+                row=row,
             )
         )
         self.kernel_of[op.results[0]] = target
@@ -167,6 +263,7 @@ class _Planner:
         if value.startswith("%arg"):
             return self.func.args[int(value[4:])][0]
         return self.producer[value].result_types[0][0]
+
 
     def run(self) -> FusionPlan:
         for i, (elem, _) in enumerate(self.func.args):

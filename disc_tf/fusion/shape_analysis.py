@@ -157,6 +157,22 @@ class BroadcastInfo:
         return all(e == "no" for e in self.expand) and self.dims == list(range(self.result_rank))
 
 
+@dataclasses.dataclass(frozen=True)
+class HostScalar:
+    """A value the host runner computes from dims: ``factor * prod(symbols)``."""
+
+    symbols: tuple[int, ...]
+    factor: int = 1
+
+    def times(self, other: HostScalar) -> HostScalar:
+        """The product of two host scalars."""
+        return HostScalar(self.symbols + other.symbols, self.factor * other.factor)
+
+    def __str__(self) -> str:
+        parts = [str(self.factor)] if self.factor != 1 or not self.symbols else []
+        return " * ".join(parts + [f"s{s}" for s in self.symbols])
+
+
 @dataclasses.dataclass
 class ShapeAnalysis:
     """The result: dims of every tensor value, symbol table, checks, broadcasts."""
@@ -165,6 +181,8 @@ class ShapeAnalysis:
     value_dims: dict[str, list[int]]
     checks: list[ShapeCheck]
     broadcasts: dict[str, BroadcastInfo]  # keyed by the broadcast's result value
+    #: rank-0 tensors whose value the host computes from dims (e.g. a Mean's count)
+    host_values: dict[str, HostScalar] = dataclasses.field(default_factory=dict)
 
     def shape_class(self, value: str) -> tuple[int, ...]:
         """The dims of ``value`` as class representatives."""
@@ -203,9 +221,37 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             for d, n in enumerate(shape)
         ]
 
+    scalars: dict[str, HostScalar] = {}
+    host_values: dict[str, HostScalar] = {}
+
+    def as_symbol(value: str) -> int:
+        h = scalars[value]
+        if not h.symbols:
+            return syms.const(h.factor)
+        if h.factor == 1 and len(h.symbols) == 1:
+            return h.symbols[0]
+        raise ShapeError(f"shape extent {h} is a product of dims (not supported yet)")
+
     for op in func.ops:
         kind = op.name
-        if kind == "stablehlo.constant":
+        if kind == "arith.constant":
+            scalars[op.results[0]] = HostScalar((), op.index_value)
+        elif kind == "tensor.extract":
+            scalars[op.results[0]] = HostScalar((extents[op.operands[0]][scalars[op.operands[1]].factor],))
+        elif kind == "arith.muli":
+            scalars[op.results[0]] = scalars[op.operands[0]].times(scalars[op.operands[1]])
+        elif kind in ("arith.index_cast", "arith.sitofp", "arith.trunci"):
+            scalars[op.results[0]] = scalars[op.operands[0]]
+        elif kind == "tensor.from_elements":
+            if op.result_types[0][0] == "index":
+                extents[op.results[0]] = [as_symbol(v) for v in op.operands]
+            else:
+                host_values[op.results[0]] = scalars[op.operands[0]]
+                dims[op.results[0]] = []
+        elif kind == "stablehlo.reduce":
+            reduced = set(op.reduce_dims)
+            dims[op.results[0]] = [d for i, d in enumerate(dims[op.operands[0]]) if i not in reduced]
+        elif kind == "stablehlo.constant":
             dims[op.results[0]] = [syms.const(n) for n in op.result_types[0][1]]
         elif kind == "shape.shape_of":
             extents[op.results[0]] = list(dims[op.operands[0]])
@@ -245,7 +291,7 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             continue
         else:
             raise ShapeError(f"shape analysis does not know {kind}")
-    return ShapeAnalysis(syms, dims, checks, broadcasts)
+    return ShapeAnalysis(syms, dims, checks, broadcasts, host_values)
 
 
 def _broadcast_info(syms: SymbolTable, operand: list[int], out: list[int],
@@ -282,7 +328,8 @@ def speculate_no_broadcast(analysis: ShapeAnalysis) -> tuple[ShapeAnalysis, list
         v: _broadcast_info(spec, b.operand_syms, b.result_syms, b.dims)
         for v, b in analysis.broadcasts.items()
     }
-    return ShapeAnalysis(spec, analysis.value_dims, analysis.checks, broadcasts), speculated
+    return (ShapeAnalysis(spec, analysis.value_dims, analysis.checks, broadcasts,
+                          analysis.host_values), speculated)
 
 
 def _broadcast_extents(syms: SymbolTable, shapes: list[list[int]]) -> tuple[list[int], bool]:
