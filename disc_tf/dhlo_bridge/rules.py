@@ -327,7 +327,7 @@ def _keep_dims(b: DhloBuilder, x: TValue, reduced: TValue, axes: list[int]) -> T
     """Re-inserts the reduced axes as size-1 dims (keep_dims=True)."""
     extents = [b.index_const(1) if d in axes else b.dim(x, d) for d in range(x.rank)]
     kept = [d for d in range(x.rank) if d not in axes]
-    return b.broadcast_to(reduced, b.shape_from(extents), x.rank, list(range(len(kept))))
+    return b.broadcast_to(reduced, b.shape_from(extents), x.rank, kept)
 
 
 def reduce_tf(b: DhloBuilder, op: str, x: TValue, axes: list[int], keep_dims: bool) -> TValue:
