@@ -1,0 +1,1 @@
+"""Benchmarks of disc_tf against TensorFlow and XLA (see bench/README.md)."""

@@ -1,0 +1,35 @@
+"""Smoke test of the benchmark: one workload, quick stream, peers tf and disc."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
+    report = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--workloads", "feature_normalizer", "--quick",
+         "--peers", "tf,disc", "--out-dir", str(tmp_path), "--report", str(report),
+         "--timeout", "80"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=85,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    records = results["results"]["feature_normalizer"]
+    assert set(records) == {"tf", "disc"}
+    tf_rec, disc = records["tf"], records["disc"]
+    assert tf_rec["status"] == "ok" and disc["status"] == "ok", records
+    assert disc["num_calls"] == results["config"]["count"] == 12
+    assert disc["max_abs_err"] is not None and disc["max_abs_err"] < 1e-4
+    assert disc["clusters"] >= 1
+    assert disc["compiles"] == disc["clusters"], disc
+    assert disc["disc_stats"]["fallbacks"] == 0
+    for key in ("setup_s", "first_pass_s", "hot_pass_s", "hot_p50_ms", "hot_p99_ms",
+                "peak_rss_mb"):
+        assert tf_rec[key] > 0 and disc[key] > 0, key
+    assert "| disc |" in report.read_text()
