@@ -29,8 +29,8 @@ from disc_tf.cluster.graph_view import (
     view_of_function_def,
     view_of_graph_def,
 )
-from disc_tf.optimizer import FALLBACK_PREFIX, OptimizeReport
-from disc_tf.saved_model import _referenced_nodes, optimize_saved_model
+from disc_tf.optimizer import FALLBACK_PREFIX, OptimizeReport, carve_clusters
+from disc_tf.saved_model import optimize_saved_model, referenced_nodes
 
 log = logging.getLogger("disc_tf")
 
@@ -96,7 +96,7 @@ def iter_bodies(sm: saved_model_pb2.SavedModel) -> Iterator[Body]:
         except Exception as e:  # noqa: BLE001
             yield Body(name, "graph", None, error=f"{type(e).__name__}: {e}")
             continue
-        protected = _referenced_nodes(meta_graph)
+        protected = referenced_nodes(meta_graph)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
         yield Body(name, "graph", view, fetched, protected)
@@ -105,19 +105,8 @@ def iter_bodies(sm: saved_model_pb2.SavedModel) -> Iterator[Body]:
 def cluster_body(body: Body) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
     """Clusters ``body`` as the optimizer does and extracts each cluster."""
     assert body.view is not None
-    result = clustering.find_clusters(
-        body.view, min_cluster_size=MIN_CLUSTER_SIZE, protected=body.protected
-    )
-    taken = set(body.view.nodes)
-    specs = []
-    for k, nodes in enumerate(result.clusters):
-        name = f"disc_cluster_{k}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        outs = {t.name for n in nodes if n in body.protected for t in body.view.nodes[n].outputs}
-        specs.append(rewrite.extract_cluster(body.view, nodes, name, body.fetched | outs))
-    return result, specs
+    return carve_clusters(body.view, body.fetched, body.protected, set(body.view.nodes),
+                          MIN_CLUSTER_SIZE)
 
 
 # --------------------------------------------------------------------------

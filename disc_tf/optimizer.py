@@ -60,6 +60,26 @@ class Options:
     min_cluster_size: int = 2
 
 
+def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozenset[str],
+                   taken: set[str], min_cluster_size: int
+                   ) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
+    """Clusters ``view`` and extracts each cluster under a fresh node name.
+
+    ``taken`` holds the names in use in the body (new names are added to it).
+    """
+    result = clustering.find_clusters(view, min_cluster_size=min_cluster_size,
+                                      protected=protected)
+    specs = []
+    for k, nodes in enumerate(result.clusters):
+        name = f"disc_cluster_{k}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        outs = {t.name for n in nodes if n in protected for t in view.nodes[n].outputs}
+        specs.append(rewrite.extract_cluster(view, nodes, name, fetched | outs))
+    return result, specs
+
+
 class BodyOptimizer:
     """Optimizes bodies against one function library; collects new functions."""
 
@@ -72,19 +92,12 @@ class BodyOptimizer:
 
     def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
                  protected: frozenset[str], taken: set[str]):
-        result = clustering.find_clusters(
-            view, min_cluster_size=self.options.min_cluster_size, protected=protected
-        )
+        result, specs = carve_clusters(view, fetched, protected, taken,
+                                       self.options.min_cluster_size)
         self.report.unclustered[body] = result.reasons
         replaced = []
-        for k, nodes in enumerate(result.clusters):
-            name = f"disc_cluster_{k}"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            protected_outputs = {t.name for n in nodes if n in protected
-                                 for t in view.nodes[n].outputs}
-            spec = rewrite.extract_cluster(view, nodes, name, fetched | protected_outputs)
+        for spec in specs:
+            name, nodes = spec.name, spec.node_names
             rep = ClusterReport(body, name, spec.op_summary(), len(spec.inputs), len(spec.outputs))
             self.report.clusters.append(rep)
             try:

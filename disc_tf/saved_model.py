@@ -24,7 +24,7 @@ from disc_tf.runtime import native
 log = logging.getLogger("disc_tf")
 
 
-def _referenced_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
+def referenced_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
     """Node names that the MetaGraph refers to by name (signatures, saver, ...)."""
     names: set[str] = set()
 
@@ -76,7 +76,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
         library = opt.optimize_library()
         graph = opt.optimize_graph_def(
-            meta_graph.graph_def, _referenced_nodes(meta_graph), body="main_graph"
+            meta_graph.graph_def, referenced_nodes(meta_graph), body="main_graph"
         )
         opt.add_new_functions(library)
         graph.library.CopyFrom(library)
