@@ -2,6 +2,7 @@
 #include "cc/kernels/artifact_loader.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
@@ -329,8 +330,41 @@ std::map<std::string, RegistryEntry>& Registry() {
   return *registry;
 }
 
+// A shared object whose headers point past its end loads fine with dlopen and
+// then dies with SIGBUS on first touch; refuse it before dlopen instead.
+absl::Status CheckElfBounds(absl::string_view bytes) {
+  const uint64_t size = bytes.size();
+  Elf64_Ehdr eh;
+  if (size < sizeof(eh)) return absl::InvalidArgumentError("artifact too small to be ELF");
+  std::memcpy(&eh, bytes.data(), sizeof(eh));
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_type != ET_DYN) {
+    return absl::InvalidArgumentError("artifact is not a 64-bit ELF shared object");
+  }
+  auto within = [size](uint64_t offset, uint64_t length) {
+    return offset <= size && length <= size - offset;
+  };
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) ||
+      !within(eh.e_phoff, uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr))) {
+    return absl::InvalidArgumentError("artifact program headers lie outside the file");
+  }
+  if (eh.e_shnum != 0 && !within(eh.e_shoff, uint64_t{eh.e_shnum} * eh.e_shentsize)) {
+    return absl::InvalidArgumentError("artifact section headers lie outside the file");
+  }
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, bytes.data() + eh.e_phoff + i * sizeof(Elf64_Phdr), sizeof(ph));
+    if (ph.p_type == PT_LOAD && !within(ph.p_offset, ph.p_filesz)) {
+      return absl::InvalidArgumentError("artifact segment lies outside the file (truncated?)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 RegistryEntry LoadUncached(absl::string_view bytes, const std::string& sha) {
   RegistryEntry entry;
+  entry.status = CheckElfBounds(bytes);
+  if (!entry.status.ok()) return entry;
   auto art = std::make_unique<LoadedArtifact>();
   art->sha256 = sha;
   absl::Status mem_status = absl::UnavailableError("disabled");

@@ -1,4 +1,10 @@
-"""Compiler driver: generated C++ -> shared object, through the cache."""
+"""Compiler driver: generated C++ -> shared object, through the cache.
+
+The compiler is ``$DISC_TF_CXX`` (default ``g++``); a compile is killed after
+``$DISC_TF_COMPILE_TIMEOUT`` seconds (default 300). A missing compiler, a
+rejected source or a timeout raises ``CompileError``; the optimizer then leaves
+the cluster as TF ops.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import pathlib
+import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -15,7 +24,9 @@ from disc_tf.runtime import cache, native
 
 log = logging.getLogger("disc_tf.runtime")
 
+#: The default C++ compiler; ``$DISC_TF_CXX`` overrides it.
 CXX = "g++"
+DEFAULT_COMPILE_TIMEOUT = 300.0
 CXX_FLAGS = [
     "-std=c++17", "-O3", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno",
     "-ffp-contract=off", "-fno-exceptions", "-fno-rtti",
@@ -25,7 +36,8 @@ LINK_FLAGS = ["-lmvec", "-lm"]
 
 
 class CompileError(RuntimeError):
-    """The C++ compiler rejected a generated source (a disc_tf bug)."""
+    """No artifact could be built: no compiler, a rejected source (a disc_tf
+    bug) or a compile that ran past its timeout."""
 
 
 @dataclasses.dataclass
@@ -40,39 +52,121 @@ class Artifact:
     compile_seconds: float
 
 
+def cxx() -> str:
+    """The C++ compiler command: ``$DISC_TF_CXX``, else ``g++``."""
+    return os.environ.get("DISC_TF_CXX", "").strip() or CXX
+
+
+def compile_timeout() -> float:
+    """Seconds a compile may run: ``$DISC_TF_COMPILE_TIMEOUT``, else 300."""
+    raw = os.environ.get("DISC_TF_COMPILE_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_COMPILE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        log.warning("DISC_TF_COMPILE_TIMEOUT=%r is not a positive number of seconds; using %g",
+                    raw, DEFAULT_COMPILE_TIMEOUT)
+        return DEFAULT_COMPILE_TIMEOUT
+    return value
+
+
+def _resolve(compiler: str) -> str:
+    path = shutil.which(compiler)
+    if path is None:
+        where = "$DISC_TF_CXX" if os.environ.get("DISC_TF_CXX", "").strip() else "PATH"
+        raise CompileError(
+            f"C++ compiler {compiler!r} not found (looked up via {where}); install g++ or "
+            "point DISC_TF_CXX at a C++17 compiler"
+        )
+    return path
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs ``cmd``; on timeout kills its whole process group (the driver's
+    cc1plus/ld children too) and raises CompileError."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as e:
+        raise CompileError(f"cannot run C++ compiler {cmd[0]!r}: {e}") from e
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise CompileError(
+            f"{cmd[0]} did not finish within {timeout:g}s (DISC_TF_COMPILE_TIMEOUT)"
+        ) from None
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @functools.cache
+def _compiler_version(path: str) -> str:
+    proc = _run([path, "--version"], min(compile_timeout(), 60.0))
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or not lines:
+        raise CompileError(f"{path} --version failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-1000:]}")
+    return lines[0]
+
+
 def compiler_version() -> str:
-    """First line of ``g++ --version`` (part of every cache key)."""
-    out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True)
-    return out.stdout.splitlines()[0]
+    """First line of ``<compiler> --version`` (part of every cache key)."""
+    return _compiler_version(_resolve(cxx()))
 
 
 def cache_key(source: str, target: str = "cpu") -> str:
-    """Key of a generated source: hash of it, the RAL, flags, compiler, target."""
+    """Key of a generated source: hash of it, the RAL, flags, compiler, target.
+
+    Raises CompileError when there is no usable compiler.
+    """
     ral = (native.ral_include_dir() / "disc_ral.h").read_bytes()
     h = hashlib.sha256()
     for part in (source.encode(), ral, " ".join(CXX_FLAGS + LINK_FLAGS).encode(),
-                 compiler_version().encode(), target.encode()):
+                 cxx().encode(), compiler_version().encode(), target.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 
 
 def _run_compiler(source: str, name: str) -> bytes:
+    compiler = _resolve(cxx())
     with tempfile.TemporaryDirectory(prefix="disc_tf_build_") as tmp:
         src = pathlib.Path(tmp) / f"{name}.cc"
         out = pathlib.Path(tmp) / f"{name}.so"
         src.write_text(source)
-        cmd = [CXX, *CXX_FLAGS, f"-I{native.ral_include_dir()}", str(src), "-o", str(out), *LINK_FLAGS]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = [compiler, *CXX_FLAGS, f"-I{native.ral_include_dir()}", str(src), "-o", str(out),
+               *LINK_FLAGS]
+        proc = _run(cmd, compile_timeout())
         if proc.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-        return out.read_bytes()
+            raise CompileError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
+                               f"{proc.stderr[-4000:]}")
+        try:
+            data = out.read_bytes()
+        except OSError as e:
+            raise CompileError(f"{' '.join(cmd)} wrote no shared object: {e}") from e
+        if not data:
+            raise CompileError(f"{' '.join(cmd)} wrote an empty shared object")
+        return data
 
 
 def build(source: str, name: str, num_kernels: int, target: str = "cpu") -> Artifact:
     """Returns the artifact of ``source``, compiling it unless cached.
 
-    Counts ``compilations`` or ``cache_hits`` in ``disc_tf.stats()``.
+    Counts ``compilations`` or ``cache_hits`` in ``disc_tf.stats()``; a failed
+    compile counts neither and raises CompileError.
     """
     key = cache_key(source, target)
     stats = native.load().py
