@@ -1,12 +1,13 @@
 """One cluster through every stage: DHLO -> shapes -> fusion plan -> C++ -> .so.
 
 Each stage's output is plain printable data; with ``DISC_TF_DUMP_DIR`` set,
-every stage is written to ``<dir>/<cluster>-<key>/``.
+every stage is written to ``<dir>/<cluster>-<hash of the source>/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import pathlib
@@ -56,11 +57,12 @@ def front_end(spec: ClusterSpec, target: str = "cpu") -> FrontEnd:
     return FrontEnd(dhlo, analysis.describe(), plan, source)
 
 
-def _dump(spec: ClusterSpec, fe: FrontEnd, key: str) -> None:
+def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
     root = os.environ.get("DISC_TF_DUMP_DIR")
     if not root:
         return
-    d = pathlib.Path(root) / f"{spec.name}-{key[:12]}"
+    digest = hashlib.sha256(fe.source.encode()).hexdigest()[:12]
+    d = pathlib.Path(root) / f"{spec.name}-{digest}"
     d.mkdir(parents=True, exist_ok=True)
     sub = graph_pb2.GraphDef()
     sub.CopyFrom(spec.subgraph)
@@ -75,7 +77,6 @@ def _dump(spec: ClusterSpec, fe: FrontEnd, key: str) -> None:
 def compile_cluster(spec: ClusterSpec, target: str = "cpu") -> CompiledCluster:
     """Runs every stage on ``spec``; the artifact comes from the cache if present."""
     fe = front_end(spec, target)
-    key = compiler.cache_key(fe.source, target)
-    _dump(spec, fe, key)
+    _dump(spec, fe)  # before compiling, so a failing compile can be inspected
     artifact = compiler.build(fe.source, spec.name, fe.plan.num_kernels, target)
     return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.source, artifact)
