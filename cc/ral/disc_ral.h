@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 1
+#define DISC_RAL_ABI_VERSION 2
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -79,6 +79,20 @@ struct disc_ral {
   /* Records an error (a DISC_* code and a message); the host turns it into a
    * TF Status once disc_entry returns non-zero. */
   void (*set_error)(disc_ral* ral, int32_t code, const char* message);
+
+  /* ---- ABI 2 ---- */
+
+  /* Batched single-precision GEMM, row-major, beta = 0: for b in [0, batch),
+   *   C_b[m x n] = op(A_b) * op(B_b)
+   * with A_b = a + b * stride_a, op(A_b) = A_b ([m x k], row stride lda) or,
+   * if transpose_a, A_b^T (A_b is [k x m], row stride lda); likewise B_b
+   * ([k x n] or, transposed, [n x k], row stride ldb) and C_b = c + b * stride_c
+   * (row stride ldc). k == 0 writes zeros. Runs on the host's intra-op pool. */
+  void (*sgemm_batched)(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
+                        int64_t k, const float* a, int64_t lda,
+                        int64_t stride_a, int transpose_a, const float* b,
+                        int64_t ldb, int64_t stride_b, int transpose_b,
+                        float* c, int64_t ldc, int64_t stride_c);
 };
 
 #ifdef __cplusplus

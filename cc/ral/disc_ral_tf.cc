@@ -1,8 +1,12 @@
 // disc_ral_tf.cc -- the DISC RAL on a TensorFlow OpKernelContext.
+#define EIGEN_USE_THREADS
+
 #include "cc/ral/disc_ral_tf.h"
+#include "cc/ral/gemm_kernels.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
@@ -12,6 +16,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/threadpool.h"
+#include "unsupported/Eigen/CXX11/Tensor"
 
 namespace disc_tf {
 
@@ -185,6 +190,166 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
   });
 }
 
+// ---- GEMM
+//
+// Fast path: a GEMM block built for the CPU's ISA (gemm_kernels.h), one row
+// block of one product per task on TF's intra-op pool. Fallback (a CPU
+// without AVX2/FMA, or DISC_TF_GEMM_ISA=baseline): Eigen tensor contractions
+// on the kernel's Eigen ThreadPoolDevice, as TF's own MatMul Eigen path.
+
+using Index = Eigen::DenseIndex;
+using ConstMatrix =
+    Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor, Index>>;
+using Matrix = Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor, Index>>;
+
+// Products smaller than this (m * n * k) are not split across threads; a
+// batch of them is spread over the pool one product per task.
+constexpr double kSmallGemm = 64.0 * 64.0 * 64.0;
+
+// The GEMM block for this CPU, or null for the Eigen fallback.
+disc_gemm_block_fn PickGemmBlock() {
+  const char* env = std::getenv("DISC_TF_GEMM_ISA");
+  const std::string want = env ? env : "";
+  if (want == "baseline") return nullptr;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512cd") &&
+                      __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (avx512 && want != "avx2") return &disc_gemm_block_avx512;
+  if (avx2) return &disc_gemm_block_avx2;
+#endif
+  return nullptr;
+}
+
+disc_gemm_block_fn GemmBlock() {
+  static const disc_gemm_block_fn fn = PickGemmBlock();
+  return fn;
+}
+
+// C[m x n] = op(A) * op(B), all densely packed row-major.
+template <typename Device>
+void ContractPacked(const Device& d, int64_t m, int64_t n, int64_t k,
+                    const float* a, bool ta, const float* b, bool tb,
+                    float* c) {
+  ConstMatrix A(a, ta ? k : m, ta ? m : k);
+  ConstMatrix B(b, tb ? n : k, tb ? k : n);
+  Matrix C(c, m, n);
+  Eigen::array<Eigen::IndexPair<Index>, 1> dims;
+  dims[0] = Eigen::IndexPair<Index>(ta ? 0 : 1, tb ? 1 : 0);
+  C.device(d) = A.contract(B, dims);
+}
+
+// The fallback with arbitrary row strides (not produced by generated code).
+void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, bool ta, const float* b, int64_t ldb,
+                     bool tb, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const float x = ta ? a[p * lda + i] : a[i * lda + p];
+        const float y = tb ? b[j * ldb + p] : b[p * ldb + j];
+        acc += static_cast<double>(x) * y;
+      }
+      c[i * ldc + j] = static_cast<float>(acc);
+    }
+  }
+}
+
+tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
+  if (r->ctx->device() == nullptr) return nullptr;
+  const tensorflow::DeviceBase::CpuWorkerThreads* workers =
+      r->ctx->device()->tensorflow_cpu_worker_threads();
+  if (workers == nullptr || workers->num_threads <= 1) return nullptr;
+  return workers->workers;
+}
+
+void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
+                     int64_t k, const float* a, int64_t lda, int64_t stride_a,
+                     int transpose_a, const float* b, int64_t ldb,
+                     int64_t stride_b, int transpose_b, float* c, int64_t ldc,
+                     int64_t stride_c) {
+  TfRal* r = TfRal::From(ral);
+  if (batch < 0 || m < 0 || n < 0 || k < 0) {
+    r->SetError(DISC_INTERNAL,
+                absl::StrCat("sgemm_batched: negative size: batch ", batch,
+                             ", m ", m, ", n ", n, ", k ", k));
+    return;
+  }
+  if (batch == 0 || m == 0 || n == 0) return;
+  const bool ta = transpose_a != 0, tb = transpose_b != 0;
+  if (k == 0) {
+    for (int64_t q = 0; q < batch; ++q)
+      for (int64_t i = 0; i < m; ++i)
+        std::fill_n(c + q * stride_c + i * ldc, n, 0.0f);
+    return;
+  }
+  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
+  const double work = static_cast<double>(m) * n * k;
+  const disc_gemm_block_fn block = GemmBlock();
+  if (block != nullptr) {
+    // Tasks: (product, block of rows of C). Split rows only when the
+    // products are big and too few to keep the pool busy.
+    const int64_t threads = pool ? pool->NumThreads() : 1;
+    int64_t blocks = 1;
+    if (pool != nullptr && work >= kSmallGemm && batch < 4 * threads) {
+      const int64_t want = (4 * threads + batch - 1) / batch;
+      blocks = std::max<int64_t>(1, std::min<int64_t>(want, (m + 15) / 16));
+    }
+    const int64_t rows = (m + blocks - 1) / blocks;
+    blocks = (m + rows - 1) / rows;
+    auto task = [=](int64_t t) {
+      const int64_t q = t / blocks;
+      const int64_t i0 = (t % blocks) * rows;
+      const int64_t i1 = std::min(m, i0 + rows);
+      const float* aq = a + q * stride_a + (ta ? i0 : i0 * lda);
+      block(i1 - i0, n, k, aq, lda, ta, b + q * stride_b, ldb, tb,
+            c + q * stride_c + i0 * ldc, ldc);
+    };
+    const int64_t tasks = batch * blocks;
+    if (pool == nullptr || tasks == 1 || work * batch < kSmallGemm) {
+      for (int64_t t = 0; t < tasks; ++t) task(t);
+      return;
+    }
+    // Cost in cycles per task: about 16 flops per cycle.
+    const double cost = 2.0 * work / blocks / 16.0;
+    pool->ParallelFor(tasks, static_cast<int64_t>(std::min(cost, 1e15)),
+                      [&](int64_t begin, int64_t end) {
+                        for (int64_t t = begin; t < end; ++t) task(t);
+                      });
+    return;
+  }
+  const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
+  auto one = [=](int64_t q, bool threaded, const Eigen::ThreadPoolDevice* d) {
+    const float* aq = a + q * stride_a;
+    const float* bq = b + q * stride_b;
+    float* cq = c + q * stride_c;
+    if (!packed) {
+      ContractStrided(m, n, k, aq, lda, ta, bq, ldb, tb, cq, ldc);
+    } else if (threaded) {
+      ContractPacked(*d, m, n, k, aq, ta, bq, tb, cq);
+    } else {
+      ContractPacked(Eigen::DefaultDevice(), m, n, k, aq, ta, bq, tb, cq);
+    }
+  };
+  const Eigen::ThreadPoolDevice* device = &r->ctx->eigen_cpu_device();
+  if (batch == 1 || pool == nullptr ||
+      (work >= kSmallGemm && batch < device->numThreads())) {
+    for (int64_t q = 0; q < batch; ++q) one(q, true, device);
+    return;
+  }
+  // Many (or small) products: one product per task on the intra-op pool.
+  const int64_t cost = static_cast<int64_t>(std::min(work * 2.0, 1e15));
+  pool->ParallelFor(batch, cost, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) one(q, false, device);
+  });
+}
+
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {
   TfRal::From(ral)->SetError(code, message ? message : "");
 }
@@ -217,6 +382,7 @@ TfRal::TfRal(OpKernelContext* c) : ctx(c) {
   free_temp = &RalFreeTemp;
   parallel_for = &RalParallelFor;
   set_error = &RalSetError;
+  sgemm_batched = &RalSgemmBatched;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

@@ -71,6 +71,9 @@ for _op in ("All", "Any"):
     _register(_op, frozenset({tf.bool}), dtype_attr="", const_inputs=(1,))
 for _op in ("Softmax", "LogSoftmax"):
     _register(_op, frozenset({tf.float32}))
+# Matrix products: one library (GEMM) call per product, float32 only.
+for _op in ("MatMul", "BatchMatMulV2"):
+    _register(_op, frozenset({tf.float32}))
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")

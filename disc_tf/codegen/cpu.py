@@ -19,10 +19,10 @@ from disc_tf.codegen.cpu_ops import (
     expression,
     literal,
 )
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, gemm_form
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-5"
+CODEGEN_VERSION = "cpu-6"
 
 
 def _sym(s: int, plan: FusionPlan) -> str:
@@ -210,6 +210,8 @@ class _KernelEmitter:
             f"[{', '.join(_sym(d, self.plan) for d in self.k.dims)}]\n"
             f"// TF ops: {_comment(', '.join(self.k.tf_ops))}"
         )
+        if self.k.kind == "library":
+            return header + "\n// (a GEMM through ral->sgemm_batched; no generated code)"
         if self.k.kind == "stitch":
             return "\n\n".join([header, self.struct(), self.stitch()])
         if self.k.kind == "reduce":
@@ -391,9 +393,40 @@ class _KernelEmitter:
         del elem
         return "\n".join(lines)
 
+    def library_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines of a library kernel: one batched GEMM call."""
+        plan, k = self.plan, self.k
+        (op,) = k.ops
+        lhs, rhs = (self.buf(a) for a in k.inputs)
+        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+        if form is None:
+            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
+
+        def of(buf: Buffer, positions: list[int]) -> str:
+            return _product([buf.dims[p] for p in positions], plan)
+
+        (_, out_name), = k.outputs
+        return [
+            f"  {{  // {k.name}: library GEMM for {_comment(op.tf_node)}",
+            f"    const int64_t batch = {of(lhs, form.batch)};",
+            f"    const int64_t m = {of(lhs, form.m)};",
+            f"    const int64_t n = {of(rhs, form.n)};",
+            f"    const int64_t kk = {of(lhs, form.k)};",
+            "    if (batch > 0 && m > 0 && n > 0) {",
+            f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
+            f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
+            f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
+            f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
+            f"                         {buffer_ptr[out_name]}, n, m * n);",
+            "    }",
+            "  }",
+        ]
+
     def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
         """Host-runner lines that fill the args and launch the kernel."""
         plan, k, r = self.plan, self.k, self.rank
+        if k.kind == "library":
+            return self.library_launch(buffer_ptr)
         lines = [f"  {{  // {k.name}: {_comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};"]
         lines.append(f"    k.n = {_product(k.dims, plan)};")
         for d, s in enumerate(k.dims):
@@ -493,6 +526,18 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
             lines.append(
                 f'      return disc_fail_shapes(ral, "TF op \'{tf}\': Incompatible shapes: ", '
                 f"{len(shapes)}, shapes, ranks);"
+            )
+            lines.append("  }")
+        elif check.kind == "matmul":
+            conds = [f"{_sym(check.operands[0][i], plan)} != {_sym(check.operands[1][j], plan)}"
+                     for i, j in check.dims]
+            lines.append(f"  // batch and contracting dims of TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  if ({' || '.join(conds)}) {{")
+            lines.extend(decl)
+            lines.append(fail.rstrip("\n"))
+            lines.append(
+                f'      return disc_fail_matmul(ral, "TF op \'{tf}\': Matrix size-incompatible: ", '
+                "shapes, ranks);"
             )
             lines.append("  }")
         elif check.kind == "expand":

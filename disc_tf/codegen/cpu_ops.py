@@ -161,4 +161,18 @@ static int32_t disc_fail_shapes(disc_ral* ral, const char* prefix, int n,
   }
   return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);
 }
+// Formats "<prefix>In[0]: [a,b], In[1]: [c,d]" (TF's MatMul wording).
+static int32_t disc_fail_matmul(disc_ral* ral, const char* prefix,
+                                const int64_t* const* shapes, const int* ranks) {
+  char msg[1024];
+  int len = snprintf(msg, sizeof(msg), "%s", prefix);
+  for (int i = 0; i < 2 && len < (int)sizeof(msg); ++i) {
+    len += snprintf(msg + len, sizeof(msg) - len, "%sIn[%d]: [", i ? ", " : "", i);
+    for (int d = 0; d < ranks[i] && len < (int)sizeof(msg); ++d)
+      len += snprintf(msg + len, sizeof(msg) - len, d ? ",%lld" : "%lld",
+                      (long long)shapes[i][d]);
+    if (len < (int)sizeof(msg)) len += snprintf(msg + len, sizeof(msg) - len, "]");
+  }
+  return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);
+}
 """

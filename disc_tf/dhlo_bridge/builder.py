@@ -99,6 +99,48 @@ class DhloBuilder:
         )
         return ssa, rank
 
+    def broadcast_extents(self, shapes: list[tuple[str, int]]) -> tuple[str, int]:
+        """Emits ``shape.broadcast`` of (shape ssa, rank) pairs; returns (ssa, rank)."""
+        rank = max(r for _, r in shapes)
+        ssa = self._fresh("s")
+        types = ", ".join(f"tensor<{r}xindex>" for _, r in shapes)
+        self.lines.append(
+            f'{ssa} = "shape.broadcast"({", ".join(s for s, _ in shapes)}) : ({types}) -> '
+            f"tensor<{rank}xindex> {self._loc()}"
+        )
+        return ssa, rank
+
+    def extract(self, shape_ssa: str, rank: int, d: int) -> str:
+        """Element ``d`` of a ``tensor<rank x index>`` shape as a host ``index`` scalar."""
+        ssa = self._fresh("d")
+        self.lines.append(
+            f'{ssa} = "tensor.extract"({shape_ssa}, {self.index_const(d)}) : '
+            f"(tensor<{rank}xindex>, index) -> index {self._loc()}"
+        )
+        return ssa
+
+    def dot_general(self, lhs: TValue, rhs: TValue, batch: int, lhs_contract: int,
+                    rhs_contract: int) -> TValue:
+        """``stablehlo.dot_general`` with leading batch dims [0, batch) on both sides and
+        one contracting dim each; result dims: batch, lhs free, rhs free."""
+        bdims = list(range(batch))
+        lhs_free = [d for i, d in enumerate(lhs.dims) if i >= batch and i != lhs_contract]
+        rhs_free = [d for i, d in enumerate(rhs.dims) if i >= batch and i != rhs_contract]
+        dims = tuple(
+            lhs.dims[i] if lhs.dims[i] is not None else rhs.dims[i] for i in bdims
+        ) + tuple(lhs_free) + tuple(rhs_free)
+
+        def ints(xs: list[int]) -> str:
+            return "[" + ", ".join(map(str, xs)) + "]"
+
+        attr = (
+            "dot_dimension_numbers = #stablehlo.dot<"
+            f"lhs_batching_dimensions = {ints(bdims)}, rhs_batching_dimensions = {ints(bdims)}, "
+            f"lhs_contracting_dimensions = {ints([lhs_contract])}, "
+            f"rhs_contracting_dimensions = {ints([rhs_contract])}>"
+        )
+        return self.op("dot_general", [lhs, rhs], lhs.elem, dims, attr)
+
     def require_equal_shapes(self, values: list[TValue]) -> None:
         """Emits ``shape.cstr_eq``: the host checks the shapes are identical."""
         shapes = [self.shape_of(v) for v in values]

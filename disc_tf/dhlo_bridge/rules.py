@@ -359,3 +359,53 @@ def _softmax(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     if node.op == "Softmax":
         return [_elementwise(b, "divide", [e, total])]
     return [_elementwise(b, "subtract", [shifted, b.op("log", [total], x.elem, total.dims)])]
+
+
+def _flag(node: node_def_pb2.NodeDef, name: str) -> bool:
+    return node.attr[name].b if name in node.attr else False
+
+
+@register("MatMul")
+def _matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, y = xs
+    # Transposed operands are expressed by which dim contracts, never by a transpose.
+    lhs_contract = 0 if _flag(node, "transpose_a") else 1
+    rhs_contract = 1 if _flag(node, "transpose_b") else 0
+    return [b.dot_general(x, y, 0, lhs_contract, rhs_contract)]
+
+
+def _batch_to(b: DhloBuilder, x: TValue, batch: tuple[str, int] | None) -> TValue:
+    """``x`` ([..., r, c]) broadcast to the batch dims ``batch`` followed by its last two."""
+    if batch is None:
+        return x
+    shape, nb = batch
+    extents = [b.extract(shape, nb, i) for i in range(nb)]
+    extents += [b.dim(x, x.rank - 2), b.dim(x, x.rank - 1)]
+    own = x.rank - 2
+    dims = list(range(nb - own, nb + 2))
+    return b.broadcast_to(x, b.shape_from(extents), nb + 2, dims)
+
+
+@register("BatchMatMulV2")
+def _batch_matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, y = xs
+    if x.rank < 2 or y.rank < 2:
+        raise LoweringError(f"BatchMatMulV2 {node.name}: operands must have rank >= 2")
+    adj_x, adj_y = _flag(node, "adj_x"), _flag(node, "adj_y")
+    rhs_contract_2d = 1 if adj_y else 0
+    if y.rank == 2 and not adj_x:
+        # [..., m, k] x [k, n]: the batch dims of x are free dims of one product.
+        return [b.dot_general(x, y, 0, x.rank - 1, rhs_contract_2d)]
+    nbx, nby = x.rank - 2, y.rank - 2
+    batch = None
+    if nbx or nby:
+        parts = []
+        for v, nbv in ((x, nbx), (y, nby)):
+            if nbv:
+                parts.append((b.shape_from([b.dim(v, d) for d in range(nbv)]), nbv))
+        batch = parts[0] if len(parts) == 1 else b.broadcast_extents(parts)
+    x, y = _batch_to(b, x, batch), _batch_to(b, y, batch)
+    nb = x.rank - 2
+    lhs_contract = nb if adj_x else nb + 1
+    rhs_contract = nb + 1 if adj_y else nb
+    return [b.dot_general(x, y, nb, lhs_contract, rhs_contract)]

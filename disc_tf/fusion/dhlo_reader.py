@@ -10,6 +10,7 @@ import numpy as np
 from disc_tf.dhlo_bridge.lower import mlir_lock, parse_and_verify
 
 _TENSOR_RE = re.compile(r"tensor<((?:[0-9?]+x)*)([a-z0-9]+)>")
+_DOT_FIELD_RE = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([0-9, ]*)\]")
 _LOC_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"')
 
 
@@ -28,6 +29,8 @@ class DOp:
     reduce_dims: list[int] | None = None
     reduce_kind: str | None = None  # the combiner of a reduce, e.g. "add"
     index_value: int | None = None  # value of an index/integer arith.constant
+    #: dot_general dimension numbers: lhs_batch, rhs_batch, lhs_contract, rhs_contract
+    dot_dims: dict[str, list[int]] | None = None
 
 
 @dataclasses.dataclass
@@ -47,6 +50,15 @@ def parse_type(text: str) -> tuple[str, tuple]:
         return ("witness", ()) if text.startswith("!") else (f"scalar:{text}", ())
     dims = tuple(None if d == "?" else int(d) for d in m.group(1).split("x") if d)
     return (m.group(2), dims)
+
+
+def parse_dot_dims(text: str) -> dict[str, list[int]]:
+    """'#stablehlo.dot<lhs_batching_dimensions = [0], ...>' -> {'lhs_batch': [0], ...}."""
+    out = {"lhs_batch": [], "rhs_batch": [], "lhs_contract": [], "rhs_contract": []}
+    for side, kind, dims in _DOT_FIELD_RE.findall(text):
+        key = f"{side}_{'batch' if kind == 'batching' else 'contract'}"
+        out[key] = [int(d) for d in dims.replace(" ", "").split(",") if d]
+    return out
 
 
 def read_module(text: str) -> DFunc:
@@ -89,5 +101,7 @@ def read_module(text: str) -> DFunc:
                 rec.index_value = ir.IntegerAttr(o.attributes["value"]).value
             if o.name == "stablehlo.dynamic_broadcast_in_dim":
                 rec.broadcast_dims = list(ir.DenseI64ArrayAttr(o.attributes["broadcast_dimensions"]))
+            if o.name == "stablehlo.dot_general":
+                rec.dot_dims = parse_dot_dims(attrs["dot_dimension_numbers"])
             ops.append(rec)
     return DFunc(args=args, ops=ops, returns=returns)

@@ -77,7 +77,9 @@ class Kernel:
 
     kinds: "loop" (elementwise), "stitch" (reductions over the innermost dim
     with their producers and consumers, one row per task), "reduce" (one
-    reduction over any other dims, one output element per task; ``reduce_dims``).
+    reduction over any other dims, one output element per task; ``reduce_dims``),
+    "library" (one ``dot_general`` done by the RAL's GEMM; inputs 0 and 1 are the
+    lhs and rhs buffers, read as they are stored).
     """
 
     name: str
@@ -101,6 +103,58 @@ class Kernel:
     def needs_broadcast_version(self) -> bool:
         """True if some input may be broadcast at run time (speculation)."""
         return any(not a.is_identity for a in self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmForm:
+    """A ``dot_general`` as a row-major batched GEMM ``C[b] = op(A[b]) @ op(B[b])``.
+
+    Each field is a list of dim positions whose product gives the value: of the
+    lhs buffer (``batch``, ``m``, ``k``, ``lda``, ``stride_a``) or of the rhs
+    buffer (``n``, ``ldb``, ``stride_b``).
+    """
+
+    batch: list
+    m: list
+    k: list
+    n: list
+    transpose_a: bool
+    transpose_b: bool
+    lda: list
+    stride_a: list
+    ldb: list
+    stride_b: list
+
+
+def gemm_form(lhs_rank: int, rhs_rank: int, dot_dims: dict) -> GemmForm | None:
+    """The GEMM computing a dot_general, or None if its layout is not one.
+
+    Supported: leading batch dims [0, nb) on both sides; one contracting dim;
+    lhs [batch, m.., k] (several free dims flatten into m) or [batch, k, m];
+    rhs [batch, k, n] or [batch, n, k].
+    """
+    nb = len(dot_dims["lhs_batch"])
+    if dot_dims["lhs_batch"] != list(range(nb)) or dot_dims["rhs_batch"] != list(range(nb)):
+        return None
+    if len(dot_dims["lhs_contract"]) != 1 or len(dot_dims["rhs_contract"]) != 1:
+        return None
+    (lc,), (rc,) = dot_dims["lhs_contract"], dot_dims["rhs_contract"]
+    if rhs_rank != nb + 2 or lhs_rank < nb + 2:
+        return None
+    if lc == lhs_rank - 1:
+        ta, m, k, lda = False, list(range(nb, lhs_rank - 1)), [lc], [lc]
+    elif lc == nb and lhs_rank == nb + 2:
+        ta, m, k, lda = True, [nb + 1], [nb], [nb + 1]
+    else:
+        return None
+    if rc == nb:
+        tb, n, ldb = False, [nb + 1], [nb + 1]
+    elif rc == nb + 1:
+        tb, n, ldb = True, [nb], [nb + 1]
+    else:
+        return None
+    return GemmForm(list(range(nb)), m, k, n, ta, tb, lda, list(range(nb, lhs_rank)), ldb,
+                    [nb, nb + 1])
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp, gemm_form
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
 
 log = logging.getLogger("disc_tf.fusion")
@@ -183,13 +183,16 @@ class _Planner:
         """The latest loop/stitch kernel over ``dims``, if ``op`` may join it."""
         for idx in range(len(self.kernels) - 1, -1, -1):
             k = self.kernels[idx]
-            if tuple(k.dims) == dims and k.kind != "reduce":
+            if tuple(k.dims) == dims and k.kind not in ("reduce", "library"):
                 return idx if self.legal_kernel(idx, op) else None
         return None
 
     def place(self, op: DOp) -> None:
         if op.name == "stablehlo.reduce":
             self.place_reduce(op)
+            return
+        if op.name == "stablehlo.dot_general":
+            self.place_library(op)
             return
         shape = self.a.shape_class(op.results[0])
         row = False
@@ -223,6 +226,49 @@ class _Planner:
             self._append(target, op, [operand], False, attrs)
             if self.kernels[target].ops[-1].operands[0][0] != "in":
                 raise ShapeError(f"reduction {op.tf_node} of a constant is not supported")
+
+    def place_library(self, op: DOp) -> None:
+        """A dot_general: its own "library" kernel reading two dense buffers."""
+        lhs, rhs = op.operands
+        if gemm_form(len(self.a.value_dims[lhs]), len(self.a.value_dims[rhs]), op.dot_dims) is None:
+            raise ShapeError(f"dot_general of {op.tf_node}: layout {op.dot_dims} is not a GEMM")
+        target = self._new_kernel("library", self.a.shape_class(op.results[0]))
+        refs = []
+        for v in (lhs, rhs):
+            base, dims, _ = self.resolve(v)
+            if dims is not None:
+                base = self._materialize(v)
+            src = self.kernel_of.get(base)
+            if src is not None:
+                self.deps[target].add(src)
+            self.kernels[target].inputs.append(Access(self.buffer_for_base(base)))
+            refs.append(("in", len(self.kernels[target].inputs) - 1))
+        self.kernels[target].ops.append(
+            KernelOp(value=op.results[0], op="dot_general", operands=refs,
+                     elem=op.result_types[0][0], operand_elems=[self._elem(lhs), self._elem(rhs)],
+                     tf_node=op.tf_node, attrs=dict(op.dot_dims))
+        )
+        self.kernel_of[op.results[0]] = target
+
+    def _materialize(self, value: str) -> str:
+        """A loop kernel writing broadcast ``value`` densely; returns the new value's name."""
+        dense = f"{value}.dense"
+        if dense in self.kernel_of:
+            return dense
+        k = self._new_kernel("loop", self.a.shape_class(value))
+        ref = self.operand_ref(k, value)
+        src = self.kernel_of.get(self.resolve(value)[0])
+        if src is not None:
+            self.deps[k].add(src)
+        elem = self._elem(value)
+        self.kernels[k].ops.append(KernelOp(value=dense, op="convert", operands=[ref], elem=elem,
+                                            operand_elems=[elem],
+                                            tf_node=self.producer[value].tf_node, attrs={}))
+        self.kernel_of[dense] = k
+        name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+        self.buffers[name] = Buffer(name, elem, self.a.value_dims[value], "temp")
+        self.buffer_of[dense] = name
+        return dense
 
     def _append(self, target: int, op: DOp, operands: list[str], row: bool,
                 attrs: dict | None = None) -> None:

@@ -41,11 +41,14 @@ class SymDef:
 class ShapeCheck:
     """A host-side check emitted before any kernel runs."""
 
-    kind: str  # "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d)
+    #: "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d) |
+    #: "matmul" (lhs dim i equals rhs dim j for each pair in ``dims``)
+    kind: str
     operands: list[list[int]]
     result: list[int]
     tf_node: str
-    dims: list[tuple[int, int]] | None = None  # (operand dim, result dim) for "expand"
+    #: (operand dim, result dim) for "expand"; (lhs dim, rhs dim) for "matmul"
+    dims: list[tuple[int, int]] | None = None
 
     def __str__(self) -> str:
         shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]" for o in self.operands)
@@ -281,6 +284,9 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             if unproven:
                 checks.append(ShapeCheck("expand", [operand], out, op.tf_node,
                                          dims=[(i, info.dims[i]) for i in unproven]))
+        elif kind == "stablehlo.dot_general":
+            dims[op.results[0]] = _dot_general(syms, checks, op, dims[op.operands[0]],
+                                               dims[op.operands[1]])
         elif kind.split(".", 1)[-1] in _ELEMENTWISE_SAME_SHAPE:
             first = dims[op.operands[0]]
             for other in op.operands[1:]:
@@ -292,6 +298,29 @@ def analyze(func: DFunc) -> ShapeAnalysis:
         else:
             raise ShapeError(f"shape analysis does not know {kind}")
     return ShapeAnalysis(syms, dims, checks, broadcasts, host_values)
+
+
+def _dot_general(syms: SymbolTable, checks: list[ShapeCheck], op, lhs: list[int],
+                 rhs: list[int]) -> list[int]:
+    """Result dims (batch, lhs free, rhs free); batch and contracting dims pairwise equal.
+
+    TF checks those equalities only when the op runs, so unless they are proven
+    the host runner checks them (as TF's "Matrix size-incompatible" error).
+    """
+    dd = op.dot_dims
+    pairs = list(zip(dd["lhs_batch"], dd["rhs_batch"])) + list(
+        zip(dd["lhs_contract"], dd["rhs_contract"]))
+    unproven = [(i, j) for i, j in pairs if not syms.same(lhs[i], rhs[j])]
+    if unproven:
+        checks.append(ShapeCheck("matmul", [list(lhs), list(rhs)], [], op.tf_node,
+                                 dims=unproven))
+    for i, j in pairs:
+        syms.union(lhs[i], rhs[j])
+    used_l = set(dd["lhs_batch"]) | set(dd["lhs_contract"])
+    used_r = set(dd["rhs_batch"]) | set(dd["rhs_contract"])
+    return ([lhs[i] for i in dd["lhs_batch"]]
+            + [d for i, d in enumerate(lhs) if i not in used_l]
+            + [d for i, d in enumerate(rhs) if i not in used_r])
 
 
 def _broadcast_info(syms: SymbolTable, operand: list[int], out: list[int],

@@ -54,6 +54,15 @@ LOCK_NAME = ".build.lock"
 
 _BASE_CXXFLAGS = ["-std=c++17", "-shared", "-fPIC", "-O2", "-w"]
 
+#: Sources built for one ISA only (extra flags); the runtime checks the CPU
+#: before calling into them. Their objects are linked last so that the
+#: linker keeps the baseline copy of any inline function they share.
+ISA_SOURCES = {
+    "gemm_kernel_avx2.cc": ("-O3", "-mavx2", "-mfma"),
+    "gemm_kernel_avx512.cc": ("-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512cd",
+                              "-mavx512bw", "-mavx512dq", "-mavx512vl"),
+}
+
 
 def py_module_filename() -> str:
     """File name of the pybind11 module for this interpreter."""
@@ -95,6 +104,7 @@ class BuildConfig:
             "cxx": self.cxx,
             "cxx_version": _compiler_version(self.cxx),
             "base_flags": _BASE_CXXFLAGS,
+            "isa_flags": ISA_SOURCES,
             "tf_compile_flags": self.tf_compile_flags,
             "tf_link_flags": self.tf_link_flags,
             "tf_version": self.tf_version,
@@ -190,6 +200,9 @@ def _run(cmd: list[str]) -> None:
         )
 
 
+ISA_SOURCES_OBJ = frozenset(pathlib.Path(n).stem + ".o" for n in ISA_SOURCES)
+
+
 def _compile_flags(config: BuildConfig) -> list[str]:
     return [*_BASE_CXXFLAGS, f"-I{REPO_ROOT}", *config.tf_compile_flags]
 
@@ -207,9 +220,10 @@ def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
         for i, src in enumerate(config.ops_sources + config.py_sources):
             obj = tmp_dir / f"{i:02d}_{src.stem}.o"
             is_py = src in config.py_sources
-            flags = py_cflags if is_py else cflags
+            flags = py_cflags if is_py else [*cflags, *ISA_SOURCES.get(src.name, ())]
             jobs.append((obj, [config.cxx, *flags, "-c", str(src), "-o", str(obj)]))
             (py_objs if is_py else ops_objs).append(obj)
+        ops_objs.sort(key=lambda o: o.name.split("_", 1)[1] in ISA_SOURCES_OBJ)
         workers = max(1, min(len(jobs), os.cpu_count() or 2))
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             for fut in [pool.submit(_run, cmd) for _, cmd in jobs]:
