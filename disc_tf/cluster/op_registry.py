@@ -54,7 +54,7 @@ for _op in ("Less", "LessEqual", "Greater", "GreaterEqual"):
     _register(_op, NUMERIC_TYPES)
 for _op in ("LogicalAnd", "LogicalOr", "LogicalNot"):
     _register(_op, frozenset({tf.bool}), dtype_attr="")
-for _op in ("Erf", "Log1p", "Expm1", "Sin", "Cos", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
+for _op in ("Erf", "Erfc", "Log1p", "Expm1", "Sin", "Cos", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
             "Softplus", "Softsign", "Elu", "Selu", "IsNan", "IsFinite", "FloorDiv", "FloorMod",
             "LeakyRelu"):
     _register(_op, FLOAT_TYPES)

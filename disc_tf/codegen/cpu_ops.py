@@ -24,7 +24,7 @@ _COMPARE = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="
 
 #: Rough cost in cycles per element, for the thread pool's cost model.
 COST = {"exponential": 20, "log": 20, "tanh": 25, "logistic": 25, "power": 40,
-        "sqrt": 8, "rsqrt": 10, "divide": 4, "erf": 25, "log_plus_one": 20,
+        "sqrt": 8, "rsqrt": 10, "divide": 4, "erf": 25, "erfc": 25, "log_plus_one": 20,
         "exponential_minus_one": 20, "sine": 20, "cosine": 20, "remainder": 10}
 
 
@@ -80,7 +80,7 @@ def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
         "exponential": "expf", "log": "logf", "tanh": "tanhf", "sqrt": "sqrtf",
         "floor": "floorf", "ceil": "ceilf", "round_nearest_even": "nearbyintf",
         "log_plus_one": "log1pf", "exponential_minus_one": "expm1f", "sine": "sinf",
-        "cosine": "cosf", "erf": "erff",
+        "cosine": "cosf", "erf": "erff", "erfc": "erfcf",
     }
     if op in unary_float:
         return _round(f"{unary_float[op]}({a})", elem)
@@ -125,6 +125,7 @@ __attribute__((simd("notinbranch"))) float expm1f(float) noexcept;
 __attribute__((simd("notinbranch"))) float sinf(float) noexcept;
 __attribute__((simd("notinbranch"))) float cosf(float) noexcept;
 __attribute__((simd("notinbranch"))) float erff(float) noexcept;
+__attribute__((simd("notinbranch"))) float erfcf(float) noexcept;
 }"""
 
 #: Helpers every generated source defines once.

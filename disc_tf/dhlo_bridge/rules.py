@@ -57,7 +57,7 @@ _UNARY = {
     "Sigmoid": "logistic", "Rsqrt": "rsqrt", "Sqrt": "sqrt", "LogicalNot": "not",
     "Sign": "sign", "Floor": "floor", "Ceil": "ceil", "Round": "round_nearest_even",
     "Log1p": "log_plus_one", "Expm1": "exponential_minus_one", "Sin": "sine", "Cos": "cosine",
-    "Erf": "chlo.erf",
+    "Erf": "chlo.erf", "Erfc": "chlo.erfc",
 }
 _COMPARE = {
     "Equal": "EQ", "NotEqual": "NE", "Less": "LT", "LessEqual": "LE",

@@ -205,7 +205,7 @@ _ELEMENTWISE_SAME_SHAPE = frozenset(
     {"add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "and", "or",
      "negate", "abs", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "not",
      "compare", "select", "convert", "sign", "floor", "ceil", "round_nearest_even",
-     "log_plus_one", "exponential_minus_one", "sine", "cosine", "erf", "is_finite",
+     "log_plus_one", "exponential_minus_one", "sine", "cosine", "erf", "erfc", "is_finite",
      "remainder"}
 )
 

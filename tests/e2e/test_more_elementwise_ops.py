@@ -13,7 +13,7 @@ from tests.harness import assert_same, compiled, random_value
 raw = tf.raw_ops
 
 UNARY = {
-    "Erf": lambda x: raw.Erf(x=x), "Log1p": lambda x: raw.Log1p(x=x),
+    "Erf": lambda x: raw.Erf(x=x), "Erfc": lambda x: raw.Erfc(x=x), "Log1p": lambda x: raw.Log1p(x=x),
     "Expm1": lambda x: raw.Expm1(x=x), "Sin": lambda x: raw.Sin(x=x),
     "Cos": lambda x: raw.Cos(x=x), "Floor": lambda x: raw.Floor(x=x),
     "Ceil": lambda x: raw.Ceil(x=x), "Round": lambda x: raw.Round(x=x),
