@@ -74,6 +74,13 @@ for _op in ("Softmax", "LogSoftmax"):
 # Matrix products: one library (GEMM) call per product, float32 only.
 for _op in ("MatMul", "BatchMatMulV2"):
     _register(_op, frozenset({tf.float32}))
+# Layout ops: shape/permutation operands must be constants. Reshape-like ops
+# move no data (a view of a dense buffer), so they do not count as work.
+LAYOUT_TYPES = frozenset({tf.float32, tf.int32, tf.bool})
+_register("Transpose", LAYOUT_TYPES, const_inputs=(1,))
+_register("Reshape", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
+_register("ExpandDims", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
+_register("Squeeze", LAYOUT_TYPES, trivial=True)
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")

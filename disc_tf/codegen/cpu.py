@@ -22,7 +22,7 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, gemm_form
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-6"
+CODEGEN_VERSION = "cpu-7"
 
 
 def _sym(s: int, plan: FusionPlan) -> str:
@@ -145,13 +145,17 @@ class _KernelEmitter:
     def broadcast(self) -> str:
         r = self.rank
         k = self.k.name
-        bcast = [i for i, acc in enumerate(self.k.inputs) if not acc.is_identity]
+        # Broadcast reads have an innermost stride of 0 or 1; transposed ones any.
+        bcast = [i for i, acc in enumerate(self.k.inputs)
+                 if not acc.is_identity and not acc.permuted]
+        strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
         templated = len(bcast) <= 3
         flags = [f"B{i}" for i in bcast]
         if templated:
             index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
         else:
             index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        index.update({i: f"c * st{i}" for i in strided})
         head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
                 else "")
         lines = [
@@ -176,7 +180,7 @@ class _KernelEmitter:
             lines.append(
                 f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
             )
-            if not templated and i in bcast:
+            if (not templated and i in bcast) or i in strided:
                 lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         for j, (_, b) in enumerate(self.k.outputs):
             lines.append(
@@ -443,7 +447,9 @@ class _KernelEmitter:
                 size = _sym(b.dims[bd], plan)
                 lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
                 stride = f"{stride} * {size}" if stride != "1" else size
-            if not acc.is_identity:
+            if acc.permuted:
+                flat_conds.append("false")  # a transposed read is never flat
+            elif not acc.is_identity:
                 flat_conds.append(f"{_product(b.dims, plan)} == k.n")
         for j, (_, bname) in enumerate(k.outputs):
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
@@ -486,9 +492,21 @@ class _KernelEmitter:
 
 
 def _host_expr(h, plan: FusionPlan) -> str:
-    """C++ for a host scalar: factor times a product of symbols."""
+    """C++ for a host scalar: factor times a product of symbols (over a divisor)."""
     parts = [str(h.factor)] + [_sym(s, plan) for s in h.symbols]
-    return " * ".join(parts)
+    text = " * ".join(parts)
+    return f"({text}) / {h.divisor}" if h.divisor != 1 else text
+
+
+def _define_exprs(plan: FusionPlan, syms: list[int], done: set[int], lines: list[str]) -> None:
+    """Defines the "expr" symbols among ``syms`` (and those they use) not yet defined."""
+    for s in syms:
+        d = plan.symbols[s]
+        if d.kind != "expr" or s in done:
+            continue
+        _define_exprs(plan, list(d.scalar.symbols), done, lines)
+        lines.append(f"  const int64_t s{s} = {_host_expr(d.scalar, plan)};  // {d.scalar}")
+        done.add(s)
 
 
 def _const_data(b: Buffer) -> str:
@@ -497,8 +515,39 @@ def _const_data(b: Buffer) -> str:
     return f"static const {STORAGE[b.elem]} {b.name}_data[{n}] = {{{values}}};"
 
 
+def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
+    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    n_in = _product(check.operands[0], plan)
+    n_out = _product(check.result, plan)
+    prefix = f"TF op '{tf}': Input to reshape is a tensor with %lld values, but the requested shape"
+    lines.append(f"  // element counts of TF op '{_comment(check.tf_node)}'")
+    lines.append("  {")
+    lines.append(f"    const int64_t n_in = {n_in};")
+    if check.multiple_of:
+        lines.append(f"    if (n_in % {check.multiple_of} != 0) {{")
+        lines.append(f'      snprintf(msg, sizeof(msg), "{prefix} requires a multiple of '
+                     f'{check.multiple_of}", (long long)n_in);')
+        lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+        lines.append("    }")
+    lines.append(f"    const int64_t n_out = {n_out};")
+    lines.append("    if (n_in != n_out) {")
+    lines.append(f'      snprintf(msg, sizeof(msg), "{prefix} has %lld", (long long)n_in, '
+                 "(long long)n_out);")
+    lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+    lines.append("    }")
+    lines.append("  }")
+
+
 def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
+    defined: set[int] = set()
     for n, check in enumerate(plan.checks):
+        used = [x for s in check.operands + [check.result] for x in s]
+        used += [c for x in check.result if plan.symbols[x].kind == "broadcast"
+                 for c in plan.symbols[x].components]
+        _define_exprs(plan, used, defined, lines)
+        if check.kind == "reshape":
+            _reshape_check(plan, check, lines)
+            continue
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         decl = []
         for i, s in enumerate(shapes):
@@ -570,16 +619,19 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
                 f"{len(shapes)}, shapes, ranks);"
             )
             lines.append("  }")
+    _define_exprs(plan, list(range(len(plan.symbols))), defined, lines)
 
 
 def _launch_sequence(plan: FusionPlan, emitters: list[_KernelEmitter]) -> list[str]:
     """Temp allocation, kernel launches and early frees of one plan, in order."""
     out: list[str] = []
-    ptr = {name: name for name in plan.buffers}
+    # A view (reshape) is its root buffer's memory, which lives until the
+    # view's last reader too.
+    ptr = {name: plan.root(name) for name in plan.buffers}
     last_use: dict[str, int] = {}
     for n, k in enumerate(plan.kernels):
         for a in k.inputs:
-            last_use[a.buffer] = n
+            last_use[plan.root(a.buffer)] = n
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         for _, bname in k.outputs:
             b = plan.buffers[bname]

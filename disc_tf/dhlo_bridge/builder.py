@@ -189,6 +189,51 @@ class DhloBuilder:
         )
         return ssa
 
+    def divide_index(self, total: str, divisor: str) -> str:
+        """``arith.divui`` of two host ``index`` scalars."""
+        ssa = self._fresh("q")
+        self.lines.append(
+            f'{ssa} = "arith.divui"({total}, {divisor}) : (index, index) -> index {self._loc()}'
+        )
+        return ssa
+
+    def element_count(self, value: TValue) -> str:
+        """The number of elements of ``value`` as a host ``index`` scalar."""
+        total = self.index_const(1)
+        for d in range(value.rank):
+            ssa = self._fresh("n")
+            self.lines.append(
+                f'{ssa} = "arith.muli"({total}, {self.dim(value, d)}) : (index, index) -> index '
+                f"{self._loc()}"
+            )
+            total = ssa
+        return total
+
+    def require_equal_extents(self, shapes: list[str], rank: int) -> None:
+        """``shape.cstr_eq`` of shape tensors of the same rank (checked by the host)."""
+        types = ", ".join(f"tensor<{rank}xindex>" for _ in shapes)
+        self.lines.append(
+            f'{self._fresh("w")} = "shape.cstr_eq"({", ".join(shapes)}) : ({types}) -> '
+            f"!shape.witness {self._loc()}"
+        )
+
+    def transpose(self, value: TValue, perm: list[int]) -> TValue:
+        """``stablehlo.transpose``: result dim i is operand dim ``perm[i]``."""
+        dims = tuple(value.dims[p] for p in perm)
+        attr = "permutation = array<i64" + (": " + ", ".join(map(str, perm)) if perm else "") + ">"
+        return self.op("transpose", [value], value.elem, dims, attr)
+
+    def dynamic_reshape(self, value: TValue, extents: list[str], dims: tuple) -> TValue:
+        """``stablehlo.dynamic_reshape`` of ``value`` to the host scalars ``extents``
+        (``dims``: the result's static dims where known)."""
+        shape = self.shape_from(extents)
+        result = TValue(self._fresh(), value.elem, tuple(dims))
+        self.lines.append(
+            f'{result.ssa} = "stablehlo.dynamic_reshape"({value.ssa}, {shape}) : '
+            f"({value.type}, tensor<{len(extents)}xindex>) -> {result.type} {self._loc()}"
+        )
+        return result
+
     def num_elements(self, value: TValue, dims: list[int], elem: str) -> TValue:
         """Product of the given dims of ``value`` as a rank-0 tensor of ``elem``."""
         total = self.index_const(1)

@@ -409,3 +409,85 @@ def _batch_matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) 
     lhs_contract = nb if adj_x else nb + 1
     rhs_contract = nb + 1 if adj_y else nb
     return [b.dot_general(x, y, nb, lhs_contract, rhs_contract)]
+
+
+def _const_ints(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, what: str) -> list[int]:
+    if value.ssa not in b.const_values:
+        raise LoweringError(f"{node.op} {node.name}: {what} must be a constant")
+    return [int(v) for v in np.asarray(b.const_values[value.ssa]).reshape(-1).tolist()]
+
+
+@register("Transpose")
+def _transpose(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, perm_value = xs
+    perm = _const_ints(b, node, perm_value, "the permutation")
+    if sorted(perm) != list(range(x.rank)):
+        raise LoweringError(f"Transpose {node.name}: {perm} is not a permutation of rank {x.rank}")
+    return [b.transpose(x, perm)]
+
+
+def _static_count(x: TValue) -> int | None:
+    return None if None in x.dims else int(np.prod(x.dims, dtype=np.int64))
+
+
+@register("Reshape")
+def _reshape(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, shape_value = xs
+    shape = _const_ints(b, node, shape_value, "the shape")
+    if any(s < -1 for s in shape) or shape.count(-1) > 1:
+        raise LoweringError(f"Reshape {node.name}: invalid shape {shape}")
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    extents = [b.index_const(s) for s in shape]
+    dims = [s if s != -1 else None for s in shape]
+    if -1 in shape:
+        if known == 0:
+            # TF refuses to infer a dim next to a zero; leave that to TF.
+            raise LoweringError(f"Reshape {node.name}: -1 next to a zero-size dim in {shape}")
+        # The -1 entry: element count / product of the other entries. The host
+        # runner checks the division is exact (element counts must match).
+        i = shape.index(-1)
+        extents[i] = b.divide_index(b.element_count(x), b.index_const(known))
+        count = _static_count(x)
+        if count is not None and count % known == 0:
+            dims[i] = count // known
+    return [b.dynamic_reshape(x, extents, tuple(dims))]
+
+
+@register("ExpandDims")
+def _expand_dims(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, axis_value = xs
+    axis = _const_ints(b, node, axis_value, "the axis")
+    if len(axis) != 1 or not -x.rank - 1 <= axis[0] <= x.rank:
+        raise LoweringError(f"ExpandDims {node.name}: axis {axis} invalid for rank {x.rank}")
+    a = axis[0] + x.rank + 1 if axis[0] < 0 else axis[0]
+    extents = [b.dim(x, d) for d in range(x.rank)]
+    extents.insert(a, b.index_const(1))
+    dims = list(x.dims)
+    dims.insert(a, 1)
+    return [b.dynamic_reshape(x, extents, tuple(dims))]
+
+
+@register("Squeeze")
+def _squeeze(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    listed = list(node.attr["squeeze_dims"].list.i) if "squeeze_dims" in node.attr else []
+    if listed:
+        if any(not -x.rank <= d < x.rank for d in listed):
+            raise LoweringError(f"Squeeze {node.name}: dims {listed} invalid for rank {x.rank}")
+        squeezed = sorted({d % x.rank for d in listed})
+    else:
+        # Without squeeze_dims only dims known to be 1 can be squeezed.
+        if None in x.dims:
+            raise LoweringError(f"Squeeze {node.name}: no squeeze_dims and dims {x.dims} "
+                                "are not all static")
+        squeezed = [d for d in range(x.rank) if x.dims[d] == 1]
+    if any(x.dims[d] not in (None, 1) for d in squeezed):
+        raise LoweringError(f"Squeeze {node.name}: dims {squeezed} of {x.dims} are not 1")
+    dynamic = [d for d in squeezed if x.dims[d] is None]
+    if dynamic:
+        # The host checks that every squeezed dynamic dim is 1.
+        b.require_equal_extents([b.shape_from([b.dim(x, d) for d in dynamic]),
+                                 b.shape_from([b.index_const(1) for _ in dynamic])],
+                                len(dynamic))
+    kept = [d for d in range(x.rank) if d not in squeezed]
+    return [b.dynamic_reshape(x, [b.dim(x, d) for d in kept], tuple(x.dims[d] for d in kept))]

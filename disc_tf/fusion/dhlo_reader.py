@@ -31,6 +31,8 @@ class DOp:
     index_value: int | None = None  # value of an index/integer arith.constant
     #: dot_general dimension numbers: lhs_batch, rhs_batch, lhs_contract, rhs_contract
     dot_dims: dict[str, list[int]] | None = None
+    #: transpose: result dim i is operand dim ``permutation[i]``
+    permutation: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -101,6 +103,8 @@ def read_module(text: str) -> DFunc:
                 rec.index_value = ir.IntegerAttr(o.attributes["value"]).value
             if o.name == "stablehlo.dynamic_broadcast_in_dim":
                 rec.broadcast_dims = list(ir.DenseI64ArrayAttr(o.attributes["broadcast_dimensions"]))
+            if o.name == "stablehlo.transpose":
+                rec.permutation = list(ir.DenseI64ArrayAttr(o.attributes["permutation"]))
             if o.name == "stablehlo.dot_general":
                 rec.dot_dims = parse_dot_dims(attrs["dot_dimension_numbers"])
             ops.append(rec)

@@ -11,27 +11,32 @@ from disc_tf.fusion.shape_analysis import ShapeCheck, SymDef
 
 @dataclasses.dataclass
 class Buffer:
-    """A tensor in memory: a cluster input/output, a temporary or a constant."""
+    """A tensor in memory: a cluster input/output, a temporary, a constant, or an
+    alias (a reshape: the memory of buffer ``alias_of`` seen with other dims)."""
 
     name: str
     elem: str
     dims: list[int]  # symbols
-    role: str  # "input" | "output" | "temp" | "const"
+    role: str  # "input" | "output" | "temp" | "const" | "alias"
     index: int = -1  # argument or result index for inputs/outputs
     const_value: np.ndarray | None = None
+    alias_of: str | None = None
 
     def __str__(self) -> str:
         where = f" #{self.index}" if self.index >= 0 else ""
         shape = ", ".join(f"s{d}" for d in self.dims)
-        return f"{self.role}{where} {self.name}: {self.elem}[{shape}]"
+        view = f" = view of {self.alias_of}" if self.alias_of else ""
+        return f"{self.role}{where} {self.name}: {self.elem}[{shape}]{view}"
 
 
 @dataclasses.dataclass
 class Access:
-    """How a kernel reads a buffer: identity, or a broadcast index map.
+    """How a kernel reads a buffer: identity, or an index map (broadcast and/or
+    transpose).
 
     ``dims[i]`` is the kernel dim that buffer dim i runs along; ``expand[i]`` is
-    "no", "yes" or "maybe" (decided per call by the host runner).
+    "no", "yes" or "maybe" (decided per call by the host runner). Dims that are
+    not increasing mean a transposed read.
     """
 
     buffer: str
@@ -43,9 +48,17 @@ class Access:
         """True if the buffer is read at the kernel's own index."""
         return self.dims is None
 
+    @property
+    def permuted(self) -> bool:
+        """True if buffer dims are read out of order (a transpose): the innermost
+        kernel dim may then have any stride."""
+        return self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:]))
+
     def __str__(self) -> str:
         if self.is_identity:
             return self.buffer
+        if self.permuted:
+            return f"map({self.buffer}, dims={self.dims}, expand={self.expand})"
         return f"broadcast({self.buffer}, dims={self.dims}, expand={self.expand})"
 
 
@@ -183,6 +196,12 @@ class FusionPlan:
     def arg_ranks(self) -> list[int]:
         """Rank of each argument."""
         return [len(d) for d in self.arg_dims]
+
+    def root(self, name: str) -> str:
+        """The buffer that owns the memory of ``name`` (follows aliases)."""
+        while self.buffers[name].alias_of is not None:
+            name = self.buffers[name].alias_of
+        return name
 
     def describe(self) -> str:
         """Human-readable plan (what ``inspect`` and the dump dir show)."""

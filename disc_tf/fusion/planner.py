@@ -4,7 +4,10 @@ Every elementwise op joins the most recent kernel whose iteration space is in
 the same symbolic shape class, unless that would create a cycle between
 kernels. Broadcasts are never kernels: a proven non-expanding broadcast is an
 alias, any other becomes an index map on the consumer's read (its expansion
-decided per call when unproven). Scalar constants are inlined.
+decided per call when unproven). A transpose is an index map too (a read
+through permuted strides). A reshape is a view: the result aliases a dense
+buffer of its operand with new dims; a cluster result that is a view or an
+index map is copied into its own buffer. Scalar constants are inlined.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, sp
 
 log = logging.getLogger("disc_tf.fusion")
 
-_NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim"}
+_NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
+                "stablehlo.transpose", "stablehlo.dynamic_reshape"}
 
 
 def _combine(a: str, b: str) -> str:
@@ -42,9 +46,26 @@ class _Planner:
         self.kernels: list[Kernel] = []
         self.deps: list[set[int]] = []  # kernels each kernel reads directly
         self.row_values: set[str] = set()  # values computed once per stitch-kernel row
+        self.view_base: dict[str, str] = {}  # reshape result -> value whose memory it views
+
+    def _src(self, base: str) -> int | None:
+        """The kernel writing the memory of ``base`` (through views), if any."""
+        while base in self.view_base:
+            base = self.view_base[base]
+        return self.kernel_of.get(base)
 
     def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
-        """Follows broadcasts: (base value, dims map, expansion) of a read."""
+        """Follows broadcasts and transposes: (base value, dims map, expansion) of a read."""
+        op = self.producer.get(value)
+        if op is not None and op.name == "stablehlo.transpose":
+            perm = op.permutation
+            inverse = [perm.index(i) for i in range(len(perm))]
+            base, dims, expand = self.resolve(op.operands[0])
+            if perm == sorted(perm):
+                return base, dims, expand
+            if dims is None:
+                return base, inverse, ["no"] * len(inverse)
+            return base, [inverse[d] for d in dims], list(expand)
         info = self.a.broadcasts.get(value)
         if info is None:
             return value, None, None
@@ -124,8 +145,13 @@ class _Planner:
         """May ``op`` join ``kernel`` without a cycle or an in-kernel broadcast?"""
         for operand in op.operands:
             base, dims, expand = self.resolve(operand)
-            src = self.kernel_of.get(base)
+            src = self._src(base)
             if src is None:
+                continue
+            if base in self.view_base:
+                # A view is read from memory: never in the kernel that writes it.
+                if src == kernel or self._reaches(src, kernel):
+                    return False
                 continue
             if src == kernel:
                 if dims is not None and not self._is_row_read(kernel, base, dims, expand):
@@ -238,7 +264,7 @@ class _Planner:
             base, dims, _ = self.resolve(v)
             if dims is not None:
                 base = self._materialize(v)
-            src = self.kernel_of.get(base)
+            src = self._src(base)
             if src is not None:
                 self.deps[target].add(src)
             self.kernels[target].inputs.append(Access(self.buffer_for_base(base)))
@@ -250,14 +276,15 @@ class _Planner:
         )
         self.kernel_of[op.results[0]] = target
 
-    def _materialize(self, value: str) -> str:
-        """A loop kernel writing broadcast ``value`` densely; returns the new value's name."""
-        dense = f"{value}.dense"
+    def _materialize(self, value: str, buffer: str | None = None) -> str:
+        """A loop kernel writing ``value`` (read through an index map or a view)
+        densely into a new temp or into ``buffer``; returns the new value's name."""
+        dense = f"{value}.dense" if buffer is None else f"{value}.{buffer}"
         if dense in self.kernel_of:
             return dense
         k = self._new_kernel("loop", self.a.shape_class(value))
         ref = self.operand_ref(k, value)
-        src = self.kernel_of.get(self.resolve(value)[0])
+        src = self._src(self.resolve(value)[0])
         if src is not None:
             self.deps[k].add(src)
         elem = self._elem(value)
@@ -265,16 +292,32 @@ class _Planner:
                                             operand_elems=[elem],
                                             tf_node=self.producer[value].tf_node, attrs={}))
         self.kernel_of[dense] = k
-        name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
-        self.buffers[name] = Buffer(name, elem, self.a.value_dims[value], "temp")
-        self.buffer_of[dense] = name
+        if buffer is None:
+            buffer = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+            self.buffers[buffer] = Buffer(buffer, elem, self.a.value_dims[value], "temp")
+        self.buffer_of[dense] = buffer
         return dense
+
+    def place_view(self, op: DOp) -> None:
+        """A reshape: an alias of a dense buffer holding its operand."""
+        result, operand = op.results[0], op.operands[0]
+        base, dims, _ = self.resolve(operand)
+        if base in self.a.host_values:
+            raise ShapeError(f"reshape of a host-computed scalar ({op.tf_node})")
+        if dims is not None:
+            base = self._materialize(operand)
+        root = self.buffer_for_base(base)
+        name = f"{self.prefix}view{len([b for b in self.buffers.values() if b.role == 'alias'])}"
+        self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[result],
+                                    "alias", alias_of=root)
+        self.buffer_of[result] = name
+        self.view_base[result] = base
 
     def _append(self, target: int, op: DOp, operands: list[str], row: bool,
                 attrs: dict | None = None) -> None:
         refs = [self.operand_ref(target, v) for v in operands]
         for v in operands:
-            src = self.kernel_of.get(self.resolve(v)[0])
+            src = self._src(self.resolve(v)[0])
             if src is not None and src != target:
                 self.deps[target].add(src)
         self.kernels[target].ops.append(
@@ -316,9 +359,18 @@ class _Planner:
             name = f"arg{i}"
             self.buffers[name] = Buffer(name, elem, self.a.value_dims[f"%arg{i}"], "input", i)
             self.buffer_of[f"%arg{i}"] = name
+        copies: list[tuple[int, str]] = []
         for i, value in enumerate(self.func.returns):
             base, dims, _ = self.resolve(value)
-            if dims is not None or base not in self.producer or base in self.buffer_of:
+            op = self.producer.get(base)
+            if dims is not None or (op is not None and op.name == "stablehlo.dynamic_reshape"):
+                # An index map or a view of other memory: outputs own theirs.
+                name = f"result{i}"
+                self.buffers[name] = Buffer(name, self._elem(value), self.a.value_dims[value],
+                                            "output", i)
+                copies.append((i, value))
+                continue
+            if base not in self.producer or base in self.buffer_of:
                 raise ShapeError(f"result {i} is not computed by the cluster")
             op = self.producer[base]
             if op.name in _NOT_COMPUTE:
@@ -328,8 +380,12 @@ class _Planner:
                                         "output", i)
             self.buffer_of[base] = name
         for op in self.func.ops:
-            if op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
+            if op.name == "stablehlo.dynamic_reshape":
+                self.place_view(op)
+            elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
                 self.place(op)
+        for i, value in copies:
+            self._materialize(value, f"result{i}")
         # A value leaves its kernel if another kernel reads it or it is a result.
         for value, buf in self.buffer_of.items():
             k = self.kernel_of.get(value)

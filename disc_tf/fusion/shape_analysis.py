@@ -10,8 +10,10 @@ let the fusion planner reason.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
+import math
 
 from disc_tf.fusion.dhlo_reader import DFunc
 
@@ -24,16 +26,19 @@ class ShapeError(ValueError):
 class SymDef:
     """How the host runner computes a symbol."""
 
-    kind: str  # "arg" | "const" | "broadcast"
+    kind: str  # "arg" | "const" | "broadcast" | "expr"
     arg: tuple[int, int] | None = None  # (argument, dim) for "arg"
     value: int | None = None  # for "const"
     components: list[int] | None = None  # for "broadcast"
+    scalar: HostScalar | None = None  # for "expr" (e.g. a reshape's -1 dim)
 
     def __str__(self) -> str:
         if self.kind == "arg":
             return f"arg{self.arg[0]}.dim{self.arg[1]}"
         if self.kind == "const":
             return str(self.value)
+        if self.kind == "expr":
+            return str(self.scalar)
         return "broadcast(" + ", ".join(f"s{c}" for c in self.components) + ")"
 
 
@@ -42,16 +47,21 @@ class ShapeCheck:
     """A host-side check emitted before any kernel runs."""
 
     #: "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d) |
-    #: "matmul" (lhs dim i equals rhs dim j for each pair in ``dims``)
+    #: "matmul" (lhs dim i equals rhs dim j for each pair in ``dims``) |
+    #: "reshape" (element counts of the operand and ``result`` are equal)
     kind: str
     operands: list[list[int]]
     result: list[int]
     tf_node: str
     #: (operand dim, result dim) for "expand"; (lhs dim, rhs dim) for "matmul"
     dims: list[tuple[int, int]] | None = None
+    #: "reshape" with a -1 entry: the product of the other entries, which must
+    #: divide the operand's element count
+    multiple_of: int | None = None
 
     def __str__(self) -> str:
-        shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]" for o in self.operands)
+        shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]"
+                             for o in self.operands + ([self.result] if self.kind == "reshape" else []))
         return f"check {self.kind} {shapes} (TF op '{self.tf_node}')"
 
 
@@ -162,18 +172,30 @@ class BroadcastInfo:
 
 @dataclasses.dataclass(frozen=True)
 class HostScalar:
-    """A value the host runner computes from dims: ``factor * prod(symbols)``."""
+    """A value the host runner computes from dims: ``factor * prod(symbols) / divisor``
+    (integer division; ``divisor`` > 0)."""
 
     symbols: tuple[int, ...]
     factor: int = 1
+    divisor: int = 1
 
     def times(self, other: HostScalar) -> HostScalar:
-        """The product of two host scalars."""
+        """The product of two host scalars (neither a quotient)."""
+        if self.divisor != 1 or other.divisor != 1:
+            raise ShapeError(f"product of quotients {self} and {other} is not supported")
         return HostScalar(self.symbols + other.symbols, self.factor * other.factor)
+
+    def divided(self, other: HostScalar) -> HostScalar:
+        """This scalar divided by a positive constant one (common factors cancelled)."""
+        if other.symbols or other.divisor != 1 or other.factor <= 0 or self.divisor != 1:
+            raise ShapeError(f"division of {self} by {other} is not supported")
+        g = math.gcd(self.factor, other.factor) or 1
+        return HostScalar(self.symbols, self.factor // g, other.factor // g)
 
     def __str__(self) -> str:
         parts = [str(self.factor)] if self.factor != 1 or not self.symbols else []
-        return " * ".join(parts + [f"s{s}" for s in self.symbols])
+        text = " * ".join(parts + [f"s{s}" for s in self.symbols])
+        return f"({text}) / {self.divisor}" if self.divisor != 1 else text
 
 
 @dataclasses.dataclass
@@ -186,6 +208,8 @@ class ShapeAnalysis:
     broadcasts: dict[str, BroadcastInfo]  # keyed by the broadcast's result value
     #: rank-0 tensors whose value the host computes from dims (e.g. a Mean's count)
     host_values: dict[str, HostScalar] = dataclasses.field(default_factory=dict)
+    #: (operand dims, result dims) of each reshape: equal element counts
+    numel_facts: list[tuple[list[int], list[int]]] = dataclasses.field(default_factory=list)
 
     def shape_class(self, value: str) -> tuple[int, ...]:
         """The dims of ``value`` as class representatives."""
@@ -196,6 +220,9 @@ class ShapeAnalysis:
         lines = ["# symbol classes", self.symbols.describe(), "# value shapes"]
         for v, dims in self.value_dims.items():
             lines.append(f"{v}: [" + ", ".join(f"s{self.symbols.find(d)}" for d in dims) + "]")
+        lines.append("# equal element counts")
+        for a, b in self.numel_facts:
+            lines.append(" * ".join(f"s{s}" for s in a) + " == " + " * ".join(f"s{s}" for s in b))
         lines.append("# host checks")
         lines.extend(str(c) for c in self.checks)
         return "\n".join(lines)
@@ -226,14 +253,28 @@ def analyze(func: DFunc) -> ShapeAnalysis:
 
     scalars: dict[str, HostScalar] = {}
     host_values: dict[str, HostScalar] = {}
+    numel_facts: list[tuple[list[int], list[int]]] = []
+    quotients: dict[str, int] = {}  # index scalar -> divisor it was computed with
+    multiple_of: dict[str, int] = {}  # shape value -> divisor of one of its extents
+    expr_syms: dict[tuple, int] = {}
+
+    def folded(h: HostScalar) -> HostScalar:
+        """``h`` with its constant symbols moved into the factor."""
+        consts = [syms.constant_value(s) for s in h.symbols]
+        factor = h.factor * math.prod(c for c in consts if c is not None)
+        return HostScalar(tuple(s for s, c in zip(h.symbols, consts) if c is None), factor,
+                          h.divisor)
 
     def as_symbol(value: str) -> int:
-        h = scalars[value]
+        h = folded(scalars[value])
         if not h.symbols:
-            return syms.const(h.factor)
-        if h.factor == 1 and len(h.symbols) == 1:
+            return syms.const(h.factor // h.divisor)
+        if h.divisor == 1 and h.factor == 1 and len(h.symbols) == 1:
             return h.symbols[0]
-        raise ShapeError(f"shape extent {h} is a product of dims (not supported yet)")
+        key = (tuple(sorted(syms.find(s) for s in h.symbols)), h.factor, h.divisor)
+        if key not in expr_syms:
+            expr_syms[key] = syms.new(SymDef("expr", scalar=h))
+        return expr_syms[key]
 
     for op in func.ops:
         kind = op.name
@@ -243,11 +284,18 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             scalars[op.results[0]] = HostScalar((extents[op.operands[0]][scalars[op.operands[1]].factor],))
         elif kind == "arith.muli":
             scalars[op.results[0]] = scalars[op.operands[0]].times(scalars[op.operands[1]])
+        elif kind == "arith.divui":
+            divisor = scalars[op.operands[1]]
+            scalars[op.results[0]] = folded(scalars[op.operands[0]]).divided(divisor)
+            quotients[op.results[0]] = divisor.factor
         elif kind in ("arith.index_cast", "arith.sitofp", "arith.trunci"):
             scalars[op.results[0]] = scalars[op.operands[0]]
         elif kind == "tensor.from_elements":
             if op.result_types[0][0] == "index":
                 extents[op.results[0]] = [as_symbol(v) for v in op.operands]
+                for v in op.operands:
+                    if v in quotients:
+                        multiple_of[op.results[0]] = quotients[v]
             else:
                 host_values[op.results[0]] = scalars[op.operands[0]]
                 dims[op.results[0]] = []
@@ -284,6 +332,17 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             if unproven:
                 checks.append(ShapeCheck("expand", [operand], out, op.tf_node,
                                          dims=[(i, info.dims[i]) for i in unproven]))
+        elif kind == "stablehlo.transpose":
+            operand = dims[op.operands[0]]
+            dims[op.results[0]] = [operand[p] for p in op.permutation]
+        elif kind == "stablehlo.dynamic_reshape":
+            operand = list(dims[op.operands[0]])
+            out = list(extents[op.operands[1]])
+            dims[op.results[0]] = out
+            numel_facts.append((operand, out))
+            if not _same_count(syms, operand, out):
+                checks.append(ShapeCheck("reshape", [operand], out, op.tf_node,
+                                         multiple_of=multiple_of.get(op.operands[1])))
         elif kind == "stablehlo.dot_general":
             dims[op.results[0]] = _dot_general(syms, checks, op, dims[op.operands[0]],
                                                dims[op.operands[1]])
@@ -297,7 +356,32 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             continue
         else:
             raise ShapeError(f"shape analysis does not know {kind}")
-    return ShapeAnalysis(syms, dims, checks, broadcasts, host_values)
+    return ShapeAnalysis(syms, dims, checks, broadcasts, host_values, numel_facts)
+
+
+def _count(syms: SymbolTable, dims: list[int]) -> tuple[int, collections.Counter]:
+    """An element count as (constant factor, multiset of unknown symbol classes);
+    exact quotient-free expressions are expanded into their factors."""
+    factor, unknown = 1, collections.Counter()
+    stack = list(dims)
+    while stack:
+        s = stack.pop()
+        value = syms.constant_value(s)
+        if value is not None:
+            factor *= value
+        elif syms.defs[s].kind == "expr" and syms.defs[s].scalar.divisor == 1:
+            factor *= syms.defs[s].scalar.factor
+            stack.extend(syms.defs[s].scalar.symbols)
+        else:
+            unknown[syms.find(s)] += 1
+    return factor, unknown
+
+
+def _same_count(syms: SymbolTable, a: list[int], b: list[int]) -> bool:
+    """True if the element counts of shapes a and b are proven equal."""
+    fa, ua = _count(syms, a)
+    fb, ub = _count(syms, b)
+    return (fa == 0 and fb == 0) or (fa, ua) == (fb, ub)
 
 
 def _dot_general(syms: SymbolTable, checks: list[ShapeCheck], op, lhs: list[int],
@@ -358,7 +442,7 @@ def speculate_no_broadcast(analysis: ShapeAnalysis) -> tuple[ShapeAnalysis, list
         for v, b in analysis.broadcasts.items()
     }
     return (ShapeAnalysis(spec, analysis.value_dims, analysis.checks, broadcasts,
-                          analysis.host_values), speculated)
+                          analysis.host_values, analysis.numel_facts), speculated)
 
 
 def _broadcast_extents(syms: SymbolTable, shapes: list[list[int]]) -> tuple[list[int], bool]:
