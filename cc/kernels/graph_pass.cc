@@ -1,0 +1,392 @@
+// graph_pass.cc -- clusters graphs as TensorFlow builds them for execution.
+//
+// A GraphOptimizationPass at POST_REWRITE_FOR_EXEC (after placement and the
+// feed/fetch rewrite) that, when TF_DISC_ENABLE=1, hands each graph to
+// `disc_tf.enable._optimize_serialized` in the host Python interpreter and, if
+// that returns a rewritten GraphDef (DiscCluster nodes + fallback functions),
+// swaps it in. Any failure leaves the graph as it was: this pass never fails
+// the user's graph.
+//
+// The Python C API is resolved with dlsym at run time, so the library does not
+// need libpython and still loads in a process without Python (the pass is then
+// a no-op).
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/common_runtime/graph_constructor.h"
+#include "tensorflow/core/common_runtime/optimization_registry.h"
+#include "tensorflow/core/common_runtime/placer.h"
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/function.pb.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+#include "tensorflow/core/graph/graph.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace disc_tf {
+namespace {
+
+using tensorflow::FunctionDef;
+using tensorflow::FunctionLibraryDefinition;
+using tensorflow::Graph;
+using tensorflow::GraphDef;
+using tensorflow::GraphOptimizationPass;
+using tensorflow::GraphOptimizationPassOptions;
+using tensorflow::Node;
+
+constexpr char kDiscOp[] = "DiscCluster";
+constexpr char kFallbackPrefix[] = "disc_fallback_";
+constexpr char kPyModule[] = "disc_tf.enable";
+constexpr char kPyFunction[] = "_optimize_serialized";
+
+bool Enabled() {
+  const char* v = std::getenv("TF_DISC_ENABLE");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// The subset of the CPython C API the pass uses, looked up in the process.
+struct PyApi {
+  using PyObj = void;
+  int (*IsInitialized)() = nullptr;
+  int (*IsFinalizing)() = nullptr;  // optional
+  int (*GILStateEnsure)() = nullptr;
+  void (*GILStateRelease)(int) = nullptr;
+  PyObj* (*ImportModule)(const char*) = nullptr;
+  PyObj* (*GetAttrString)(PyObj*, const char*) = nullptr;
+  PyObj* (*BytesFromStringAndSize)(const char*, ssize_t) = nullptr;
+  int (*BytesAsStringAndSize)(PyObj*, char**, ssize_t*) = nullptr;
+  PyObj* (*ListNew)(ssize_t) = nullptr;
+  int (*ListSetItem)(PyObj*, ssize_t, PyObj*) = nullptr;
+  PyObj* (*UnicodeFromStringAndSize)(const char*, ssize_t) = nullptr;
+  PyObj* (*TupleNew)(ssize_t) = nullptr;
+  int (*TupleSetItem)(PyObj*, ssize_t, PyObj*) = nullptr;
+  PyObj* (*CallObject)(PyObj*, PyObj*) = nullptr;
+  void (*DecRef)(PyObj*) = nullptr;
+  PyObj* (*ErrOccurred)() = nullptr;
+  void (*ErrPrint)() = nullptr;
+  PyObj* None = nullptr;
+  bool ok = false;
+};
+
+template <typename T>
+bool Lookup(const char* name, T* out) {
+  *out = reinterpret_cast<T>(dlsym(RTLD_DEFAULT, name));
+  return *out != nullptr;
+}
+
+const PyApi& Python() {
+  static const PyApi* api = [] {
+    auto* a = new PyApi;
+    bool ok = Lookup("Py_IsInitialized", &a->IsInitialized) &&
+              Lookup("PyGILState_Ensure", &a->GILStateEnsure) &&
+              Lookup("PyGILState_Release", &a->GILStateRelease) &&
+              Lookup("PyImport_ImportModule", &a->ImportModule) &&
+              Lookup("PyObject_GetAttrString", &a->GetAttrString) &&
+              Lookup("PyBytes_FromStringAndSize", &a->BytesFromStringAndSize) &&
+              Lookup("PyBytes_AsStringAndSize", &a->BytesAsStringAndSize) &&
+              Lookup("PyList_New", &a->ListNew) &&
+              Lookup("PyList_SetItem", &a->ListSetItem) &&
+              Lookup("PyUnicode_FromStringAndSize", &a->UnicodeFromStringAndSize) &&
+              Lookup("PyTuple_New", &a->TupleNew) &&
+              Lookup("PyTuple_SetItem", &a->TupleSetItem) &&
+              Lookup("PyObject_CallObject", &a->CallObject) &&
+              Lookup("Py_DecRef", &a->DecRef) &&
+              Lookup("PyErr_Occurred", &a->ErrOccurred) &&
+              Lookup("PyErr_Print", &a->ErrPrint);
+    a->None = dlsym(RTLD_DEFAULT, "_Py_NoneStruct");
+    if (!Lookup("Py_IsFinalizing", &a->IsFinalizing)) {
+      Lookup("_Py_IsFinalizing", &a->IsFinalizing);
+    }
+    a->ok = ok && a->None != nullptr;
+    return a;
+  }();
+  return *api;
+}
+
+// Logs the first failure at WARNING, the rest at VLOG(1).
+void LogFailure(const std::string& what) {
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
+    LOG(WARNING) << "disc_tf graph pass left a graph unchanged: " << what;
+  } else {
+    VLOG(1) << "disc_tf graph pass left a graph unchanged: " << what;
+  }
+}
+
+// Calls disc_tf.enable._optimize_serialized(graph_bytes, protected_names).
+// Returns true and fills `result` if Python returned bytes; false if it
+// returned None or failed (`error` says why when it failed).
+bool CallPython(const std::string& graph_bytes,
+                const std::vector<std::string>& protected_names,
+                std::string* result, std::string* error) {
+  const PyApi& py = Python();
+  int gil = py.GILStateEnsure();
+  bool got = false;
+  void* module = nullptr;
+  void* fn = nullptr;
+  void* args = nullptr;
+  void* ret = nullptr;
+  do {
+    module = py.ImportModule(kPyModule);
+    if (module == nullptr) {
+      *error = absl::StrCat("cannot import ", kPyModule);
+      break;
+    }
+    fn = py.GetAttrString(module, kPyFunction);
+    if (fn == nullptr) {
+      *error = absl::StrCat(kPyModule, " has no ", kPyFunction);
+      break;
+    }
+    args = py.TupleNew(2);
+    if (args == nullptr) break;
+    void* bytes = py.BytesFromStringAndSize(graph_bytes.data(),
+                                            static_cast<ssize_t>(graph_bytes.size()));
+    if (bytes == nullptr || py.TupleSetItem(args, 0, bytes) != 0) break;
+    void* names = py.ListNew(static_cast<ssize_t>(protected_names.size()));
+    if (names == nullptr || py.TupleSetItem(args, 1, names) != 0) break;
+    bool names_ok = true;
+    for (size_t i = 0; i < protected_names.size(); ++i) {
+      void* s = py.UnicodeFromStringAndSize(protected_names[i].data(),
+                                            static_cast<ssize_t>(protected_names[i].size()));
+      if (s == nullptr || py.ListSetItem(names, static_cast<ssize_t>(i), s) != 0) {
+        names_ok = false;
+        break;
+      }
+    }
+    if (!names_ok) break;
+    ret = py.CallObject(fn, args);
+    if (ret == nullptr) {
+      *error = absl::StrCat(kPyModule, ".", kPyFunction, " raised");
+      break;
+    }
+    if (ret == py.None) break;
+    char* data = nullptr;
+    ssize_t size = 0;
+    if (py.BytesAsStringAndSize(ret, &data, &size) != 0) {
+      *error = absl::StrCat(kPyFunction, " returned neither bytes nor None");
+      break;
+    }
+    result->assign(data, static_cast<size_t>(size));
+    got = true;
+  } while (false);
+  if (py.ErrOccurred() != nullptr) {
+    if (error->empty()) *error = "Python error";
+    py.ErrPrint();  // prints and clears
+  }
+  if (ret != nullptr) py.DecRef(ret);
+  if (args != nullptr) py.DecRef(args);
+  if (fn != nullptr) py.DecRef(fn);
+  if (module != nullptr) py.DecRef(module);
+  py.GILStateRelease(gil);
+  return got;
+}
+
+// Ops that are bookkeeping rather than computation.
+bool IsStructural(const Node* n) {
+  const std::string& op = n->type_string();
+  return op == "_Arg" || op == "_Retval" || op == "_Send" || op == "_Recv" ||
+         op == "_HostSend" || op == "_HostRecv" || op == "Placeholder" ||
+         op == "PlaceholderWithDefault" || op == "NoOp" || op == "Const" ||
+         op == "Identity" || op == "IdentityN" || op == "_DeviceArg" ||
+         op == "_DeviceRetval";
+}
+
+bool IsBoundary(const Node* n) {
+  const std::string& op = n->type_string();
+  return op == "_Arg" || op == "_Retval" || op == "_Send" || op == "_Recv" ||
+         op == "_HostSend" || op == "_HostRecv" || op == "Placeholder" ||
+         op == "PlaceholderWithDefault" || op == "_DeviceArg" ||
+         op == "_DeviceRetval";
+}
+
+thread_local bool in_pass = false;
+
+// Session graphs: the feed rewrite replaces each fed Placeholder by an _Arg
+// named "_arg_<placeholder>_<output>_<index>" that carries no shape. The shapes
+// are recorded from the placed full graph (POST_PLACEMENT), per session.
+using ShapeMap = std::map<std::string, tensorflow::TensorShapeProto>;
+
+std::mutex& ShapesMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+
+std::map<const void*, ShapeMap>& SessionShapes() {
+  static auto* m = new std::map<const void*, ShapeMap>;
+  return *m;
+}
+
+class RecordPlaceholderShapesPass : public GraphOptimizationPass {
+ public:
+  absl::Status Run(const GraphOptimizationPassOptions& options) override {
+    if (!Enabled() || options.is_function_graph || options.session_options == nullptr ||
+        options.graph == nullptr || *options.graph == nullptr) {
+      return absl::OkStatus();
+    }
+    ShapeMap shapes;
+    for (Node* n : (*options.graph)->op_nodes()) {
+      if (n->type_string() != "Placeholder") continue;
+      auto it = n->def().attr().find("shape");
+      if (it != n->def().attr().end() && it->second.has_shape()) {
+        shapes[n->name()] = it->second.shape();
+      }
+    }
+    std::lock_guard<std::mutex> lock(ShapesMu());
+    SessionShapes()[options.session_options] = std::move(shapes);
+    return absl::OkStatus();
+  }
+};
+
+// Adds `_output_shapes` to the shapeless _Arg nodes of a session graph.
+void AnnotateSessionArgs(const GraphOptimizationPassOptions& options, GraphDef* gdef) {
+  if (options.is_function_graph || options.session_options == nullptr) return;
+  std::lock_guard<std::mutex> lock(ShapesMu());
+  auto found = SessionShapes().find(options.session_options);
+  if (found == SessionShapes().end()) return;
+  const ShapeMap& shapes = found->second;
+  for (tensorflow::NodeDef& nd : *gdef->mutable_node()) {
+    if (nd.op() != "_Arg" || nd.attr().count("_output_shapes") != 0) continue;
+    const std::string& name = nd.name();
+    if (!absl::StartsWith(name, "_arg_")) continue;
+    // "_arg_" + placeholder + "_0_" + arg index: strip the index, then "_0".
+    size_t last = name.rfind('_');
+    if (last == std::string::npos || last < 5) continue;
+    std::string stem = name.substr(5, last - 5);
+    if (!absl::EndsWith(stem, "_0")) continue;
+    auto it = shapes.find(stem.substr(0, stem.size() - 2));
+    if (it == shapes.end()) continue;
+    *(*nd.mutable_attr())["_output_shapes"].mutable_list()->add_shape() = it->second;
+  }
+}
+
+class DiscClusterPass : public GraphOptimizationPass {
+ public:
+  absl::Status Run(const GraphOptimizationPassOptions& options) override {
+    if (!Enabled() || in_pass || options.graph == nullptr || *options.graph == nullptr) {
+      return absl::OkStatus();
+    }
+    if (options.function_def != nullptr &&
+        absl::StartsWith(options.function_def->signature().name(), kFallbackPrefix)) {
+      return absl::OkStatus();
+    }
+    const PyApi& py = Python();
+    if (!py.ok || py.IsInitialized() == 0 ||
+        (py.IsFinalizing != nullptr && py.IsFinalizing() != 0)) {
+      return absl::OkStatus();
+    }
+    in_pass = true;
+    Optimize(options);
+    in_pass = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  static void Optimize(const GraphOptimizationPassOptions& options) {
+    Graph* graph = options.graph->get();
+    int compute_ops = 0;
+    std::vector<std::string> protected_names;
+    for (Node* n : graph->op_nodes()) {
+      if (n->type_string() == kDiscOp) return;  // already optimized
+      if (absl::StartsWith(n->type_string(), kFallbackPrefix)) return;
+      if (!IsStructural(n)) ++compute_ops;
+      if (IsBoundary(n)) {
+        protected_names.push_back(n->name());
+        if (n->type_string() == "_Retval" || n->type_string() == "_Send" ||
+            n->type_string() == "_HostSend" || n->type_string() == "_DeviceRetval") {
+          for (const tensorflow::Edge* e : n->in_edges()) {
+            if (e->src()->IsOp()) protected_names.push_back(e->src()->name());
+          }
+        }
+      }
+    }
+    if (compute_ops < 2) return;
+
+    GraphDef gdef;
+    graph->ToGraphDef(&gdef, /*include_flib_def=*/false);
+    const FunctionLibraryDefinition& flib =
+        options.flib_def != nullptr ? *options.flib_def : graph->flib_def();
+    *gdef.mutable_library() = flib.ReachableDefinitions(gdef).ToProto();
+    AnnotateSessionArgs(options, &gdef);
+    std::string bytes;
+    if (!gdef.SerializeToString(&bytes)) {
+      LogFailure("cannot serialize the graph");
+      return;
+    }
+    std::string result, error;
+    if (!CallPython(bytes, protected_names, &result, &error)) {
+      if (!error.empty()) LogFailure(error);
+      return;
+    }
+    GraphDef new_gdef;
+    if (!new_gdef.ParseFromString(result)) {
+      LogFailure("cannot parse the optimized graph");
+      return;
+    }
+    absl::Status s = Install(options, std::move(new_gdef));
+    if (!s.ok()) LogFailure(std::string(s.message()));
+  }
+
+  // Adds the new functions and swaps the rebuilt graph into options.graph.
+  static absl::Status Install(const GraphOptimizationPassOptions& options, GraphDef gdef) {
+    Graph* old_graph = options.graph->get();
+    tensorflow::FunctionDefLibrary new_functions;
+    for (const FunctionDef& fdef : gdef.library().function()) {
+      const std::string& name = fdef.signature().name();
+      bool known = old_graph->flib_def().Contains(name) ||
+                   (options.flib_def != nullptr && options.flib_def->Contains(name));
+      if (!known) *new_functions.add_function() = fdef;
+    }
+    gdef.clear_library();
+
+    auto new_graph = std::make_unique<Graph>(old_graph->flib_def());
+    TF_RETURN_IF_ERROR(new_graph->AddFunctionLibrary(new_functions));
+    tensorflow::GraphConstructorOptions opts;
+    opts.allow_internal_ops = true;
+    opts.add_default_attributes = true;
+    TF_RETURN_IF_ERROR(tensorflow::ConvertGraphDefToGraph(opts, std::move(gdef), new_graph.get()));
+
+    // The graph is placed: every node needs an assigned device. Kept nodes
+    // request the device they were assigned (ToGraphDef writes it into the
+    // NodeDef), so placing again keeps them there and places the new ones.
+    if (options.device_set == nullptr) {
+      return absl::FailedPreconditionError("no device set to place the new nodes");
+    }
+    const std::string fn_name =
+        options.function_def != nullptr ? options.function_def->signature().name() : "";
+    tensorflow::Placer placer(new_graph.get(), fn_name, &new_graph->flib_def(),
+                              options.device_set, options.default_function_device);
+    TF_RETURN_IF_ERROR(placer.Run());
+
+    if (options.flib_def != nullptr) {
+      for (const FunctionDef& fdef : new_functions.function()) {
+        if (!options.flib_def->Contains(fdef.signature().name())) {
+          TF_RETURN_IF_ERROR(options.flib_def->AddFunctionDef(fdef));
+        }
+      }
+    }
+    *options.graph = std::move(new_graph);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+}  // namespace disc_tf
+
+namespace tensorflow {
+REGISTER_OPTIMIZATION(OptimizationPassRegistry::POST_PLACEMENT, 50,
+                      ::disc_tf::RecordPlaceholderShapesPass);
+REGISTER_OPTIMIZATION(OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 50,
+                      ::disc_tf::DiscClusterPass);
+}  // namespace tensorflow
