@@ -1,501 +1,26 @@
-"""CPU backend: C++ kernels plus the generated host runner of one cluster.
+"""CPU backend: the generated host runner of one cluster, around its kernels.
 
-The emitted source includes only ``disc_ral.h`` and the C library. Each kernel
-gets a compute function over element values, a flat version (every input read
-at the output's own index) and, where an input may be broadcast, a version
-with per-input strides; the host runner picks one per call.
+The emitted source includes only ``disc_ral.h`` and the C library. The host
+runner (``disc_entry``) checks inputs, computes every symbolic dim, runs the
+host shape checks, allocates outputs and temporaries through the RAL and
+launches the kernels emitted by ``cpu_kernels.py`` (or the speculative plan's).
 """
 
 from __future__ import annotations
 
+from disc_tf.codegen.cpu_kernels import KernelEmitter, comment, host_expr, product, sym
 from disc_tf.codegen.cpu_ops import (
-    COMPUTE,
-    COST,
     ITEMSIZE,
     PRELUDE,
     RAL_DTYPE,
     STORAGE,
     VECTOR_MATH,
-    expression,
     literal,
 )
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, gemm_form
+from disc_tf.fusion.plan import Buffer, FusionPlan
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
 CODEGEN_VERSION = "cpu-7"
-
-
-def _sym(s: int, plan: FusionPlan) -> str:
-    d = plan.symbols[s]
-    return str(d.value) if d.kind == "const" else f"s{s}"
-
-
-def _product(syms: list[int], plan: FusionPlan) -> str:
-    return " * ".join(_sym(s, plan) for s in syms) if syms else "1"
-
-
-def _comment(text: str) -> str:
-    return text.replace("*/", "* /").replace("\n", " ")
-
-
-class _KernelEmitter:
-    def __init__(self, kernel: Kernel, plan: FusionPlan) -> None:
-        self.k = kernel
-        self.plan = plan
-        self.rank = len(kernel.dims)
-        self.args = f"{kernel.name.capitalize()}Args"
-
-    def buf(self, access: Access) -> Buffer:
-        return self.plan.buffers[access.buffer]
-
-    @property
-    def host_scalars(self) -> list:
-        """Distinct host-computed scalars the kernel's ops read, in first-use order."""
-        seen: list = []
-        for op in self.k.ops:
-            for kind, ref in op.operands:
-                if kind == "host" and ref not in seen:
-                    seen.append(ref)
-        return seen
-
-    def ref(self, kind: str, ref: object, elem: str, names: dict[str, str], inputs: str) -> str:
-        """The C++ expression of one operand reference."""
-        if kind == "in":
-            return f"{inputs}{ref}"
-        if kind == "val":
-            return names[ref]
-        if kind == "host":
-            return f"a.h{self.host_scalars.index(ref)}"
-        return literal(ref, elem)
-
-    def struct(self) -> str:
-        lines = [f"struct {self.args} {{", "  int64_t n;  // elements"]
-        if self.k.kind == "reduce":
-            lines.append("  int64_t reduced;  // elements folded into each output")
-        if self.rank:
-            lines.append(f"  int64_t dims[{self.rank}];")
-        for i, a in enumerate(self.k.inputs):
-            b = self.buf(a)
-            lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {a}")
-            if self.rank:
-                lines.append(f"  int64_t in{i}_strides[{self.rank}];")
-        for j, (value, bname) in enumerate(self.k.outputs):
-            elem = self.plan.buffers[bname].elem
-            lines.append(f"  {STORAGE[elem]}* out{j};  // {bname} ({value})")
-        for i, h in enumerate(self.host_scalars):
-            lines.append(f"  double h{i};  // {h}, computed by the host")
-        lines.append("};")
-        return "\n".join(lines)
-
-    def compute(self) -> str:
-        params = [f"const {self.args}& a"]
-        params += [f"{COMPUTE[self.buf(a).elem]} in{i}" for i, a in enumerate(self.k.inputs)]
-        params += [
-            f"{COMPUTE[self.plan.buffers[b].elem]}& out{j}" for j, (_, b) in enumerate(self.k.outputs)
-        ]
-        names: dict[str, str] = {}
-        body = []
-        for n, op in enumerate(self.k.ops):
-            args = [self.ref(kind, ref, elem, names, "in")
-                    for (kind, ref), elem in zip(op.operands, op.operand_elems)]
-            var = f"v{n}"
-            names[op.value] = var
-            expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
-            body.append(
-                f"  const {COMPUTE[op.elem]} {var} = {expr};  // {_comment(op.tf_node)}: {op.op}"
-            )
-        for j, (value, _) in enumerate(self.k.outputs):
-            body.append(f"  out{j} = {names[value]};")
-        head = f"static inline void {self.k.name}_compute({', '.join(params)}) {{"
-        return "\n".join([head, *body, "}"])
-
-    def _loop(self, index: dict[int, str], out_index: str) -> list[str]:
-        loads = [
-            f"({COMPUTE[self.buf(a).elem]})r{i}[{index[i]}]" for i, a in enumerate(self.k.inputs)
-        ]
-        lines = []
-        outs = []
-        for j, (_, b) in enumerate(self.k.outputs):
-            elem = self.plan.buffers[b].elem
-            lines.append(f"    {COMPUTE[elem]} o{j};")
-            outs.append(f"o{j}")
-        lines.append(f"    {self.k.name}_compute({', '.join(['a'] + loads + outs)});")
-        for j, (_, b) in enumerate(self.k.outputs):
-            elem = self.plan.buffers[b].elem
-            lines.append(f"    w{j}[{out_index}] = ({STORAGE[elem]})o{j};")
-        return lines
-
-    def _pointers(self, offset: str) -> list[str]:
-        lines = [f"  const {self.args}& a = *static_cast<const {self.args}*>(p);"]
-        for i, acc in enumerate(self.k.inputs):
-            off = offset.format(i=i)
-            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i}{off};")
-        for j, (_, b) in enumerate(self.k.outputs):
-            lines.append(f"  {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j};")
-        return lines
-
-    def flat(self) -> str:
-        lines = [f"DISC_CLONES static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
-        lines += self._pointers("")
-        lines.append("  for (int64_t i = begin; i < end; ++i) {")
-        lines += self._loop({i: "i" for i in range(len(self.k.inputs))}, "i")
-        lines += ["  }", "}"]
-        return "\n".join(lines)
-
-    def broadcast(self) -> str:
-        r = self.rank
-        k = self.k.name
-        # Broadcast reads have an innermost stride of 0 or 1; transposed ones any.
-        bcast = [i for i, acc in enumerate(self.k.inputs)
-                 if not acc.is_identity and not acc.permuted]
-        strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
-        templated = len(bcast) <= 3
-        flags = [f"B{i}" for i in bcast]
-        if templated:
-            index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
-        else:
-            index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
-        index.update({i: f"c * st{i}" for i in strided})
-        head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
-                else "")
-        lines = [
-            "// Rows [begin, end) of the innermost dim; inputs read through strides",
-            "// (0 = broadcast). Flag Bi: input i runs along the innermost dim.",
-            f"{head}static inline __attribute__((always_inline)) void {k}_rows(",
-            f"    const {self.args}& a, int64_t begin, int64_t end) {{",
-            f"  const int64_t inner = a.dims[{r - 1}];",
-            "  for (int64_t row = begin; row < end; ++row) {",
-            "    int64_t rem = row;",
-        ]
-        for i in range(len(self.k.inputs)):
-            lines.append(f"    int64_t off{i} = 0;")
-        if r > 1:
-            lines.append(f"    for (int d = {r - 2}; d >= 0; --d) {{")
-            lines.append("      const int64_t idx = rem % a.dims[d];")
-            lines.append("      rem /= a.dims[d];")
-            for i in range(len(self.k.inputs)):
-                lines.append(f"      off{i} += idx * a.in{i}_strides[d];")
-            lines.append("    }")
-        for i, acc in enumerate(self.k.inputs):
-            lines.append(
-                f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
-            )
-            if (not templated and i in bcast) or i in strided:
-                lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
-        for j, (_, b) in enumerate(self.k.outputs):
-            lines.append(
-                f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
-            )
-        lines.append("    for (int64_t c = 0; c < inner; ++c) {")
-        lines += ["  " + x for x in self._loop(index, "c")]
-        lines += ["    }", "  }", "}", ""]
-        lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
-        lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
-        if not (templated and flags):
-            lines.append(f"  {k}_rows(a, begin, end);")
-        else:
-            mask = " | ".join(
-                f"(a.in{i}_strides[{r - 1}] != 0) << {n}" for n, i in enumerate(bcast)
-            )
-            lines.append(f"  switch ({mask}) {{")
-            for m in range(1 << len(bcast)):
-                args = ", ".join("true" if m >> n & 1 else "false" for n in range(len(bcast)))
-                lines.append(f"    case {m}: {k}_rows<{args}>(a, begin, end); break;")
-            lines.append("  }")
-        lines.append("}")
-        return "\n".join(lines)
-
-    def cost(self) -> int:
-        return max(1, sum(COST.get(op.op, 1) for op in self.k.ops))
-
-    def source(self) -> str:
-        header = (
-            f"// ---- {self.k.name}: {self.k.kind} fusion over "
-            f"[{', '.join(_sym(d, self.plan) for d in self.k.dims)}]\n"
-            f"// TF ops: {_comment(', '.join(self.k.tf_ops))}"
-        )
-        if self.k.kind == "library":
-            return header + "\n// (a GEMM through ral->sgemm_batched; no generated code)"
-        if self.k.kind == "stitch":
-            return "\n\n".join([header, self.struct(), self.stitch()])
-        if self.k.kind == "reduce":
-            return "\n\n".join([header, self.struct(), self.generic_reduce()])
-        parts = [header, self.struct(), self.compute(), self.flat()]
-        if self.k.needs_broadcast_version and self.rank:
-            parts.append(self.broadcast())
-        return "\n\n".join(parts)
-
-    def _row_offsets(self, lines: list[str], indent: str) -> None:
-        """Offsets of every input at the start of ``row`` (dims before the last)."""
-        r = self.rank
-        lines.append(f"{indent}int64_t rem = row;")
-        for i in range(len(self.k.inputs)):
-            lines.append(f"{indent}int64_t off{i} = 0;")
-        if r > 1:
-            lines.append(f"{indent}for (int d = {r - 2}; d >= 0; --d) {{")
-            lines.append(f"{indent}  const int64_t idx = rem % a.dims[d];")
-            lines.append(f"{indent}  rem /= a.dims[d];")
-            for i in range(len(self.k.inputs)):
-                lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
-            lines.append(f"{indent}}}")
-
-    def stitch(self) -> str:
-        """One task per row: a pass per level of reductions, then the outputs."""
-        k, r = self.k, self.rank
-        ops = {op.value: op for op in k.ops}
-        ready: dict[str, int] = {}
-        need: dict[str, int] = {}
-
-        def level(v: str) -> int:
-            return ready.get(v, need.get(v, 0))
-
-        for op in k.ops:
-            deps = [ref for kind, ref in op.operands if kind == "val"]
-            if op.op == "reduce":
-                ready[op.value] = max([level(d) for d in deps] or [0]) + 1
-            elif op.row:
-                ready[op.value] = max([ready[d] for d in deps if d in ready] or [0])
-            else:
-                need[op.value] = max([level(d) for d in deps] or [0])
-        names: dict[str, str] = {}
-        for n, op in enumerate(k.ops):
-            names[op.value] = f"v{n}"
-
-        def closure(targets: list[str]) -> list:
-            wanted: set[str] = set()
-            stack = [t for t in targets if t not in ready]
-            while stack:
-                v = stack.pop()
-                if v in wanted:
-                    continue
-                wanted.add(v)
-                stack.extend(ref for kind, ref in ops[v].operands
-                             if kind == "val" and ref not in ready)
-            return [op for op in k.ops if op.value in wanted]
-
-        def body(full_ops: list, indent: str, readers: tuple = ()) -> list[str]:
-            out = []
-            used = sorted({ref for op in list(full_ops) + list(readers)
-                           for kind, ref in op.operands if kind == "in"})
-            for i in used:
-                elem = self.buf(k.inputs[i]).elem
-                out.append(f"{indent}const {COMPUTE[elem]} x{i} = ({COMPUTE[elem]})r{i}[c * st{i}];")
-            for op in full_ops:
-                args = [self.ref(kind, ref, elem, names, "x")
-                        for (kind, ref), elem in zip(op.operands, op.operand_elems)]
-                expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
-                out.append(f"{indent}const {COMPUTE[op.elem]} {names[op.value]} = {expr};"
-                           f"  // {_comment(op.tf_node)}: {op.op}")
-            return out
-
-        lines = [
-            f"static inline __attribute__((always_inline)) void {k.name}_row("
-            f"const {self.args}& a, int64_t row) {{",
-            f"  const int64_t cols = a.dims[{r - 1}];",
-        ]
-        self._row_offsets(lines, "  ")
-        for i, acc in enumerate(k.inputs):
-            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};")
-            lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
-        passes = max([ready[op.value] for op in k.ops if op.op == "reduce"] or [0])
-        emitted_rows: set[str] = set()
-        for p in range(1, passes + 1):
-            reduces = [op for op in k.ops if op.op == "reduce" and ready[op.value] == p]
-            full = closure([ref for op in reduces for kind, ref in op.operands if kind == "val"])
-            lines.append(f"  // pass {p}: {', '.join(_comment(op.tf_node) for op in reduces)}")
-            for op in reduces:
-                ct = COMPUTE[op.elem]
-                init = literal(op.attrs["init"], op.elem)
-                lines.append(f"  {ct} acc_{names[op.value]}[8];")
-                lines.append(f"  for (int l = 0; l < 8; ++l) acc_{names[op.value]}[l] = {init};")
-
-            def fold(lane: str, indent: str, reduces: list = reduces) -> list[str]:
-                out = []
-                for op in reduces:
-                    kind, ref = op.operands[0]
-                    val = self.ref(kind, ref, op.elem, names, "x")
-                    acc = f"acc_{names[op.value]}[{lane}]"
-                    comb = expression(op.attrs["combiner"], [acc, val], op.elem, [op.elem] * 2, {})
-                    out.append(f"{indent}{acc} = {comb};")
-                return out
-
-            c0 = f"c{p}"  # lanes of 8 accumulators, then the tail
-            lines.append(f"  int64_t {c0} = 0;")
-            lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
-            lines.append("    for (int l = 0; l < 8; ++l) {")
-            lines.append(f"      const int64_t c = {c0} + l;")
-            lines += body(full, "      ", reduces) + fold("l", "      ")
-            lines += ["    }", "  }", f"  for (; {c0} < cols; ++{c0}) {{", f"    const int64_t c = {c0};"]
-            lines += body(full, "    ", reduces) + fold("0", "    ") + ["  }"]
-            for op in reduces:
-                v, ct = names[op.value], COMPUTE[op.elem]
-                lines.append(f"  {ct} {v} = acc_{v}[0];")
-                comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"], op.elem, [op.elem] * 2, {})
-                lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {_comment(op.tf_node)}")
-                emitted_rows.add(op.value)
-            for op in k.ops:
-                if op.row and op.op != "reduce" and ready[op.value] == p:
-                    args = [self.ref(kind, ref, elem, names, "x")
-                            for (kind, ref), elem in zip(op.operands, op.operand_elems)]
-                    expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
-                    lines.append(f"  const {COMPUTE[op.elem]} {names[op.value]} = {expr};"
-                                 f"  // {_comment(op.tf_node)}: {op.op} (per row)")
-        full_outs = [(j, v) for j, (v, _) in enumerate(k.outputs) if v not in ready]
-        if full_outs:
-            lines.append("  // final pass: full-shape outputs")
-            for j, _ in full_outs:
-                elem = self.plan.buffers[k.outputs[j][1]].elem
-                lines.append(f"  {STORAGE[elem]}* __restrict w{j} = a.out{j} + row * cols;")
-            lines.append("  for (int64_t c = 0; c < cols; ++c) {")
-            lines += body(closure([v for _, v in full_outs]), "    ")
-            for j, v in full_outs:
-                elem = self.plan.buffers[k.outputs[j][1]].elem
-                lines.append(f"    w{j}[c] = ({STORAGE[elem]}){names[v]};")
-            lines.append("  }")
-        for j, (v, b) in enumerate(k.outputs):
-            if v in ready:
-                lines.append(f"  a.out{j}[row] = ({STORAGE[self.plan.buffers[b].elem]}){names[v]};")
-        lines.append("}")
-        lines.append("")
-        lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")
-        lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
-        lines.append(f"  for (int64_t row = begin; row < end; ++row) {k.name}_row(a, row);")
-        lines.append("}")
-        return "\n".join(lines)
-
-    def generic_reduce(self) -> str:
-        """One task per output element; any reduced dims, read through strides."""
-        k, r = self.k, self.rank
-        (op,) = k.ops
-        kept = [d for d in range(r) if d not in k.reduce_dims]
-        ct = COMPUTE[op.elem]
-        elem = self.buf(k.inputs[0]).elem
-        out_elem = self.plan.buffers[k.outputs[0][1]].elem
-        comb = expression(op.attrs["combiner"], ["acc", f"({ct})a.in0[off]"], op.elem, [op.elem] * 2, {})
-        lines = [
-            f"// {_comment(op.tf_node)}: reduce dims {k.reduce_dims} of [{r} dims] by {op.attrs['combiner']}",
-            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
-            "  for (int64_t o = begin; o < end; ++o) {",
-            "    int64_t rem = o;",
-            "    int64_t base = 0;",
-        ]
-        for d in reversed(kept):
-            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"    rem /= a.dims[{d}];")
-        lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
-        lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
-        lines.append("      int64_t rq = q;")
-        lines.append("      int64_t off = base;")
-        for d in reversed(k.reduce_dims):
-            lines.append(f"      off += (rq % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"      rq /= a.dims[{d}];")
-        lines.append(f"      acc = {comb};")
-        lines.append("    }")
-        lines.append(f"    a.out0[o] = ({STORAGE[out_elem]})acc;")
-        lines += ["  }", "}"]
-        del elem
-        return "\n".join(lines)
-
-    def library_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
-        """Host-runner lines of a library kernel: one batched GEMM call."""
-        plan, k = self.plan, self.k
-        (op,) = k.ops
-        lhs, rhs = (self.buf(a) for a in k.inputs)
-        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
-        if form is None:
-            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
-
-        def of(buf: Buffer, positions: list[int]) -> str:
-            return _product([buf.dims[p] for p in positions], plan)
-
-        (_, out_name), = k.outputs
-        return [
-            f"  {{  // {k.name}: library GEMM for {_comment(op.tf_node)}",
-            f"    const int64_t batch = {of(lhs, form.batch)};",
-            f"    const int64_t m = {of(lhs, form.m)};",
-            f"    const int64_t n = {of(rhs, form.n)};",
-            f"    const int64_t kk = {of(lhs, form.k)};",
-            "    if (batch > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
-            f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
-            f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
-            f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
-            f"                         {buffer_ptr[out_name]}, n, m * n);",
-            "    }",
-            "  }",
-        ]
-
-    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
-        """Host-runner lines that fill the args and launch the kernel."""
-        plan, k, r = self.plan, self.k, self.rank
-        if k.kind == "library":
-            return self.library_launch(buffer_ptr)
-        lines = [f"  {{  // {k.name}: {_comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};"]
-        lines.append(f"    k.n = {_product(k.dims, plan)};")
-        for d, s in enumerate(k.dims):
-            lines.append(f"    k.dims[{d}] = {_sym(s, plan)};")
-        flat_conds = []
-        for i, acc in enumerate(k.inputs):
-            b = self.buf(acc)
-            lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
-            if not r:
-                continue
-            dims_map = acc.dims if acc.dims is not None else list(range(r))
-            stride = "1"
-            for bd in range(len(b.dims) - 1, -1, -1):
-                size = _sym(b.dims[bd], plan)
-                lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
-                stride = f"{stride} * {size}" if stride != "1" else size
-            if acc.permuted:
-                flat_conds.append("false")  # a transposed read is never flat
-            elif not acc.is_identity:
-                flat_conds.append(f"{_product(b.dims, plan)} == k.n")
-        for j, (_, bname) in enumerate(k.outputs):
-            lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
-        for i, h in enumerate(self.host_scalars):
-            lines.append(f"    k.h{i} = (double)({_host_expr(h, plan)});")
-        cost = self.cost()
-        if k.kind == "stitch":
-            rows = _product(k.dims[:-1], plan)
-            lines.append(f"    const int64_t rows = {rows};")
-            lines.append("    if (rows > 0) {")
-            lines.append(f"      ral->parallel_for(ral, rows, {cost}.0 * k.dims[{r - 1}] + 1.0,"
-                         f" {k.name}_rows, &k);")
-            lines += ["    }", "  }"]
-            return lines
-        if k.kind == "reduce":
-            kept = [s for d, s in enumerate(k.dims) if d not in k.reduce_dims]
-            reduced = [s for d, s in enumerate(k.dims) if d in k.reduce_dims]
-            lines.append(f"    k.reduced = {_product(reduced, plan)};")
-            lines.append(f"    const int64_t outputs = {_product(kept, plan)};")
-            lines.append("    if (outputs > 0) {")
-            lines.append(f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0,"
-                         f" {k.name}_reduce, &k);")
-            lines += ["    }", "  }"]
-            return lines
-        lines.append("    if (k.n > 0) {")
-        if k.needs_broadcast_version and r:
-            cond = " && ".join(flat_conds)
-            lines.append(f"      if ({cond}) {{  // no input is broadcast in this call")
-            lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
-            lines.append("      } else {")
-            lines.append(
-                f"        ral->parallel_for(ral, k.n / k.dims[{r - 1}], {cost}.0 * k.dims[{r - 1}],"
-                f" {k.name}_bcast, &k);"
-            )
-            lines.append("      }")
-        else:
-            lines.append(f"      ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
-        lines += ["    }", "  }"]
-        return lines
-
-
-def _host_expr(h, plan: FusionPlan) -> str:
-    """C++ for a host scalar: factor times a product of symbols (over a divisor)."""
-    parts = [str(h.factor)] + [_sym(s, plan) for s in h.symbols]
-    text = " * ".join(parts)
-    return f"({text}) / {h.divisor}" if h.divisor != 1 else text
 
 
 def _define_exprs(plan: FusionPlan, syms: list[int], done: set[int], lines: list[str]) -> None:
@@ -505,7 +30,7 @@ def _define_exprs(plan: FusionPlan, syms: list[int], done: set[int], lines: list
         if d.kind != "expr" or s in done:
             continue
         _define_exprs(plan, list(d.scalar.symbols), done, lines)
-        lines.append(f"  const int64_t s{s} = {_host_expr(d.scalar, plan)};  // {d.scalar}")
+        lines.append(f"  const int64_t s{s} = {host_expr(d.scalar, plan)};  // {d.scalar}")
         done.add(s)
 
 
@@ -517,10 +42,10 @@ def _const_data(b: Buffer) -> str:
 
 def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
     tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    n_in = _product(check.operands[0], plan)
-    n_out = _product(check.result, plan)
+    n_in = product(check.operands[0], plan)
+    n_out = product(check.result, plan)
     prefix = f"TF op '{tf}': Input to reshape is a tensor with %lld values, but the requested shape"
-    lines.append(f"  // element counts of TF op '{_comment(check.tf_node)}'")
+    lines.append(f"  // element counts of TF op '{comment(check.tf_node)}'")
     lines.append("  {")
     lines.append(f"    const int64_t n_in = {n_in};")
     if check.multiple_of:
@@ -551,7 +76,7 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         decl = []
         for i, s in enumerate(shapes):
-            decl.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(_sym(x, plan) for x in s) or '0'}}};")
+            decl.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(sym(x, plan) for x in s) or '0'}}};")
         ptrs = ", ".join(f"c{n}_{i}" for i in range(len(shapes)))
         ranks = ", ".join(str(len(s)) for s in shapes)
         fail = (
@@ -561,13 +86,13 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
         tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')
         if check.kind == "broadcast":
             new_syms = [s for s in check.result if plan.symbols[s].kind == "broadcast"]
-            lines.append(f"  // numpy broadcast for TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  // numpy broadcast for TF op '{comment(check.tf_node)}'")
             lines.append(f"  bool ok{n} = true;")
             for s in new_syms:
                 comps = plan.symbols[s].components
                 expr = "1"
                 for c in comps:
-                    expr = f"disc_bcast_dim({expr}, {_sym(c, plan)}, &ok{n})"
+                    expr = f"disc_bcast_dim({expr}, {sym(c, plan)}, &ok{n})"
                 lines.append(f"  const int64_t s{s} = {expr};")
             lines.append(f"  if (!ok{n}) {{")
             lines.extend(decl)
@@ -578,9 +103,9 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
             )
             lines.append("  }")
         elif check.kind == "matmul":
-            conds = [f"{_sym(check.operands[0][i], plan)} != {_sym(check.operands[1][j], plan)}"
+            conds = [f"{sym(check.operands[0][i], plan)} != {sym(check.operands[1][j], plan)}"
                      for i, j in check.dims]
-            lines.append(f"  // batch and contracting dims of TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  // batch and contracting dims of TF op '{comment(check.tf_node)}'")
             lines.append(f"  if ({' || '.join(conds)}) {{")
             lines.extend(decl)
             lines.append(fail.rstrip("\n"))
@@ -592,9 +117,9 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
         elif check.kind == "expand":
             conds = []
             for i, d in check.dims:
-                o, r = _sym(check.operands[0][i], plan), _sym(check.result[d], plan)
+                o, r = sym(check.operands[0][i], plan), sym(check.result[d], plan)
                 conds.append(f"({o} != 1 && {o} != {r})")
-            lines.append(f"  // broadcast operand dims of TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  // broadcast operand dims of TF op '{comment(check.tf_node)}'")
             lines.append(f"  if ({' || '.join(conds)}) {{")
             lines.extend(decl)
             lines.append(fail.rstrip("\n"))
@@ -605,12 +130,12 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
             lines.append("  }")
         else:
             conds = [
-                f"{_sym(a, plan)} != {_sym(b, plan)}"
+                f"{sym(a, plan)} != {sym(b, plan)}"
                 for s in shapes[1:]
                 for a, b in zip(shapes[0], s)
                 if a != b
             ]
-            lines.append(f"  // shapes must be equal for TF op '{_comment(check.tf_node)}'")
+            lines.append(f"  // shapes must be equal for TF op '{comment(check.tf_node)}'")
             lines.append(f"  if ({' || '.join(conds) or 'false'}) {{")
             lines.extend(decl)
             lines.append(fail.rstrip("\n"))
@@ -622,7 +147,7 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
     _define_exprs(plan, list(range(len(plan.symbols))), defined, lines)
 
 
-def _launch_sequence(plan: FusionPlan, emitters: list[_KernelEmitter]) -> list[str]:
+def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[str]:
     """Temp allocation, kernel launches and early frees of one plan, in order."""
     out: list[str] = []
     # A view (reshape) is its root buffer's memory, which lives until the
@@ -637,7 +162,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[_KernelEmitter]) -> list[s
             b = plan.buffers[bname]
             if b.role == "temp":
                 st = STORAGE[b.elem]
-                nbytes = f"{_product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+                nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
                 out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")
                 out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
         out.extend(e.launch(ptr))
@@ -649,15 +174,15 @@ def _launch_sequence(plan: FusionPlan, emitters: list[_KernelEmitter]) -> list[s
 
 def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
     """The complete C++ source (kernels + ``disc_entry``) of one cluster."""
-    emitters = [_KernelEmitter(k, plan) for k in plan.kernels]
+    emitters = [KernelEmitter(k, plan) for k in plan.kernels]
     all_emitters = emitters + (
-        [_KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
+        [KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
         if plan.speculative else []
     )
     out: list[str] = [
-        f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster '{_comment(plan.cluster_name)}'.",
-        "// Inputs:  " + _comment(", ".join(f"arg{i}={n}" for i, n in enumerate(input_names))),
-        "// Outputs: " + _comment(", ".join(f"result{i}={n}" for i, n in enumerate(output_names))),
+        f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster '{comment(plan.cluster_name)}'.",
+        "// Inputs:  " + comment(", ".join(f"arg{i}={n}" for i, n in enumerate(input_names))),
+        "// Outputs: " + comment(", ".join(f"result{i}={n}" for i, n in enumerate(output_names))),
         "#include <math.h>",
         "#include <stdint.h>",
         "#include <stdio.h>",
@@ -725,25 +250,25 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         elif b.role == "const":
             out.append(f"  const {st}* {b.name} = {b.name}_data;")
         elif b.role == "output":
-            dims = ", ".join(_sym(s, plan) for s in b.dims) or "0"
+            dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
             out.append(f"  const int64_t {b.name}_dims[] = {{{dims}}};")
             out.append(
                 f"  {st}* {b.name} = static_cast<{st}*>("
                 f"ral->alloc_output(ral, {b.index}, {len(b.dims)}, {b.name}_dims));"
             )
-            out.append(f"  if (!{b.name} && {_product(b.dims, plan)} != 0) return 1;")
+            out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
     if plan.speculative is None:
         out.extend(_launch_sequence(plan, emitters))
     else:
         conds = [
-            f"{_sym(c, plan)} == s{s}"
+            f"{sym(c, plan)} == s{s}"
             for s in plan.speculated_symbols
             for c in plan.symbols[s].components
         ]
         out.append(f"  if ({' && '.join(conds)}) {{")
         out.append(f"    // speculation: no unknown dim is broadcast in this call -> "
                    f"{len(plan.speculative.kernels)} kernel(s)")
-        spec_emitters = [_KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
+        spec_emitters = [KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
         out.extend("  " + line for line in _launch_sequence(plan.speculative, spec_emitters))
         out.append(f"  }} else {{  // general case -> {len(plan.kernels)} kernel(s)")
         out.extend("  " + line for line in _launch_sequence(plan, emitters))

@@ -1,0 +1,499 @@
+"""CPU kernel emitters: one C++ function family per planned kernel.
+
+Loop kernels get a compute function over element values, a flat version and,
+where an input may be broadcast, a strided version; stitch kernels run one row
+per task with a pass per level of reductions; reduce kernels fold any dims;
+library kernels are calls the host runner makes (see ``cpu.py``).
+"""
+
+from __future__ import annotations
+
+from disc_tf.codegen.cpu_ops import (
+    COMPUTE,
+    COST,
+    STORAGE,
+    expression,
+    literal,
+)
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, gemm_form
+
+
+def sym(s: int, plan: FusionPlan) -> str:
+    """C++ for symbol ``s``: its literal if constant, else its host variable."""
+    d = plan.symbols[s]
+    return str(d.value) if d.kind == "const" else f"s{s}"
+
+
+def product(syms: list[int], plan: FusionPlan) -> str:
+    """C++ product of symbols ("1" for none)."""
+    return " * ".join(sym(s, plan) for s in syms) if syms else "1"
+
+
+def comment(text: str) -> str:
+    """``text`` made safe for a one-line C++ comment."""
+    return text.replace("*/", "* /").replace("\n", " ")
+
+
+def host_expr(h, plan: FusionPlan) -> str:
+    """C++ for a host scalar: factor times a product of symbols (over a divisor)."""
+    parts = [str(h.factor)] + [sym(s, plan) for s in h.symbols]
+    text = " * ".join(parts)
+    return f"({text}) / {h.divisor}" if h.divisor != 1 else text
+
+
+
+class KernelEmitter:
+    """Emits the C++ of one kernel and the host lines that launch it."""
+
+    def __init__(self, kernel: Kernel, plan: FusionPlan) -> None:
+        self.k = kernel
+        self.plan = plan
+        self.rank = len(kernel.dims)
+        self.args = f"{kernel.name.capitalize()}Args"
+
+    def buf(self, access: Access) -> Buffer:
+        return self.plan.buffers[access.buffer]
+
+    @property
+    def host_scalars(self) -> list:
+        """Distinct host-computed scalars the kernel's ops read, in first-use order."""
+        seen: list = []
+        for op in self.k.ops:
+            for kind, ref in op.operands:
+                if kind == "host" and ref not in seen:
+                    seen.append(ref)
+        return seen
+
+    def ref(self, kind: str, ref: object, elem: str, names: dict[str, str], inputs: str) -> str:
+        """The C++ expression of one operand reference."""
+        if kind == "in":
+            return f"{inputs}{ref}"
+        if kind == "val":
+            return names[ref]
+        if kind == "host":
+            return f"a.h{self.host_scalars.index(ref)}"
+        return literal(ref, elem)
+
+    def struct(self) -> str:
+        lines = [f"struct {self.args} {{", "  int64_t n;  // elements"]
+        if self.k.kind == "reduce":
+            lines.append("  int64_t reduced;  // elements folded into each output")
+        if self.rank:
+            lines.append(f"  int64_t dims[{self.rank}];")
+        for i, a in enumerate(self.k.inputs):
+            b = self.buf(a)
+            lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {a}")
+            if self.rank:
+                lines.append(f"  int64_t in{i}_strides[{self.rank}];")
+        for j, (value, bname) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[bname].elem
+            lines.append(f"  {STORAGE[elem]}* out{j};  // {bname} ({value})")
+        for i, h in enumerate(self.host_scalars):
+            lines.append(f"  double h{i};  // {h}, computed by the host")
+        lines.append("};")
+        return "\n".join(lines)
+
+    def compute(self) -> str:
+        params = [f"const {self.args}& a"]
+        params += [f"{COMPUTE[self.buf(a).elem]} in{i}" for i, a in enumerate(self.k.inputs)]
+        params += [
+            f"{COMPUTE[self.plan.buffers[b].elem]}& out{j}" for j, (_, b) in enumerate(self.k.outputs)
+        ]
+        names: dict[str, str] = {}
+        body = []
+        for n, op in enumerate(self.k.ops):
+            args = [self.ref(kind, ref, elem, names, "in")
+                    for (kind, ref), elem in zip(op.operands, op.operand_elems)]
+            var = f"v{n}"
+            names[op.value] = var
+            expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
+            body.append(
+                f"  const {COMPUTE[op.elem]} {var} = {expr};  // {comment(op.tf_node)}: {op.op}"
+            )
+        for j, (value, _) in enumerate(self.k.outputs):
+            body.append(f"  out{j} = {names[value]};")
+        head = f"static inline void {self.k.name}_compute({', '.join(params)}) {{"
+        return "\n".join([head, *body, "}"])
+
+    def _loop(self, index: dict[int, str], out_index: str) -> list[str]:
+        loads = [
+            f"({COMPUTE[self.buf(a).elem]})r{i}[{index[i]}]" for i, a in enumerate(self.k.inputs)
+        ]
+        lines = []
+        outs = []
+        for j, (_, b) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[b].elem
+            lines.append(f"    {COMPUTE[elem]} o{j};")
+            outs.append(f"o{j}")
+        lines.append(f"    {self.k.name}_compute({', '.join(['a'] + loads + outs)});")
+        for j, (_, b) in enumerate(self.k.outputs):
+            elem = self.plan.buffers[b].elem
+            lines.append(f"    w{j}[{out_index}] = ({STORAGE[elem]})o{j};")
+        return lines
+
+    def _pointers(self, offset: str) -> list[str]:
+        lines = [f"  const {self.args}& a = *static_cast<const {self.args}*>(p);"]
+        for i, acc in enumerate(self.k.inputs):
+            off = offset.format(i=i)
+            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i}{off};")
+        for j, (_, b) in enumerate(self.k.outputs):
+            lines.append(f"  {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j};")
+        return lines
+
+    def flat(self) -> str:
+        lines = [f"DISC_CLONES static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
+        lines += self._pointers("")
+        lines.append("  for (int64_t i = begin; i < end; ++i) {")
+        lines += self._loop({i: "i" for i in range(len(self.k.inputs))}, "i")
+        lines += ["  }", "}"]
+        return "\n".join(lines)
+
+    def broadcast(self) -> str:
+        r = self.rank
+        k = self.k.name
+        # Broadcast reads have an innermost stride of 0 or 1; transposed ones any.
+        bcast = [i for i, acc in enumerate(self.k.inputs)
+                 if not acc.is_identity and not acc.permuted]
+        strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
+        templated = len(bcast) <= 3
+        flags = [f"B{i}" for i in bcast]
+        if templated:
+            index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        else:
+            index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        index.update({i: f"c * st{i}" for i in strided})
+        head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
+                else "")
+        lines = [
+            "// Rows [begin, end) of the innermost dim; inputs read through strides",
+            "// (0 = broadcast). Flag Bi: input i runs along the innermost dim.",
+            f"{head}static inline __attribute__((always_inline)) void {k}_rows(",
+            f"    const {self.args}& a, int64_t begin, int64_t end) {{",
+            f"  const int64_t inner = a.dims[{r - 1}];",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    int64_t rem = row;",
+        ]
+        for i in range(len(self.k.inputs)):
+            lines.append(f"    int64_t off{i} = 0;")
+        if r > 1:
+            lines.append(f"    for (int d = {r - 2}; d >= 0; --d) {{")
+            lines.append("      const int64_t idx = rem % a.dims[d];")
+            lines.append("      rem /= a.dims[d];")
+            for i in range(len(self.k.inputs)):
+                lines.append(f"      off{i} += idx * a.in{i}_strides[d];")
+            lines.append("    }")
+        for i, acc in enumerate(self.k.inputs):
+            lines.append(
+                f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
+            )
+            if (not templated and i in bcast) or i in strided:
+                lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
+        for j, (_, b) in enumerate(self.k.outputs):
+            lines.append(
+                f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
+            )
+        lines.append("    for (int64_t c = 0; c < inner; ++c) {")
+        lines += ["  " + x for x in self._loop(index, "c")]
+        lines += ["    }", "  }", "}", ""]
+        lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
+        lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
+        if not (templated and flags):
+            lines.append(f"  {k}_rows(a, begin, end);")
+        else:
+            mask = " | ".join(
+                f"(a.in{i}_strides[{r - 1}] != 0) << {n}" for n, i in enumerate(bcast)
+            )
+            lines.append(f"  switch ({mask}) {{")
+            for m in range(1 << len(bcast)):
+                args = ", ".join("true" if m >> n & 1 else "false" for n in range(len(bcast)))
+                lines.append(f"    case {m}: {k}_rows<{args}>(a, begin, end); break;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def cost(self) -> int:
+        return max(1, sum(COST.get(op.op, 1) for op in self.k.ops))
+
+    def source(self) -> str:
+        header = (
+            f"// ---- {self.k.name}: {self.k.kind} fusion over "
+            f"[{', '.join(sym(d, self.plan) for d in self.k.dims)}]\n"
+            f"// TF ops: {comment(', '.join(self.k.tf_ops))}"
+        )
+        if self.k.kind == "library":
+            return header + "\n// (a GEMM through ral->sgemm_batched; no generated code)"
+        if self.k.kind == "stitch":
+            return "\n\n".join([header, self.struct(), self.stitch()])
+        if self.k.kind == "reduce":
+            return "\n\n".join([header, self.struct(), self.generic_reduce()])
+        parts = [header, self.struct(), self.compute(), self.flat()]
+        if self.k.needs_broadcast_version and self.rank:
+            parts.append(self.broadcast())
+        return "\n\n".join(parts)
+
+    def _row_offsets(self, lines: list[str], indent: str) -> None:
+        """Offsets of every input at the start of ``row`` (dims before the last)."""
+        r = self.rank
+        lines.append(f"{indent}int64_t rem = row;")
+        for i in range(len(self.k.inputs)):
+            lines.append(f"{indent}int64_t off{i} = 0;")
+        if r > 1:
+            lines.append(f"{indent}for (int d = {r - 2}; d >= 0; --d) {{")
+            lines.append(f"{indent}  const int64_t idx = rem % a.dims[d];")
+            lines.append(f"{indent}  rem /= a.dims[d];")
+            for i in range(len(self.k.inputs)):
+                lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
+            lines.append(f"{indent}}}")
+
+    def stitch(self) -> str:
+        """One task per row: a pass per level of reductions, then the outputs."""
+        k, r = self.k, self.rank
+        ops = {op.value: op for op in k.ops}
+        ready: dict[str, int] = {}
+        need: dict[str, int] = {}
+
+        def level(v: str) -> int:
+            return ready.get(v, need.get(v, 0))
+
+        for op in k.ops:
+            deps = [ref for kind, ref in op.operands if kind == "val"]
+            if op.op == "reduce":
+                ready[op.value] = max([level(d) for d in deps] or [0]) + 1
+            elif op.row:
+                ready[op.value] = max([ready[d] for d in deps if d in ready] or [0])
+            else:
+                need[op.value] = max([level(d) for d in deps] or [0])
+        names: dict[str, str] = {}
+        for n, op in enumerate(k.ops):
+            names[op.value] = f"v{n}"
+
+        def closure(targets: list[str]) -> list:
+            wanted: set[str] = set()
+            stack = [t for t in targets if t not in ready]
+            while stack:
+                v = stack.pop()
+                if v in wanted:
+                    continue
+                wanted.add(v)
+                stack.extend(ref for kind, ref in ops[v].operands
+                             if kind == "val" and ref not in ready)
+            return [op for op in k.ops if op.value in wanted]
+
+        def body(full_ops: list, indent: str, readers: tuple = ()) -> list[str]:
+            out = []
+            used = sorted({ref for op in list(full_ops) + list(readers)
+                           for kind, ref in op.operands if kind == "in"})
+            for i in used:
+                elem = self.buf(k.inputs[i]).elem
+                out.append(f"{indent}const {COMPUTE[elem]} x{i} = ({COMPUTE[elem]})r{i}[c * st{i}];")
+            for op in full_ops:
+                args = [self.ref(kind, ref, elem, names, "x")
+                        for (kind, ref), elem in zip(op.operands, op.operand_elems)]
+                expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
+                out.append(f"{indent}const {COMPUTE[op.elem]} {names[op.value]} = {expr};"
+                           f"  // {comment(op.tf_node)}: {op.op}")
+            return out
+
+        lines = [
+            f"static inline __attribute__((always_inline)) void {k.name}_row("
+            f"const {self.args}& a, int64_t row) {{",
+            f"  const int64_t cols = a.dims[{r - 1}];",
+        ]
+        self._row_offsets(lines, "  ")
+        for i, acc in enumerate(k.inputs):
+            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};")
+            lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
+        passes = max([ready[op.value] for op in k.ops if op.op == "reduce"] or [0])
+        emitted_rows: set[str] = set()
+        for p in range(1, passes + 1):
+            reduces = [op for op in k.ops if op.op == "reduce" and ready[op.value] == p]
+            full = closure([ref for op in reduces for kind, ref in op.operands if kind == "val"])
+            lines.append(f"  // pass {p}: {', '.join(comment(op.tf_node) for op in reduces)}")
+            for op in reduces:
+                ct = COMPUTE[op.elem]
+                init = literal(op.attrs["init"], op.elem)
+                lines.append(f"  {ct} acc_{names[op.value]}[8];")
+                lines.append(f"  for (int l = 0; l < 8; ++l) acc_{names[op.value]}[l] = {init};")
+
+            def fold(lane: str, indent: str, reduces: list = reduces) -> list[str]:
+                out = []
+                for op in reduces:
+                    kind, ref = op.operands[0]
+                    val = self.ref(kind, ref, op.elem, names, "x")
+                    acc = f"acc_{names[op.value]}[{lane}]"
+                    comb = expression(op.attrs["combiner"], [acc, val], op.elem, [op.elem] * 2, {})
+                    out.append(f"{indent}{acc} = {comb};")
+                return out
+
+            c0 = f"c{p}"  # lanes of 8 accumulators, then the tail
+            lines.append(f"  int64_t {c0} = 0;")
+            lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
+            lines.append("    for (int l = 0; l < 8; ++l) {")
+            lines.append(f"      const int64_t c = {c0} + l;")
+            lines += body(full, "      ", reduces) + fold("l", "      ")
+            lines += ["    }", "  }", f"  for (; {c0} < cols; ++{c0}) {{", f"    const int64_t c = {c0};"]
+            lines += body(full, "    ", reduces) + fold("0", "    ") + ["  }"]
+            for op in reduces:
+                v, ct = names[op.value], COMPUTE[op.elem]
+                lines.append(f"  {ct} {v} = acc_{v}[0];")
+                comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"], op.elem, [op.elem] * 2, {})
+                lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {comment(op.tf_node)}")
+                emitted_rows.add(op.value)
+            for op in k.ops:
+                if op.row and op.op != "reduce" and ready[op.value] == p:
+                    args = [self.ref(kind, ref, elem, names, "x")
+                            for (kind, ref), elem in zip(op.operands, op.operand_elems)]
+                    expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
+                    lines.append(f"  const {COMPUTE[op.elem]} {names[op.value]} = {expr};"
+                                 f"  // {comment(op.tf_node)}: {op.op} (per row)")
+        full_outs = [(j, v) for j, (v, _) in enumerate(k.outputs) if v not in ready]
+        if full_outs:
+            lines.append("  // final pass: full-shape outputs")
+            for j, _ in full_outs:
+                elem = self.plan.buffers[k.outputs[j][1]].elem
+                lines.append(f"  {STORAGE[elem]}* __restrict w{j} = a.out{j} + row * cols;")
+            lines.append("  for (int64_t c = 0; c < cols; ++c) {")
+            lines += body(closure([v for _, v in full_outs]), "    ")
+            for j, v in full_outs:
+                elem = self.plan.buffers[k.outputs[j][1]].elem
+                lines.append(f"    w{j}[c] = ({STORAGE[elem]}){names[v]};")
+            lines.append("  }")
+        for j, (v, b) in enumerate(k.outputs):
+            if v in ready:
+                lines.append(f"  a.out{j}[row] = ({STORAGE[self.plan.buffers[b].elem]}){names[v]};")
+        lines.append("}")
+        lines.append("")
+        lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")
+        lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
+        lines.append(f"  for (int64_t row = begin; row < end; ++row) {k.name}_row(a, row);")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def generic_reduce(self) -> str:
+        """One task per output element; any reduced dims, read through strides."""
+        k, r = self.k, self.rank
+        (op,) = k.ops
+        kept = [d for d in range(r) if d not in k.reduce_dims]
+        ct = COMPUTE[op.elem]
+        elem = self.buf(k.inputs[0]).elem
+        out_elem = self.plan.buffers[k.outputs[0][1]].elem
+        comb = expression(op.attrs["combiner"], ["acc", f"({ct})a.in0[off]"], op.elem, [op.elem] * 2, {})
+        lines = [
+            f"// {comment(op.tf_node)}: reduce dims {k.reduce_dims} of [{r} dims] by {op.attrs['combiner']}",
+            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "  for (int64_t o = begin; o < end; ++o) {",
+            "    int64_t rem = o;",
+            "    int64_t base = 0;",
+        ]
+        for d in reversed(kept):
+            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
+            lines.append(f"    rem /= a.dims[{d}];")
+        lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
+        lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
+        lines.append("      int64_t rq = q;")
+        lines.append("      int64_t off = base;")
+        for d in reversed(k.reduce_dims):
+            lines.append(f"      off += (rq % a.dims[{d}]) * a.in0_strides[{d}];")
+            lines.append(f"      rq /= a.dims[{d}];")
+        lines.append(f"      acc = {comb};")
+        lines.append("    }")
+        lines.append(f"    a.out0[o] = ({STORAGE[out_elem]})acc;")
+        lines += ["  }", "}"]
+        del elem
+        return "\n".join(lines)
+
+    def library_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines of a library kernel: one batched GEMM call."""
+        plan, k = self.plan, self.k
+        (op,) = k.ops
+        lhs, rhs = (self.buf(a) for a in k.inputs)
+        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+        if form is None:
+            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
+
+        def of(buf: Buffer, positions: list[int]) -> str:
+            return product([buf.dims[p] for p in positions], plan)
+
+        (_, out_name), = k.outputs
+        return [
+            f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}",
+            f"    const int64_t batch = {of(lhs, form.batch)};",
+            f"    const int64_t m = {of(lhs, form.m)};",
+            f"    const int64_t n = {of(rhs, form.n)};",
+            f"    const int64_t kk = {of(lhs, form.k)};",
+            "    if (batch > 0 && m > 0 && n > 0) {",
+            f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
+            f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
+            f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
+            f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
+            f"                         {buffer_ptr[out_name]}, n, m * n);",
+            "    }",
+            "  }",
+        ]
+
+    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines that fill the args and launch the kernel."""
+        plan, k, r = self.plan, self.k, self.rank
+        if k.kind == "library":
+            return self.library_launch(buffer_ptr)
+        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};"]
+        lines.append(f"    k.n = {product(k.dims, plan)};")
+        for d, s in enumerate(k.dims):
+            lines.append(f"    k.dims[{d}] = {sym(s, plan)};")
+        flat_conds = []
+        for i, acc in enumerate(k.inputs):
+            b = self.buf(acc)
+            lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
+            if not r:
+                continue
+            dims_map = acc.dims if acc.dims is not None else list(range(r))
+            stride = "1"
+            for bd in range(len(b.dims) - 1, -1, -1):
+                size = sym(b.dims[bd], plan)
+                lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                stride = f"{stride} * {size}" if stride != "1" else size
+            if acc.permuted:
+                flat_conds.append("false")  # a transposed read is never flat
+            elif not acc.is_identity:
+                flat_conds.append(f"{product(b.dims, plan)} == k.n")
+        for j, (_, bname) in enumerate(k.outputs):
+            lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
+        for i, h in enumerate(self.host_scalars):
+            lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        cost = self.cost()
+        if k.kind == "stitch":
+            rows = product(k.dims[:-1], plan)
+            lines.append(f"    const int64_t rows = {rows};")
+            lines.append("    if (rows > 0) {")
+            lines.append(f"      ral->parallel_for(ral, rows, {cost}.0 * k.dims[{r - 1}] + 1.0,"
+                         f" {k.name}_rows, &k);")
+            lines += ["    }", "  }"]
+            return lines
+        if k.kind == "reduce":
+            kept = [s for d, s in enumerate(k.dims) if d not in k.reduce_dims]
+            reduced = [s for d, s in enumerate(k.dims) if d in k.reduce_dims]
+            lines.append(f"    k.reduced = {product(reduced, plan)};")
+            lines.append(f"    const int64_t outputs = {product(kept, plan)};")
+            lines.append("    if (outputs > 0) {")
+            lines.append(f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0,"
+                         f" {k.name}_reduce, &k);")
+            lines += ["    }", "  }"]
+            return lines
+        lines.append("    if (k.n > 0) {")
+        if k.needs_broadcast_version and r:
+            cond = " && ".join(flat_conds)
+            lines.append(f"      if ({cond}) {{  // no input is broadcast in this call")
+            lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+            lines.append("      } else {")
+            lines.append(
+                f"        ral->parallel_for(ral, k.n / k.dims[{r - 1}], {cost}.0 * k.dims[{r - 1}],"
+                f" {k.name}_bcast, &k);"
+            )
+            lines.append("      }")
+        else:
+            lines.append(f"      ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+        lines += ["    }", "  }"]
+        return lines
+
+
