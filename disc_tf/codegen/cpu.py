@@ -63,7 +63,38 @@ def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
     lines.append("  }")
 
 
+def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str]) -> tuple[str, str, str]:
+    """(C++ failure condition, comment, message prefix) of one non-reshape check.
+
+    A broadcast check first defines the broadcast symbols it computes.
+    """
+    if check.kind == "broadcast":
+        lines.append(f"  bool ok{n} = true;")
+        for s in check.result:
+            if plan.symbols[s].kind == "broadcast":
+                expr = "1"
+                for c in plan.symbols[s].components:
+                    expr = f"disc_bcast_dim({expr}, {sym(c, plan)}, &ok{n})"
+                lines.append(f"  const int64_t s{s} = {expr};")
+        return f"!ok{n}", "numpy broadcast", "Incompatible shapes: "
+    if check.kind == "matmul":
+        conds = [f"{sym(check.operands[0][i], plan)} != {sym(check.operands[1][j], plan)}"
+                 for i, j in check.dims]
+        return " || ".join(conds), "batch and contracting dims", "Matrix size-incompatible: "
+    if check.kind == "expand":
+        conds = []
+        for i, d in check.dims:
+            o, r = sym(check.operands[0][i], plan), sym(check.result[d], plan)
+            conds.append(f"({o} != 1 && {o} != {r})")
+        return " || ".join(conds), "broadcast operand dims", "Incompatible shapes: "
+    shapes = check.operands
+    conds = [f"{sym(a, plan)} != {sym(b, plan)}"
+             for s in shapes[1:] for a, b in zip(shapes[0], s) if a != b]
+    return " || ".join(conds) or "false", "shapes must be equal", "shapes must be equal: "
+
+
 def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
+    """Host-side shape checks, each failing with a TF-style InvalidArgument."""
     defined: set[int] = set()
     for n, check in enumerate(plan.checks):
         used = [x for s in check.operands + [check.result] for x in s]
@@ -74,76 +105,21 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
             _reshape_check(plan, check, lines)
             continue
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
-        decl = []
-        for i, s in enumerate(shapes):
-            decl.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(sym(x, plan) for x in s) or '0'}}};")
-        ptrs = ", ".join(f"c{n}_{i}" for i in range(len(shapes)))
-        ranks = ", ".join(str(len(s)) for s in shapes)
-        fail = (
-            f"      const int64_t* shapes[] = {{{ptrs}}};\n"
-            f"      const int ranks[] = {{{ranks}}};\n"
-        )
         tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')
-        if check.kind == "broadcast":
-            new_syms = [s for s in check.result if plan.symbols[s].kind == "broadcast"]
-            lines.append(f"  // numpy broadcast for TF op '{comment(check.tf_node)}'")
-            lines.append(f"  bool ok{n} = true;")
-            for s in new_syms:
-                comps = plan.symbols[s].components
-                expr = "1"
-                for c in comps:
-                    expr = f"disc_bcast_dim({expr}, {sym(c, plan)}, &ok{n})"
-                lines.append(f"  const int64_t s{s} = {expr};")
-            lines.append(f"  if (!ok{n}) {{")
-            lines.extend(decl)
-            lines.append(fail.rstrip("\n"))
-            lines.append(
-                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': Incompatible shapes: ", '
-                f"{len(shapes)}, shapes, ranks);"
-            )
-            lines.append("  }")
-        elif check.kind == "matmul":
-            conds = [f"{sym(check.operands[0][i], plan)} != {sym(check.operands[1][j], plan)}"
-                     for i, j in check.dims]
-            lines.append(f"  // batch and contracting dims of TF op '{comment(check.tf_node)}'")
-            lines.append(f"  if ({' || '.join(conds)}) {{")
-            lines.extend(decl)
-            lines.append(fail.rstrip("\n"))
-            lines.append(
-                f'      return disc_fail_matmul(ral, "TF op \'{tf}\': Matrix size-incompatible: ", '
-                "shapes, ranks);"
-            )
-            lines.append("  }")
-        elif check.kind == "expand":
-            conds = []
-            for i, d in check.dims:
-                o, r = sym(check.operands[0][i], plan), sym(check.result[d], plan)
-                conds.append(f"({o} != 1 && {o} != {r})")
-            lines.append(f"  // broadcast operand dims of TF op '{comment(check.tf_node)}'")
-            lines.append(f"  if ({' || '.join(conds)}) {{")
-            lines.extend(decl)
-            lines.append(fail.rstrip("\n"))
-            lines.append(
-                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': Incompatible shapes: ", '
-                f"{len(shapes)}, shapes, ranks);"
-            )
-            lines.append("  }")
+        condition, what, prefix = _check_conditions(plan, check, n, lines)
+        lines.append(f"  // {what} for TF op '{comment(check.tf_node)}'")
+        lines.append(f"  if ({condition}) {{")
+        for i, s in enumerate(shapes):
+            lines.append(f"    const int64_t c{n}_{i}[] = {{{', '.join(sym(x, plan) for x in s) or '0'}}};")
+        ptrs = ", ".join(f"c{n}_{i}" for i in range(len(shapes)))
+        lines.append(f"      const int64_t* shapes[] = {{{ptrs}}};")
+        lines.append(f"      const int ranks[] = {{{', '.join(str(len(s)) for s in shapes)}}};")
+        if check.kind == "matmul":
+            lines.append(f'      return disc_fail_matmul(ral, "TF op \'{tf}\': {prefix}", shapes, ranks);')
         else:
-            conds = [
-                f"{sym(a, plan)} != {sym(b, plan)}"
-                for s in shapes[1:]
-                for a, b in zip(shapes[0], s)
-                if a != b
-            ]
-            lines.append(f"  // shapes must be equal for TF op '{comment(check.tf_node)}'")
-            lines.append(f"  if ({' || '.join(conds) or 'false'}) {{")
-            lines.extend(decl)
-            lines.append(fail.rstrip("\n"))
-            lines.append(
-                f'      return disc_fail_shapes(ral, "TF op \'{tf}\': shapes must be equal: ", '
-                f"{len(shapes)}, shapes, ranks);"
-            )
-            lines.append("  }")
+            lines.append(f'      return disc_fail_shapes(ral, "TF op \'{tf}\': {prefix}", '
+                         f"{len(shapes)}, shapes, ranks);")
+        lines.append("  }")
     _define_exprs(plan, list(range(len(plan.symbols))), defined, lines)
 
 
