@@ -146,3 +146,34 @@ def test_optimized_model_serves_from_another_directory_in_a_fresh_process(saved,
     stats = _run(_SERVE, str(moved), str(tmp_path / "data.npz"), cache=tmp_path / "empty_cache")
     assert stats["clusters"] >= 1 and stats["kernels"] >= 1
     assert stats["compilations"] == 0 and stats["fallbacks"] == 0
+
+
+def test_optimized_model_serves_through_the_tf1_session_loader(tmp_path):
+    """The loader TF Serving uses: tf.compat.v1.saved_model.load into a Session."""
+
+    class Scorer(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(np.linspace(-1.0, 1.0, 8).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"y": tf.nn.softmax(tf.tanh(x * self.w) * 2.0)}
+
+    model = Scorer()
+    tf.saved_model.save(model, str(tmp_path / "orig"),
+                        signatures=model.__call__.get_concrete_function())
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    assert report.compiled
+    disc_tf.reset_stats()
+    rng = np.random.default_rng(9)
+    with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+        meta = tf.compat.v1.saved_model.load(sess, ["serve"], str(tmp_path / "opt"))
+        sig = meta.signature_def["serving_default"]
+        ops = {n.op for n in sess.graph.as_graph_def().library.function for n in n.node_def}
+        assert "DiscCluster" in ops
+        for rows in (5, 1, 0, 23, 2):
+            x = rng.standard_normal((rows, 8)).astype(np.float32)
+            got = sess.run(sig.outputs["y"].name, {sig.inputs["x"].name: x})
+            np.testing.assert_allclose(got, model(x)["y"].numpy(), rtol=1e-5, atol=1e-6)
+    stats = disc_tf.stats()
+    assert stats["clusters"] >= 1 and stats["fallbacks"] == 0
