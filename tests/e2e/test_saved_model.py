@@ -166,14 +166,15 @@ def test_optimized_model_serves_through_the_tf1_session_loader(tmp_path):
     assert report.compiled
     disc_tf.reset_stats()
     rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((rows, 8)).astype(np.float32) for rows in (5, 1, 0, 23, 2)]
+    expected = [model(x)["y"].numpy() for x in xs]  # eagerly, before a graph is default
     with tf.compat.v1.Session(graph=tf.Graph()) as sess:
         meta = tf.compat.v1.saved_model.load(sess, ["serve"], str(tmp_path / "opt"))
         sig = meta.signature_def["serving_default"]
-        ops = {n.op for n in sess.graph.as_graph_def().library.function for n in n.node_def}
+        ops = {n.op for f in sess.graph.as_graph_def().library.function for n in f.node_def}
         assert "DiscCluster" in ops
-        for rows in (5, 1, 0, 23, 2):
-            x = rng.standard_normal((rows, 8)).astype(np.float32)
+        for x, want in zip(xs, expected):
             got = sess.run(sig.outputs["y"].name, {sig.inputs["x"].name: x})
-            np.testing.assert_allclose(got, model(x)["y"].numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     stats = disc_tf.stats()
     assert stats["clusters"] >= 1 and stats["fallbacks"] == 0
