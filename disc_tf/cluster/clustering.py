@@ -66,6 +66,8 @@ def why_not_compilable(node: NodeInfo) -> str | None:
             return f"rank {t.rank} of {t.name} exceeds {op_registry.MAX_RANK}"
     if node.op == "Const" and _const_too_big(node):
         return "constant too large to embed"
+    if support.check is not None:
+        return support.check(node.node_def)
     return None
 
 

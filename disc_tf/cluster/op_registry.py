@@ -8,6 +8,7 @@ Adding an op is one entry here plus its lowering in ``disc_tf.dhlo_bridge``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -34,14 +35,46 @@ class OpSupport:
     trivial: bool = False
     #: inputs that must be compile-time constants (e.g. reduction axes)
     const_inputs: tuple = ()
+    #: op-specific attribute check: NodeDef -> None, or why it is not supported
+    check: Callable | None = None
 
 
 _REGISTRY: dict[str, OpSupport] = {}
 
 
 def _register(op: str, dtypes: frozenset, dtype_attr: str = "T", trivial: bool = False,
-              const_inputs: tuple = ()) -> None:
-    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs)
+              const_inputs: tuple = (), check: Callable | None = None) -> None:
+    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs, check)
+
+
+def einsum_parts(equation: str) -> tuple[str, str, str] | None:
+    """(lhs, rhs, out) letters of a two-operand einsum disc_tf lowers, else None.
+
+    Supported: no ellipsis, no letter twice in one operand, every output letter
+    in an input, every dropped letter in both inputs (a contraction), and at
+    least one contraction.
+    """
+    eq = equation.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return None
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return None
+    lhs, rhs = parts
+    if any(len(set(p)) != len(p) for p in (lhs, rhs, out)):
+        return None
+    if not set(out) <= set(lhs) | set(rhs):
+        return None
+    dropped = (set(lhs) | set(rhs)) - set(out)
+    if not dropped or not dropped <= set(lhs) & set(rhs):
+        return None
+    return lhs, rhs, out
+
+
+def _einsum_check(node) -> str | None:
+    eq = node.attr["equation"].s.decode()
+    return None if einsum_parts(eq) else f"einsum equation {eq!r} not supported"
 
 
 for _op in ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "Neg", "Abs", "Square", "Relu"):
@@ -81,6 +114,7 @@ _register("Transpose", LAYOUT_TYPES, const_inputs=(1,))
 _register("Reshape", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
 _register("ExpandDims", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
 _register("Squeeze", LAYOUT_TYPES, trivial=True)
+_register("Einsum", frozenset({tf.float32}), check=_einsum_check)
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")

@@ -217,6 +217,17 @@ class DhloBuilder:
             f"!shape.witness {self._loc()}"
         )
 
+    def multiply_index(self, a: str, b: str) -> str:
+        """``arith.muli`` of two host ``index`` scalars."""
+        ssa = self._fresh("n")
+        self.lines.append(f'{ssa} = "arith.muli"({a}, {b}) : (index, index) -> index {self._loc()}')
+        return ssa
+
+    def require_equal_dims(self, x: TValue, i: int, y: TValue, j: int) -> None:
+        """The host checks dim ``i`` of ``x`` equals dim ``j`` of ``y``."""
+        self.require_equal_extents(
+            [self.shape_from([self.dim(x, i)]), self.shape_from([self.dim(y, j)])], 1)
+
     def transpose(self, value: TValue, perm: list[int]) -> TValue:
         """``stablehlo.transpose``: result dim i is operand dim ``perm[i]``."""
         dims = tuple(value.dims[p] for p in perm)

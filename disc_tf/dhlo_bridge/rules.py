@@ -491,3 +491,59 @@ def _squeeze(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
                                 len(dynamic))
     kept = [d for d in range(x.rank) if d not in squeezed]
     return [b.dynamic_reshape(x, [b.dim(x, d) for d in kept], tuple(x.dims[d] for d in kept))]
+
+
+def _merge_dims(b: DhloBuilder, x: TValue, groups: list[list[int]]) -> TValue:
+    """Reshapes ``x`` so that each group of adjacent dims becomes one dim."""
+    if all(len(g) == 1 for g in groups):
+        return x
+    extents, dims = [], []
+    for g in groups:
+        total = b.dim(x, g[0])
+        for d in g[1:]:
+            total = b.multiply_index(total, b.dim(x, d))
+        extents.append(total)
+        sizes = [x.dims[d] for d in g]
+        dims.append(None if None in sizes else int(np.prod(sizes, dtype=np.int64)))
+    return b.dynamic_reshape(x, extents, tuple(dims))
+
+
+@register("Einsum")
+def _einsum(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """Two-operand einsum as one batched GEMM: transpose each side to
+    [batch, free, contract] / [batch, contract, free], merge the contracted (and
+    rhs free) dims, dot_general, split, transpose to the output order."""
+    from disc_tf.cluster.op_registry import einsum_parts
+
+    parts = einsum_parts(node.attr["equation"].s.decode())
+    if parts is None or len(xs) != 2:
+        raise LoweringError(f"Einsum {node.name}: unsupported equation")
+    lhs_l, rhs_l, out_l = parts
+    x, y = xs
+    batch = [c for c in out_l if c in lhs_l and c in rhs_l]
+    contract = [c for c in lhs_l if c in rhs_l and c not in out_l]
+    lfree = [c for c in out_l if c in lhs_l and c not in rhs_l]
+    rfree = [c for c in out_l if c in rhs_l and c not in lhs_l]
+    x_order = batch + lfree + contract
+    y_order = batch + contract + rfree
+    xt = x if list(lhs_l) == x_order else b.transpose(x, [lhs_l.index(c) for c in x_order])
+    yt = y if list(rhs_l) == y_order else b.transpose(y, [rhs_l.index(c) for c in y_order])
+    nb, nl, nc = len(batch), len(lfree), len(contract)
+    # Both sides must agree on the contracted (and batch) sizes; TF checks this too.
+    for c in contract + batch:
+        b.require_equal_dims(xt, x_order.index(c), yt, y_order.index(c))
+    if not rfree:
+        raise LoweringError(f"Einsum {node.name}: a side without free dims is not supported")
+    xg = _merge_dims(b, xt, [[i] for i in range(nb + nl)] + [list(range(nb + nl, nb + nl + nc))])
+    yg = _merge_dims(b, yt, [[i] for i in range(nb)] + [list(range(nb, nb + nc)),
+                                                        list(range(nb + nc, len(y_order)))])
+    prod = b.dot_general(xg, yg, nb, nb + nl, nb)
+    if len(rfree) > 1:
+        extents = [b.dim(prod, i) for i in range(nb + nl)] + [b.dim(yt, nb + nc + j)
+                                                                for j in range(len(rfree))]
+        dims = prod.dims[:nb + nl] + tuple(yt.dims[nb + nc:])
+        prod = b.dynamic_reshape(prod, extents, dims)
+    order = batch + lfree + rfree
+    if order == list(out_l):
+        return [prod]
+    return [b.transpose(prod, [order.index(c) for c in out_l])]
