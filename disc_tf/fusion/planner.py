@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from disc_tf.fusion.dce import eliminate_dead_code
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp, gemm_form
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
@@ -410,6 +411,7 @@ def plan_fusion(func: DFunc, cluster_name: str) -> tuple[FusionPlan, ShapeAnalys
     the plan also carries that speculative plan; the host runner checks the
     assumption per call and runs whichever plan holds.
     """
+    func = eliminate_dead_code(func)
     analysis = analyze(func)
     plan = _Planner(func, analysis, cluster_name).run()
     speculation = speculate_no_broadcast(analysis)
