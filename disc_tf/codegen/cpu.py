@@ -63,15 +63,18 @@ def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
     lines.append("  }")
 
 
-def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str]) -> tuple[str, str, str]:
+def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str],
+                      defined: set[int]) -> tuple[str, str, str]:
     """(C++ failure condition, comment, message prefix) of one non-reshape check.
 
-    A broadcast check first defines the broadcast symbols it computes.
+    A broadcast check first defines the broadcast symbols it computes (those an
+    earlier check has not already defined; ``defined`` is updated).
     """
     if check.kind == "broadcast":
         lines.append(f"  bool ok{n} = true;")
         for s in check.result:
-            if plan.symbols[s].kind == "broadcast":
+            if plan.symbols[s].kind == "broadcast" and s not in defined:
+                defined.add(s)
                 expr = "1"
                 for c in plan.symbols[s].components:
                     expr = f"disc_bcast_dim({expr}, {sym(c, plan)}, &ok{n})"
@@ -96,6 +99,7 @@ def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str]) -> tupl
 def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
     """Host-side shape checks, each failing with a TF-style InvalidArgument."""
     defined: set[int] = set()
+    broadcast_defined: set[int] = set()
     for n, check in enumerate(plan.checks):
         used = [x for s in check.operands + [check.result] for x in s]
         used += [c for x in check.result if plan.symbols[x].kind == "broadcast"
@@ -106,7 +110,7 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
             continue
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')
-        condition, what, prefix = _check_conditions(plan, check, n, lines)
+        condition, what, prefix = _check_conditions(plan, check, n, lines, broadcast_defined)
         lines.append(f"  // {what} for TF op '{comment(check.tf_node)}'")
         lines.append(f"  if ({condition}) {{")
         for i, s in enumerate(shapes):

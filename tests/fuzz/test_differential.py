@@ -1,0 +1,81 @@
+"""Differential fuzzing: random registry-op programs, disc_tf against TF.
+
+Each example jits one generated program (min_cluster_size=1) and runs TF and
+disc on 3 shape sets.  Where TF raises (an invalid broadcast), disc must raise
+InvalidArgumentError; otherwise outputs must match (rtol 1e-4, atol 1e-5,
+NaN == NaN) and nothing may fall back to TF.
+
+The slow variant runs ``DISC_TF_FUZZ_EXAMPLES`` examples (default 1000):
+    DISC_TF_FUZZ_EXAMPLES=200 .venv/bin/python -m pytest -q -m slow tests/fuzz
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import disc_tf
+from tests.fuzz.graph_gen import Program, programs, random_inputs, shape_sets
+
+RTOL = 1e-4
+ATOL = 1e-5
+SLOW_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_EXAMPLES", "1000"))
+
+_SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.filter_too_much])
+
+
+def check_program(program: Program, shape_list: list[list[tuple]], seed: int) -> None:
+    """Runs ``program`` through TF and disc_tf at each shape set and compares."""
+    fn = program.function()
+    tf_fn = tf.function(fn, input_signature=program.signature(), autograph=False)
+    disc_tf.reset_stats()
+    jitted = disc_tf.jit(tf_fn, min_cluster_size=1)
+    assert jitted.report.compiled, f"nothing compiled:\n{program}"
+    errors = [c.error for c in jitted.report.clusters if c.error is not None]
+    assert not errors, f"clusters left as TF ops: {errors}"
+    rng = np.random.default_rng(seed)
+    for shapes in shape_list:
+        args = random_inputs(rng, shapes)
+        try:
+            # Eager TF is the reference: grappler may rewrite the graph
+            # (e.g. Max(Erf(x)) -> Erf(Max(x)), which differs on empty x).
+            expected = fn(*[tf.constant(a) for a in args])
+        except tf.errors.OpError as e:
+            note(f"TF raised {type(e).__name__} at {shapes}")
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                jitted(*args)
+            continue
+        got = jitted(*args)
+        for i, (e, g) in enumerate(zip(tf.nest.flatten(expected), tf.nest.flatten(got))):
+            e, g = np.asarray(e), np.asarray(g)
+            assert e.shape == g.shape, f"output {i} at {shapes}: shape {g.shape} != TF {e.shape}"
+            assert e.dtype == g.dtype, f"output {i} at {shapes}: dtype {g.dtype} != TF {e.dtype}"
+            np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, equal_nan=True,
+                                       err_msg=f"output {i} at shapes {shapes}")
+    assert disc_tf.stats()["fallbacks"] == 0, disc_tf.stats()
+
+
+@st.composite
+def cases(draw):
+    program = draw(programs())
+    return program, draw(shape_sets(program)), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=50, **_SETTINGS)
+@given(cases())
+def test_differential(case):
+    check_program(*case)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_EXAMPLES, **_SETTINGS)
+@given(cases())
+def test_differential_slow(case):
+    check_program(*case)
