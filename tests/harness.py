@@ -70,3 +70,13 @@ def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: in
     built = jitted.report.compiled
     assert built, f"nothing compiled: {jitted.report}"
     return jitted
+
+
+def assert_matches_tf(tf_fn, jitted, args, rtol: float, atol: float) -> None:
+    """Runs both on ``args``; every output must match TF's shape, dtype and values."""
+    expected = tf.nest.flatten(tf_fn(*args))
+    got = tf.nest.flatten(jitted(*args))
+    for e, g in zip(expected, got):
+        e, g = np.asarray(e), np.asarray(g)
+        assert e.shape == g.shape and e.dtype == g.dtype
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)

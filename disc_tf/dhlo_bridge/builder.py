@@ -197,17 +197,16 @@ class DhloBuilder:
         )
         return ssa
 
+    def dims_product(self, value: TValue, dims) -> str:
+        """The product of the given dims of ``value`` as a host ``index`` scalar."""
+        total = self.index_const(1)
+        for d in dims:
+            total = self.multiply_index(total, self.dim(value, d))
+        return total
+
     def element_count(self, value: TValue) -> str:
         """The number of elements of ``value`` as a host ``index`` scalar."""
-        total = self.index_const(1)
-        for d in range(value.rank):
-            ssa = self._fresh("n")
-            self.lines.append(
-                f'{ssa} = "arith.muli"({total}, {self.dim(value, d)}) : (index, index) -> index '
-                f"{self._loc()}"
-            )
-            total = ssa
-        return total
+        return self.dims_product(value, range(value.rank))
 
     def require_equal_extents(self, shapes: list[str], rank: int) -> None:
         """``shape.cstr_eq`` of shape tensors of the same rank (checked by the host)."""
@@ -247,14 +246,7 @@ class DhloBuilder:
 
     def num_elements(self, value: TValue, dims: list[int], elem: str) -> TValue:
         """Product of the given dims of ``value`` as a rank-0 tensor of ``elem``."""
-        total = self.index_const(1)
-        for d in dims:
-            ssa = self._fresh("n")
-            self.lines.append(
-                f'{ssa} = "arith.muli"({total}, {self.dim(value, d)}) : (index, index) -> index '
-                f"{self._loc()}"
-            )
-            total = ssa
+        total = self.dims_product(value, dims)
         wide = self._fresh("n")
         self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
         scalar = wide

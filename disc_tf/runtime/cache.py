@@ -258,8 +258,9 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def _cache_lock(root: pathlib.Path) -> Iterator[None]:
-    with open(root / ".lock", "a") as f:
+def _exclusive(lock_file: pathlib.Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``lock_file`` (created 0600)."""
+    with open(lock_file, "a") as f:
         os.fchmod(f.fileno(), 0o600)
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -268,13 +269,11 @@ def _cache_lock(root: pathlib.Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def key_lock(key: str) -> Iterator[None]:
+def _cache_lock(root: pathlib.Path):
+    """The cache-wide lock (eviction)."""
+    return _exclusive(root / ".lock")
+
+
+def key_lock(key: str):
     """Holds an exclusive inter-process lock for ``key``."""
-    with open(_shard(key) / f"{key}.lock", "a") as f:
-        os.fchmod(f.fileno(), 0o600)
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return _exclusive(_shard(key) / f"{key}.lock")

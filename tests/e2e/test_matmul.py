@@ -10,19 +10,14 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
-from tests.harness import compiled, random_value
+from tests.harness import assert_matches_tf, compiled, random_value
 from tests.stage_helpers import cluster_of, dyn
 
 F32 = tf.float32
 
 
 def _compare(tf_fn, jitted, args, rtol=1e-4, atol=1e-4):
-    expected = tf.nest.flatten(tf_fn(*args))
-    got = tf.nest.flatten(jitted(*args))
-    for e, g in zip(expected, got):
-        e, g = np.asarray(e), np.asarray(g)
-        assert e.shape == g.shape and e.dtype == g.dtype
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+    assert_matches_tf(tf_fn, jitted, args, rtol, atol)
 
 
 MKN = [(3, 4, 5), (1, 1, 1), (0, 4, 5), (3, 0, 5), (4, 6, 0), (17, 33, 9), (64, 40, 70)]

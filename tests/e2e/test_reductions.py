@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
-from tests.harness import compiled, random_value
+from tests.harness import assert_matches_tf, compiled, random_value
 
 REDUCE = {
     "Sum": tf.reduce_sum, "Mean": tf.reduce_mean, "Max": tf.reduce_max,
@@ -18,12 +18,7 @@ AXES = [[-1], [0], [1], [0, 2], [-2, -1], [0, 1, 2]]
 
 
 def _compare(tf_fn, jitted, args, rtol=1e-4, atol=1e-5):
-    expected = tf.nest.flatten(tf_fn(*args))
-    got = tf.nest.flatten(jitted(*args))
-    for e, g in zip(expected, got):
-        e, g = np.asarray(e), np.asarray(g)
-        assert e.shape == g.shape and e.dtype == g.dtype
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+    assert_matches_tf(tf_fn, jitted, args, rtol, atol)
 
 
 def _shapes(rng, rank, count=6):
