@@ -15,12 +15,6 @@ import tensorflow as tf
 from disc_tf.cluster import op_registry
 from disc_tf.cluster.graph_view import GraphView, NodeInfo, producer
 
-#: TF1 control-flow ops; a body holding any of them is left unclustered for now.
-_V1_CONTROL_FLOW = frozenset(
-    {"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
-     "Switch", "RefSwitch", "Merge", "RefMerge", "LoopCond"}
-)
-
 
 @dataclasses.dataclass
 class ClusteringResult:
@@ -43,8 +37,12 @@ def _const_too_big(node: NodeInfo) -> bool:
     return int(np.prod(dims)) > op_registry.MAX_CONST_ELEMENTS if dims else False
 
 
-def why_not_compilable(node: NodeInfo) -> str | None:
-    """None if ``node`` may join a cluster, else the reason it may not."""
+def why_not_compilable(node: NodeInfo, host: HostValues | None = None) -> str | None:
+    """None if ``node`` may join a cluster, else the reason it may not.
+
+    ``host`` decides whether the host can evaluate a node (needed for dtypes an
+    op supports only as a shape computation, e.g. int StridedSlice of a shape).
+    """
     support = op_registry.lookup(node.op)
     if support is None:
         return f"unsupported op {node.op}"
@@ -56,7 +54,12 @@ def why_not_compilable(node: NodeInfo) -> str | None:
         attr = node.node_def.attr[support.dtype_attr]
         dtype = tf.as_dtype(attr.type) if attr.type else None
         if dtype not in support.dtypes:
-            return f"dtype {dtype.name if dtype else '?'} not supported by {node.op}"
+            if dtype in support.host_dtypes and host is not None and host.evaluable(node):
+                pass
+            elif dtype in support.host_dtypes:
+                return f"{node.op} on {dtype.name} only where it computes a shape from dims"
+            else:
+                return f"dtype {dtype.name if dtype else '?'} not supported by {node.op}"
     for t in node.inputs + node.outputs:
         if t.dtype not in op_registry.ALL_TYPES:
             return f"dtype {t.dtype.name} of {t.name}"
@@ -66,17 +69,79 @@ def why_not_compilable(node: NodeInfo) -> str | None:
             return f"rank {t.rank} of {t.name} exceeds {op_registry.MAX_RANK}"
     if node.op == "Const" and _const_too_big(node):
         return "constant too large to embed"
-    if support.check is not None:
-        return support.check(node.node_def)
+    if support.check is not None and (why := support.check(node.node_def)):
+        return why
+    if support.shape_check is not None:
+        return support.shape_check(node)
     return None
 
 
-def _why_not_constant(view: GraphView, node: NodeInfo) -> str | None:
-    """A reason if an input the op needs at compile time is not a Const node."""
-    for i in op_registry.lookup(node.op).const_inputs:
-        src = view.nodes.get(producer(node.inputs[i].name)) if i < len(node.inputs) else None
-        if src is None or src.op != "Const":
+class HostValues:
+    """Which tensors of a view the host runner can compute: constants, and small
+    integer results of ``op_registry.HOST_OPS`` over them and over dims (Shape)."""
+
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+        self._memo: dict[tuple[str, bool], bool] = {}
+
+    def known(self, tensor: str, static: bool = False) -> bool:
+        """True if the host knows ``tensor``'s value (at compile time if ``static``)."""
+        key = (tensor, static)
+        if key not in self._memo:
+            self._memo[key] = False  # no cycles through a pending query
+            node = self.view.nodes.get(producer(tensor))
+            self._memo[key] = node is not None and self._node_known(node, static)
+        return self._memo[key]
+
+    def evaluable(self, node: NodeInfo) -> bool:
+        """True if the host can compute every output of ``node`` from dims."""
+        return self._node_known(node, False)
+
+    def _node_known(self, node: NodeInfo, static: bool) -> bool:
+        if node.control_inputs and node.op != "Const":
+            return False
+        max_rank = 2 if node.op == "Const" else 1  # a Const may be a [rank, 2] paddings
+        if any(t.dtype not in (tf.int32, tf.int64) or t.dims is None or len(t.dims) > max_rank
+               or None in t.dims or int(np.prod(t.dims)) > op_registry.MAX_HOST_ELEMENTS
+               for t in node.outputs):
+            return False
+        if node.op == "Const":
+            return True
+        if node.op in ("Shape", "ShapeN", "Size", "Rank"):
+            return all(t.dims is not None and (not static or None not in t.dims)
+                       for t in node.inputs)
+        if node.op not in op_registry.HOST_OPS:
+            return False
+        need_static = {i % len(node.inputs) for i in op_registry.HOST_OPS[node.op]}
+        return all(self.known(t.name, static or i in need_static)
+                   for i, t in enumerate(node.inputs))
+
+    def chain(self, tensor: str) -> list[str]:
+        """The non-Const nodes computing host-known ``tensor``, producers first."""
+        out: list[str] = []
+
+        def visit(name: str) -> None:
+            node = self.view.nodes[producer(name)]
+            if node.op == "Const" or node.name in out:
+                return
+            if node.op not in ("Shape", "ShapeN", "Size", "Rank"):
+                for t in node.inputs:
+                    visit(t.name)
+            out.append(node.name)
+
+        visit(tensor)
+        return out
+
+
+def _why_not_host_known(host: HostValues, node: NodeInfo) -> str | None:
+    """A reason if an input the op needs at compile time (or on the host) is unknown."""
+    support = op_registry.lookup(node.op)
+    for i in support.const_inputs:
+        if i >= len(node.inputs) or not host.known(node.inputs[i].name, static=True):
             return f"input {i} of {node.op} must be a constant"
+    for i in support.shape_inputs:
+        if i >= len(node.inputs) or not host.known(node.inputs[i].name):
+            return f"input {i} of {node.op} must be computable from constants and dims"
     return None
 
 
@@ -90,6 +155,10 @@ class _ClusterGraph:
         for node in view.nodes.values():
             srcs = {producer(t.name) for t in node.inputs} | set(node.control_inputs)
             for src in srcs:
+                # TF1 loop back edges (NextIteration -> Merge) join iterations, not a cycle.
+                if src in view.nodes and view.nodes[src].op in ("NextIteration",
+                                                                "RefNextIteration"):
+                    continue
                 if src in self.parent and src != node.name:
                     self.succs[src].add(node.name)
                     self.preds[node.name].add(src)
@@ -139,6 +208,64 @@ class _ClusterGraph:
         return True
 
 
+def _why_colocated(node: NodeInfo) -> str | None:
+    """Nodes colocated with another (``_class: loc:@x``, e.g. a variable's readers in
+    TF1) keep their placement: they are not clustered."""
+    classes = [c.decode() for c in node.node_def.attr["_class"].list.s] \
+        if "_class" in node.node_def.attr else []
+    others = [c[len("loc:@"):] for c in classes if c.startswith("loc:@")
+              and c[len("loc:@"):] != node.name]
+    return f"colocated with {others[0]}" if others else None
+
+
+def control_flow_contexts(view: GraphView) -> dict[str, str | None]:
+    """Each node's TF1 control-flow context: "" outside any while frame or cond
+    branch, "frame:<name>/..." or ".../switch:<node>:<branch>" inside; None where
+    data inputs come from different contexts. Clusters never mix contexts."""
+    ctx: dict[str, str | None] = {}
+
+    def parent(c: str) -> str:
+        return c.rsplit("|", 1)[0] if "|" in c else ""
+
+    for name in view.order:
+        node = view.nodes[name]
+        ins = []
+        for t in node.inputs:
+            src = producer(t.name)
+            if src not in ctx:
+                continue  # a loop's back edge (NextIteration -> Merge), or outside the body
+            c = ctx[src]
+            if c is not None and view.nodes.get(src) is not None and view.nodes[src].op in (
+                    "Switch", "RefSwitch"):
+                c = f"{c}|switch:{src}:{t.name.rsplit(':', 1)[-1]}"
+            ins.append(c)
+        if node.op in ("NextIteration", "RefNextIteration", "Merge", "RefMerge"):
+            # Merge joins branches (or a loop's entry and back edge): the enclosing context.
+            known = [c for c in ins if c is not None]
+            base = min(known, key=len) if known else ""
+            ctx[name] = parent(base) if node.op.endswith("Merge") and "switch:" in base.rsplit(
+                "|", 1)[-1] else base
+            continue
+        distinct = {c for c in ins}
+        if None in distinct or len(distinct) > 1:
+            # A loop's Merge also takes the back edge: contexts nested in one another
+            # are the deepest; anything else is a conflict.
+            chain = sorted((c for c in distinct if c is not None), key=len)
+            ok = None not in distinct and all(chain[-1].startswith(c) for c in chain)
+            current = chain[-1] if ok else None
+        else:
+            current = distinct.pop() if distinct else ""
+        if node.op in ("Enter", "RefEnter") and current is not None:
+            frame = node.node_def.attr["frame_name"].s.decode()
+            current = f"{current}|frame:{frame}"
+        elif node.op in ("Exit", "RefExit") and current is not None:
+            while current and not current.rsplit("|", 1)[-1].startswith("frame:"):
+                current = parent(current)
+            current = parent(current)
+        ctx[name] = current
+    return ctx
+
+
 def find_clusters(
     view: GraphView, *, min_cluster_size: int = 2, protected: frozenset[str] = frozenset()
 ) -> ClusteringResult:
@@ -148,14 +275,17 @@ def find_clusters(
     they may be clustered (the rewrite re-creates their names).
     """
     reasons: dict[str, str] = {}
-    if any(n.op in _V1_CONTROL_FLOW for n in view.nodes.values()):
-        for name in view.order:
-            reasons[name] = "body has TF1 control flow (not clustered yet)"
-        return ClusteringResult([], reasons)
+    contexts = control_flow_contexts(view)
 
     compilable: set[str] = set()
+    host = HostValues(view)
     for name in view.order:
-        why = why_not_compilable(view.nodes[name]) or _why_not_constant(view, view.nodes[name])
+        node = view.nodes[name]
+        why = why_not_compilable(node, host) or _why_not_host_known(host, node)
+        if why is None and contexts.get(name, "") is None:
+            why = "inputs from different TF1 control-flow contexts"
+        if why is None:
+            why = _why_colocated(node)
         if why is None:
             compilable.add(name)
         else:
@@ -167,7 +297,11 @@ def find_clusters(
             continue
         for t in view.nodes[name].inputs:
             src = producer(t.name)
-            if src in compilable and src not in consts and not graph.try_merge(src, name):
+            if src not in compilable or src in consts:
+                continue
+            if contexts.get(src, "") != contexts.get(name, ""):
+                continue  # a cluster never spans TF1 frames or cond branches
+            if not graph.try_merge(src, name):
                 reasons.setdefault(src, "merging would create a cycle")
 
     members: dict[str, list[str]] = {}

@@ -114,6 +114,19 @@ def _topological_order(graph_def: graph_pb2.GraphDef) -> list[str]:
     return order
 
 
+def _with_defaults(nd: tf.compat.v1.NodeDef, op_def) -> tf.compat.v1.NodeDef:
+    """``nd`` with the attrs its op def defaults filled in (SavedModels strip them)."""
+    if op_def is None or all(a.name in nd.attr or not a.HasField("default_value")
+                             for a in op_def.attr):
+        return nd
+    full = tf.compat.v1.NodeDef()
+    full.CopyFrom(nd)
+    for a in op_def.attr:
+        if a.name not in full.attr and a.HasField("default_value"):
+            full.attr[a.name].CopyFrom(a.default_value)
+    return full
+
+
 def view_of_graph_def(
     graph_def: graph_pb2.GraphDef,
     library: function_pb2.FunctionDefLibrary | None = None,
@@ -151,7 +164,7 @@ def view_of_graph_def(
             name=nd.name,
             op=nd.op,
             device=nd.device,
-            node_def=nd,
+            node_def=_with_defaults(nd, op.op_def),
             inputs=[
                 tensors.get(name) or TensorInfo(name, t.dtype, _dims(t.shape))
                 for name, t in zip(data_inputs, op.inputs)

@@ -37,14 +37,39 @@ class OpSupport:
     const_inputs: tuple = ()
     #: op-specific attribute check: NodeDef -> None, or why it is not supported
     check: Callable | None = None
+    #: host shape operands (Reshape's shape, Fill's dims): computed by the host
+    #: runner from constants and dims, in the same cluster
+    shape_inputs: tuple = ()
+    #: dtypes accepted only where the host evaluates the op (a small integer
+    #: result computed from constants and dims, see ``HOST_OPS``)
+    host_dtypes: frozenset = frozenset()
+    #: check of the node's inferred shapes: NodeInfo -> None, or why it is not supported
+    shape_check: Callable | None = None
 
 
 _REGISTRY: dict[str, OpSupport] = {}
 
 
 def _register(op: str, dtypes: frozenset, dtype_attr: str = "T", trivial: bool = False,
-              const_inputs: tuple = (), check: Callable | None = None) -> None:
-    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs, check)
+              const_inputs: tuple = (), check: Callable | None = None,
+              shape_inputs: tuple = (), host_dtypes: frozenset = frozenset(),
+              shape_check: Callable | None = None) -> None:
+    _REGISTRY[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs, check,
+                              shape_inputs, frozenset(host_dtypes), shape_check)
+
+
+#: Ops the host runner can evaluate on small integer tensors (shapes, sizes):
+#: op -> inputs whose values must be known at compile time for that.
+HOST_OPS: dict[str, tuple] = {
+    "Shape": (), "ShapeN": (), "Size": (), "Rank": (),
+    "Mul": (), "Add": (), "AddV2": (), "Sub": (), "Maximum": (), "Minimum": (), "Neg": (),
+    "FloorDiv": (1,), "Identity": (), "StopGradient": (), "Snapshot": (), "Cast": (),
+    "Reshape": (1,), "ExpandDims": (1,), "Squeeze": (), "Pack": (), "ConcatV2": (-1,),
+    "GatherV2": (1, 2), "StridedSlice": (1, 2, 3), "Prod": (1,), "Sum": (1,), "Max": (1,),
+    "Min": (1,),
+}
+#: Most elements a host-evaluated integer tensor may have.
+MAX_HOST_ELEMENTS = 16
 
 
 def einsum_parts(equation: str) -> tuple[str, str, str] | None:
@@ -88,7 +113,7 @@ for _op in ("Less", "LessEqual", "Greater", "GreaterEqual"):
 for _op in ("LogicalAnd", "LogicalOr", "LogicalNot"):
     _register(_op, frozenset({tf.bool}), dtype_attr="")
 for _op in ("Erf", "Erfc", "Log1p", "Expm1", "Sin", "Cos", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
-            "Softplus", "Softsign", "Elu", "Selu", "IsNan", "IsFinite", "FloorDiv", "FloorMod",
+            "Softplus", "Softsign", "Elu", "Selu", "IsNan", "IsFinite", "FloorMod",
             "LeakyRelu"):
     _register(_op, FLOAT_TYPES)
 for _op in ("Sign", "SquaredDifference", "Relu6", "BiasAdd", "AddN", "ClipByValue"):
@@ -111,7 +136,7 @@ for _op in ("MatMul", "BatchMatMulV2"):
 # move no data (a view of a dense buffer), so they do not count as work.
 LAYOUT_TYPES = frozenset({tf.float32, tf.int32, tf.bool})
 _register("Transpose", LAYOUT_TYPES, const_inputs=(1,))
-_register("Reshape", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
+_register("Reshape", LAYOUT_TYPES, trivial=True, shape_inputs=(1,))
 _register("ExpandDims", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
 _register("Squeeze", LAYOUT_TYPES, trivial=True)
 _register("Einsum", frozenset({tf.float32}), check=_einsum_check)
@@ -119,6 +144,60 @@ _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")
 _register("Const", ALL_TYPES, dtype_attr="dtype", trivial=True)
+# Shape queries: free on the host (they read dims, never data).
+for _op in ("Shape", "ShapeN", "Size", "Rank"):
+    _register(_op, ALL_TYPES, trivial=True)
+_register("Fill", ALL_TYPES, shape_inputs=(0,))
+INT_TYPES = frozenset({tf.int32, tf.int64})
+_register("FloorDiv", FLOAT_TYPES, host_dtypes=INT_TYPES)
+# Data movement: "index" kernels; bounds/sizes/paddings computed on the host.
+MOVE_TYPES = NUMERIC_TYPES | {tf.bool}
+_register("Slice", MOVE_TYPES, shape_inputs=(1, 2))
+_register("StridedSlice", MOVE_TYPES, shape_inputs=(1, 2), const_inputs=(3,),
+          check=lambda n: None if not n.attr["ellipsis_mask"].i & n.attr["new_axis_mask"].i
+          else "StridedSlice with ellipsis and new_axis on one index")
+_register("ConcatV2", MOVE_TYPES, const_inputs=(-1,))
+_register("Pack", MOVE_TYPES)
+_register("Unpack", MOVE_TYPES)
+_register("Split", MOVE_TYPES, const_inputs=(0,))
+_register("SplitV", MOVE_TYPES, const_inputs=(1, 2))
+_register("Pad", MOVE_TYPES, shape_inputs=(1,))
+_register("PadV2", MOVE_TYPES, shape_inputs=(1,))
+_register("Tile", MOVE_TYPES, shape_inputs=(1,))
+_register("Range", INT_TYPES, dtype_attr="Tidx", shape_inputs=(0, 1), const_inputs=(2,))
+_register("OneHot", MOVE_TYPES, shape_inputs=(1,), check=lambda n: None if n.attr["TI"].type in (
+    tf.int32.as_datatype_enum, tf.int64.as_datatype_enum) else "OneHot indices must be integers")
+_register("GatherV2", MOVE_TYPES, dtype_attr="Tparams", const_inputs=(2,))
+for _op in ("ArgMax", "ArgMin"):
+    _register(_op, NUMERIC_TYPES, const_inputs=(1,))
+
+
+def _nhwc_check(node) -> str | None:
+    fmt = node.attr["data_format"].s.decode() if "data_format" in node.attr else "NHWC"
+    if fmt != "NHWC":
+        return f"data_format {fmt} (only NHWC)"
+    if node.attr["padding"].s.decode() not in ("SAME", "VALID", "EXPLICIT"):
+        return "unsupported padding"
+    return None
+
+
+# Convolutions: im2col + GEMM (grouped/depthwise: a direct kernel); pooling: a
+# window kernel over the padded input. f32; the window (filter kh, kw) must be static.
+def _static_window(node) -> str | None:
+    """The filter window (and a depthwise conv's channel count) must be static."""
+    dims = node.inputs[1].dims if len(node.inputs) > 1 else None
+    if dims is None or len(dims) != 4 or None in dims[:2]:
+        return "filter window must be static"
+    x = node.inputs[0].dims
+    if node.op == "DepthwiseConv2dNative" and (x is None or len(x) != 4 or x[3] is None):
+        return "depthwise input channels must be static"
+    return None
+
+
+for _op in ("Conv2D", "DepthwiseConv2dNative"):
+    _register(_op, frozenset({tf.float32}), check=_nhwc_check, shape_check=_static_window)
+for _op in ("MaxPool", "AvgPool"):
+    _register(_op, frozenset({tf.float32}), check=_nhwc_check)
 
 #: Const nodes larger than this many elements stay outside clusters.
 MAX_CONST_ELEMENTS = 4096

@@ -14,7 +14,8 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import graph_to_function_def
 
-from disc_tf.cluster.clustering import why_not_compilable
+from disc_tf.cluster import op_registry
+from disc_tf.cluster.clustering import HostValues, why_not_compilable
 from disc_tf.cluster.graph_view import GraphView, TensorInfo, canonical_tensor_name, producer
 
 DISC_OP = "DiscCluster"
@@ -55,18 +56,32 @@ def extract_cluster(
     returns, fetches); such tensors always become cluster outputs.
     """
     members = set(node_names)
+    # Shape computations a member needs on the host (Shape -> StridedSlice ->
+    # Pack feeding a Reshape) are copied in when they run elsewhere: the host
+    # runner recomputes them from dims, which costs nothing.
+    host = HostValues(view)
+    chain: list[str] = []
+    for n in node_names:
+        support = op_registry.lookup(view.nodes[n].op)
+        wanted = (support.const_inputs + support.shape_inputs) if support else ()
+        for i in wanted:
+            if i < len(view.nodes[n].inputs) and host.known(view.nodes[n].inputs[i].name):
+                chain += [c for c in host.chain(view.nodes[n].inputs[i].name)
+                          if c not in members and c not in chain]
     # Small constants outside the cluster are copied in rather than passed in:
     # their values are then known to the compiler (e.g. reduction axes).
     copied = []
-    for n in node_names:
+    for n in chain + list(node_names):
         for t in view.nodes[n].inputs:
             src = view.nodes.get(producer(t.name))
             if (src is not None and src.op == "Const" and src.name not in members
                     and src.name not in copied and not src.control_inputs
                     and why_not_compilable(src) is None):
                 copied.append(src.name)
+    copied += chain
     members |= set(copied)
-    node_names = copied + list(node_names)
+    order = {name: i for i, name in enumerate(view.order)}
+    node_names = sorted(copied + list(node_names), key=order.__getitem__)
     inputs: list[TensorInfo] = []
     input_index: dict[str, int] = {}
     control_inputs: list[str] = []

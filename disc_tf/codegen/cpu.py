@@ -8,6 +8,7 @@ launches the kernels emitted by ``cpu_kernels.py`` (or the speculative plan's).
 
 from __future__ import annotations
 
+from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter, comment, host_expr, product, sym
 from disc_tf.codegen.cpu_ops import (
     ITEMSIZE,
@@ -20,18 +21,46 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.fusion.plan import Buffer, FusionPlan
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-7"
+CODEGEN_VERSION = "cpu-8"
+
+
+_ARITH_CXX = {
+    "addi": "{0} + {1}", "subi": "{0} - {1}", "muli": "{0} * {1}",
+    "floordivsi": "disc_floordiv({0}, {1})", "ceildivsi": "disc_ceildiv({0}, {1})",
+    "remsi": "disc_rem({0}, {1})", "maxsi": "disc_max({0}, {1})", "minsi": "disc_min({0}, {1})",
+}
+_PREDICATE_CXX = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "sge": ">="}
+
+
+def _arith_cxx(plan: FusionPlan, d) -> str:
+    """C++ of an "arith" symbol over its (already defined) components."""
+    args = [sym(c, plan) for c in d.components]
+    if d.op.startswith("select_"):
+        a, b, c, e = args
+        return f"({a} {_PREDICATE_CXX[d.op[len('select_'):]]} {b}) ? {c} : {e}"
+    return _ARITH_CXX[d.op].format(*args)
 
 
 def _define_exprs(plan: FusionPlan, syms: list[int], done: set[int], lines: list[str]) -> None:
-    """Defines the "expr" symbols among ``syms`` (and those they use) not yet defined."""
+    """Defines the "expr"/"arith" symbols among ``syms`` (and those they use) not yet defined."""
     for s in syms:
         d = plan.symbols[s]
-        if d.kind != "expr" or s in done:
+        if d.kind not in ("expr", "arith") or s in done:
             continue
-        _define_exprs(plan, list(d.scalar.symbols), done, lines)
-        lines.append(f"  const int64_t s{s} = {host_expr(d.scalar, plan)};  // {d.scalar}")
+        if d.kind == "expr":
+            _define_exprs(plan, list(d.scalar.symbols), done, lines)
+            lines.append(f"  const int64_t s{s} = {host_expr(d.scalar, plan)};  // {d.scalar}")
+        else:
+            _define_exprs(plan, list(d.components), done, lines)
+            lines.append(f"  const int64_t s{s} = {_arith_cxx(plan, d)};  // {d}")
         done.add(s)
+
+
+def emitter_for(kernel, plan: FusionPlan) -> KernelEmitter:
+    """The emitter of one planned kernel."""
+    if kernel.kind == "index":
+        return IndexKernelEmitter(kernel, plan)
+    return KernelEmitter(kernel, plan)
 
 
 def _const_data(b: Buffer) -> str:
@@ -61,6 +90,32 @@ def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
     lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
     lines.append("    }")
     lines.append("  }")
+
+
+def _nonnegative_check(plan: FusionPlan, check, lines: list[str]) -> None:
+    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    dims = [sym(s, plan) for s in check.result]
+    lines.append(f"  // dims computed on the host for TF op '{comment(check.tf_node)}'")
+    lines.append(f"  if ({' || '.join(f'{d} < 0' for d in dims)}) {{")
+    fmt = ", ".join("%lld" for _ in dims)
+    args = ", ".join(f"(long long){d}" for d in dims)
+    lines.append(f'    snprintf(msg, sizeof(msg), "TF op \'{tf}\': dimension sizes must be '
+                 f'non-negative, got [{fmt}]", {args});')
+    lines.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+    lines.append("  }")
+
+
+def _slice_check(plan: FusionPlan, check, lines: list[str]) -> None:
+    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    start, limit, dims = check.operands
+    lines.append(f"  // slice bounds of TF op '{comment(check.tf_node)}'")
+    for d, (lo, hi, n) in enumerate(zip(start, limit, dims)):
+        lo, hi, n = sym(lo, plan), sym(hi, plan), sym(n, plan)
+        lines.append(f"  if ({lo} < 0 || {hi} < {lo} || {hi} > {n}) {{")
+        lines.append(f'    snprintf(msg, sizeof(msg), "TF op \'{tf}\': slice [%lld, %lld) of dim {d} '
+                     f'is out of bounds [0, %lld)", (long long){lo}, (long long){hi}, (long long){n});')
+        lines.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+        lines.append("  }")
 
 
 def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str],
@@ -108,6 +163,12 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
         if check.kind == "reshape":
             _reshape_check(plan, check, lines)
             continue
+        if check.kind == "nonnegative":
+            _nonnegative_check(plan, check, lines)
+            continue
+        if check.kind == "slice":
+            _slice_check(plan, check, lines)
+            continue
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')
         condition, what, prefix = _check_conditions(plan, check, n, lines, broadcast_defined)
@@ -125,6 +186,23 @@ def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
                          f"{len(shapes)}, shapes, ranks);")
         lines.append("  }")
     _define_exprs(plan, list(range(len(plan.symbols))), defined, lines)
+
+
+def _size_checks(plans: list[FusionPlan], lines: list[str]) -> None:
+    """Every allocated buffer's byte size must fit in int64: dims that broadcasting
+    or host arithmetic computes could otherwise overflow into a too-small buffer."""
+    seen: set[str] = set()
+    lines.append("  // ---- buffer sizes (overflow -> ResourceExhausted, never a short buffer)")
+    for p in plans:
+        for b in p.buffers.values():
+            if b.role not in ("output", "temp") or len(b.dims) < 2 or b.name in seen:
+                continue
+            seen.add(b.name)
+            dims = ", ".join(sym(s, p) for s in b.dims)
+            lines.append(f"  {{ const int64_t d[] = {{{dims}}};")
+            lines.append(f"    if (disc_size_overflows(d, {len(b.dims)}, {ITEMSIZE[b.elem]}))")
+            lines.append(f'      return disc_fail(ral, DISC_RESOURCE_EXHAUSTED, "cluster '
+                         f'{comment(p.cluster_name)}: {b.name} would exceed the address space"); }}')
 
 
 def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[str]:
@@ -154,9 +232,9 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
 
 def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
     """The complete C++ source (kernels + ``disc_entry``) of one cluster."""
-    emitters = [KernelEmitter(k, plan) for k in plan.kernels]
+    emitters = [emitter_for(k, plan) for k in plan.kernels]
     all_emitters = emitters + (
-        [KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
+        [emitter_for(k, plan.speculative) for k in plan.speculative.kernels]
         if plan.speculative else []
     )
     out: list[str] = [
@@ -221,13 +299,18 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
             out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
     out.append("  // ---- shape computation and checks")
     _host_checks(plan, out)
-    out.append("  // ---- buffers")
     plans = [plan] + ([plan.speculative] if plan.speculative else [])
-    for b in {b.name: b for p in plans for b in p.buffers.values()}.values():
+    _size_checks(plans, out)
+    out.append("  // ---- buffers")
+    for b, owner in {b.name: (b, q) for q in plans for b in q.buffers.values()}.values():
         st = STORAGE[b.elem]
         if b.role == "input":
             out.append(f"  const {st}* {b.name} = static_cast<const {st}*>(ral->input_data(ral, {b.index}));")
         elif b.role == "const":
+            out.append(f"  const {st}* {b.name} = {b.name}_data;")
+        elif b.role == "host":
+            values = ", ".join(f"({st})({host_expr(h, owner)})" for h in b.host_elements) or "0"
+            out.append(f"  const {st} {b.name}_data[] = {{{values}}};  // computed from dims")
             out.append(f"  const {st}* {b.name} = {b.name}_data;")
         elif b.role == "output":
             dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
@@ -248,7 +331,7 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         out.append(f"  if ({' && '.join(conds)}) {{")
         out.append(f"    // speculation: no unknown dim is broadcast in this call -> "
                    f"{len(plan.speculative.kernels)} kernel(s)")
-        spec_emitters = [KernelEmitter(k, plan.speculative) for k in plan.speculative.kernels]
+        spec_emitters = [emitter_for(k, plan.speculative) for k in plan.speculative.kernels]
         out.extend("  " + line for line in _launch_sequence(plan.speculative, spec_emitters))
         out.append(f"  }} else {{  // general case -> {len(plan.kernels)} kernel(s)")
         out.extend("  " + line for line in _launch_sequence(plan, emitters))

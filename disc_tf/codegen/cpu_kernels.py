@@ -374,6 +374,8 @@ class KernelEmitter:
         k, r = self.k, self.rank
         (op,) = k.ops
         kept = [d for d in range(r) if d not in k.reduce_dims]
+        if op.op == "arg_reduce":
+            return self.arg_reduce(kept)
         ct = COMPUTE[op.elem]
         elem = self.buf(k.inputs[0]).elem
         out_elem = self.plan.buffers[k.outputs[0][1]].elem
@@ -401,6 +403,38 @@ class KernelEmitter:
         lines.append(f"    a.out0[o] = ({STORAGE[out_elem]})acc;")
         lines += ["  }", "}"]
         del elem
+        return "\n".join(lines)
+
+    def arg_reduce(self, kept: list[int]) -> str:
+        """ArgMax/ArgMin over one dim: the position of the first extreme value."""
+        k = self.k
+        (op,) = k.ops
+        (axis,) = k.reduce_dims
+        vt = COMPUTE[self.buf(k.inputs[0]).elem]
+        out = STORAGE[self.plan.buffers[k.outputs[0][1]].elem]
+        better = ">" if op.attrs["direction"] == "max" else "<"
+        lines = [
+            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
+            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "  for (int64_t o = begin; o < end; ++o) {",
+            "    int64_t rem = o;",
+            "    int64_t base = 0;",
+        ]
+        for d in reversed(kept):
+            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
+            lines.append(f"    rem /= a.dims[{d}];")
+        lines += [
+            f"    {vt} best = ({vt})a.in0[base];",
+            "    int64_t at = 0;",
+            "    for (int64_t q = 1; q < a.reduced; ++q) {",
+            f"      const {vt} v = ({vt})a.in0[base + q * a.in0_strides[{axis}]];",
+            f"      if (v {better} best) {{ best = v; at = q; }}",
+            "    }",
+            f"    a.out0[o] = ({out})at;",
+            "  }",
+            "}",
+        ]
         return "\n".join(lines)
 
     def library_launch(self, buffer_ptr: dict[str, str]) -> list[str]:

@@ -144,6 +144,27 @@ static inline int64_t disc_bcast_dim(int64_t acc, int64_t d, bool* ok) {
   *ok = false;
   return acc;
 }
+// Host index arithmetic of shape computations (TF semantics: floor division;
+// a zero divisor yields 0 and is caught by the element-count checks).
+static inline int64_t disc_floordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  const int64_t q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t disc_ceildiv(int64_t a, int64_t b) {
+  return b == 0 ? 0 : -disc_floordiv(-a, b);
+}
+static inline int64_t disc_rem(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
+static inline int64_t disc_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t disc_min(int64_t a, int64_t b) { return a < b ? a : b; }
+// True if a buffer of these dims would not fit in int64 bytes (or a dim is negative).
+static inline bool disc_size_overflows(const int64_t* dims, int n, int64_t itemsize) {
+  int64_t total = itemsize;
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] < 0 || __builtin_mul_overflow(total, dims[i], &total)) return true;
+  }
+  return false;
+}
 static int32_t disc_fail(disc_ral* ral, int32_t code, const char* message) {
   ral->set_error(ral, code, message);
   return 1;

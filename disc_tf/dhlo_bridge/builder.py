@@ -8,7 +8,29 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from disc_tf.dhlo_bridge.types import tensor_type
+
+#: Largest integer constant whose elements the host runner keeps as scalars.
+_MAX_HOST_ELEMENTS = 16
+
+
+def _fold_index(op: str, x: int, y: int) -> int | None:
+    """Compile-time value of ``arith.<op>(x, y)``; None if it is undefined."""
+    if op in ("floordivsi", "ceildivsi", "remsi") and y == 0:
+        return None
+    return {
+        "addi": lambda: x + y, "subi": lambda: x - y, "muli": lambda: x * y,
+        "floordivsi": lambda: x // y, "ceildivsi": lambda: -(-x // y),
+        "maxsi": lambda: max(x, y), "minsi": lambda: min(x, y),
+        "remsi": lambda: int(np.fmod(x, y)),
+    }[op]()
+
+
+def _compare_index(predicate: str, x: int, y: int) -> bool:
+    return {"eq": x == y, "ne": x != y, "slt": x < y, "sle": x <= y, "sgt": x > y,
+            "sge": x >= y}[predicate]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +40,9 @@ class TValue:
     ssa: str
     elem: str
     dims: tuple
+    #: For a small integer tensor (rank 0 or 1) whose values the host runner
+    #: computes from dims (a shape, a size): one ``index`` SSA scalar per element.
+    host: tuple | None = None
 
     @property
     def rank(self) -> int:
@@ -39,6 +64,8 @@ class DhloBuilder:
         self._shape_of: dict[str, str] = {}
         #: numpy values of constants, for rules that need compile-time operands
         self.const_values: dict = {}
+        #: values of ``index`` constants (host scalars known at compile time)
+        self.index_values: dict[str, int] = {}
         self.loc = "unknown"
 
     def _fresh(self, prefix: str = "v") -> str:
@@ -65,6 +92,26 @@ class DhloBuilder:
         attr_text = f" {{{attrs}}}" if attrs else ""
         self.lines.append(
             f'{result.ssa} = "{full}"({args}){attr_text} : ({types}) -> {result.type} {self._loc()}'
+        )
+        return result
+
+    def op_with_shapes(self, name: str, operands: list, result_elem: str, result_dims: tuple,
+                       attrs: str = "") -> TValue:
+        """Emits ``stablehlo.<name>`` whose operands mix tensor values and host shape
+        tensors (``str`` SSA names of ``tensor<Nxindex>``, given as (ssa, N))."""
+        result = TValue(self._fresh(), result_elem, tuple(result_dims))
+        names, types = [], []
+        for v in operands:
+            if isinstance(v, TValue):
+                names.append(v.ssa)
+                types.append(v.type)
+            else:
+                names.append(v[0])
+                types.append(f"tensor<{v[1]}xindex>")
+        attr_text = f" {{{attrs}}}" if attrs else ""
+        self.lines.append(
+            f'{result.ssa} = "stablehlo.{name}"({", ".join(names)}){attr_text} : '
+            f"({', '.join(types)}) -> {result.type} {self._loc()}"
         )
         return result
 
@@ -166,12 +213,96 @@ class DhloBuilder:
         """An ``index`` constant (host scalar)."""
         ssa = self._fresh("c")
         self.lines.append(
-            f'{ssa} = "arith.constant"() {{value = {value} : index}} : () -> index {self._loc()}'
+            f'{ssa} = "arith.constant"() {{value = {int(value)} : index}} : () -> index {self._loc()}'
+        )
+        self.index_values[ssa] = int(value)
+        return ssa
+
+    def index_arith(self, op: str, a: str, b: str) -> str:
+        """A host ``index`` computation ``arith.<op>(a, b)`` (addi, subi, muli,
+        floordivsi, ceildivsi, maxsi, minsi, remsi); folded when both are known."""
+        x, y = self.index_values.get(a), self.index_values.get(b)
+        if x is not None and y is not None:
+            folded = _fold_index(op, x, y)
+            if folded is not None:
+                return self.index_const(folded)
+        if op in ("addi", "subi") and y == 0 or op in ("muli", "floordivsi") and y == 1:
+            return a
+        if op in ("addi", "muli") and x == (0 if op == "addi" else 1):
+            return b
+        ssa = self._fresh("h")
+        self.lines.append(
+            f'{ssa} = "arith.{op}"({a}, {b}) : (index, index) -> index {self._loc()}'
         )
         return ssa
 
+    def index_select(self, predicate: str, a: str, b: str, c: str, d: str) -> str:
+        """``c if a <predicate> b else d`` on host ``index`` scalars (predicate: slt, sge...)."""
+        x, y = self.index_values.get(a), self.index_values.get(b)
+        if x is not None and y is not None:
+            return c if _compare_index(predicate, x, y) else d
+        cond = self._fresh("p")
+        preds = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
+        self.lines.append(
+            f'{cond} = "arith.cmpi"({a}, {b}) {{predicate = {preds[predicate]} : i64}} : '
+            f"(index, index) -> i1 {self._loc()}"
+        )
+        ssa = self._fresh("h")
+        self.lines.append(
+            f'{ssa} = "arith.select"({cond}, {c}, {d}) : (i1, index, index) -> index {self._loc()}'
+        )
+        return ssa
+
+    def host_tensor(self, elements: list[str], elem: str, rank: int,
+                    dims: tuple | None = None) -> TValue:
+        """A rank-0 or rank-1 integer tensor of host ``index`` scalars (a shape or
+        size computed on the host); it keeps the scalars for shape consumers."""
+        scalars = []
+        for e in elements:
+            wide = self._fresh("n")
+            self.lines.append(f'{wide} = "arith.index_cast"({e}) : (index) -> i64 {self._loc()}')
+            if elem != "i64":
+                narrow = self._fresh("n")
+                self.lines.append(
+                    f'{narrow} = "arith.trunci"({wide}) : (i64) -> {elem} {self._loc()}')
+                wide = narrow
+            scalars.append(wide)
+        if dims is None:
+            dims = () if rank == 0 else (len(elements),)
+        result = TValue(self._fresh(), elem, dims, tuple(elements) if len(dims) <= 1 else None)
+        types = ", ".join(elem for _ in scalars)
+        self.lines.append(
+            f'{result.ssa} = "tensor.from_elements"({", ".join(scalars)}) : ({types}) -> '
+            f"{result.type} {self._loc()}"
+        )
+        return result
+
+    def host_elements(self, value: TValue) -> list[str] | None:
+        """The host ``index`` scalars of a small integer tensor (a host value or a
+        constant of rank <= 1), or None if the host does not know its values."""
+        if value.host is not None:
+            return list(value.host)
+        data = self.const_values.get(value.ssa)
+        if data is None or value.rank > 2 or not np.issubdtype(np.asarray(data).dtype, np.integer):
+            return None
+        if np.asarray(data).size > _MAX_HOST_ELEMENTS:
+            return None
+        return [self.index_const(v) for v in np.asarray(data).reshape(-1).tolist()]
+
+    def known_ints(self, value: TValue) -> list[int] | None:
+        """The values of a tensor known at compile time (a constant, or host scalars
+        that all folded to constants); None otherwise."""
+        data = self.const_values.get(value.ssa)
+        if data is not None:
+            return [int(v) for v in np.asarray(data).reshape(-1).tolist()]
+        if value.host is not None and all(h in self.index_values for h in value.host):
+            return [self.index_values[h] for h in value.host]
+        return None
+
     def dim(self, value: TValue, d: int) -> str:
-        """Dim ``d`` of ``value`` as a host ``index`` scalar."""
+        """Dim ``d`` of ``value`` as a host ``index`` scalar (a constant if static)."""
+        if value.dims[d] is not None:
+            return self.index_const(value.dims[d])
         ssa = self._fresh("d")
         self.lines.append(
             f'{ssa} = "tensor.extract"({self.shape_of(value)}, {self.index_const(d)}) : '
@@ -276,6 +407,56 @@ class DhloBuilder:
             f"({value.type}, {scalar}) -> {result.type} {self._loc()}"
         )
         return result
+
+    def reduce_window(self, value: TValue, init: TValue, combiner: str, window: str) -> TValue:
+        """``stablehlo.reduce_window`` (no padding) with a one-op combiner;
+        ``window``: its window_dimensions/window_strides attributes."""
+        result = TValue(self._fresh(), value.elem, (value.dims[0],) + (None,) * 2 + value.dims[3:])
+        scalar = f"tensor<{value.elem}>"
+        self.lines.append(
+            f'{result.ssa} = "stablehlo.reduce_window"({value.ssa}, {init.ssa}) ({{\n'
+            f"    ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
+            f'      %acc = "stablehlo.{combiner}"(%lhs, %rhs) : ({scalar}, {scalar}) -> {scalar}\n'
+            f'      "stablehlo.return"(%acc) : ({scalar}) -> ()\n'
+            f"    }}) {{{window}}} : ({value.type}, {scalar}) -> {result.type} {self._loc()}"
+        )
+        return result
+
+    def arg_reduce(self, value: TValue, axis: int, direction: str, index_elem: str,
+                   init: str) -> TValue:
+        """ArgMax/ArgMin: a two-operand ``stablehlo.reduce`` of (value, iota) along
+        ``axis`` keeping the first extreme element; returns the index result.
+        ``init`` is the literal of the value's identity (-inf for max)."""
+        shape = self.shape_of(value)
+        iota = TValue(self._fresh(), index_elem, value.dims)
+        self.lines.append(
+            f'{iota.ssa} = "stablehlo.dynamic_iota"({shape}) {{iota_dimension = {axis} : i64}} : '
+            f"(tensor<{value.rank}xindex>) -> {iota.type} {self._loc()}")
+        init_v = self.constant(f"dense<{init}>", value.elem, ())
+        init_i = self.constant("dense<0>", index_elem, ())
+        kept = tuple(d for i, d in enumerate(value.dims) if i != axis)
+        out_v, out_i = TValue("", value.elem, kept), TValue("", index_elem, kept)
+        sv, si = f"tensor<{value.elem}>", f"tensor<{index_elem}>"
+        cmp = "GT" if direction == "max" else "LT"
+        name = self._fresh("r")
+        self.lines.append(
+            f'{name}:2 = "stablehlo.reduce"({value.ssa}, {iota.ssa}, {init_v.ssa}, {init_i.ssa}) ({{\n'
+            f"    ^bb0(%a: {sv}, %ai: {si}, %b: {sv}, %bi: {si}):\n"
+            f'      %better = "stablehlo.compare"(%a, %b) {{comparison_direction = '
+            f"#stablehlo<comparison_direction {cmp}>}} : ({sv}, {sv}) -> tensor<i1>\n"
+            f'      %same = "stablehlo.compare"(%a, %b) {{comparison_direction = '
+            f"#stablehlo<comparison_direction EQ>}} : ({sv}, {sv}) -> tensor<i1>\n"
+            f'      %first = "stablehlo.compare"(%ai, %bi) {{comparison_direction = '
+            f"#stablehlo<comparison_direction LT>}} : ({si}, {si}) -> tensor<i1>\n"
+            f'      %tie = "stablehlo.and"(%same, %first) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n'
+            f'      %take = "stablehlo.or"(%better, %tie) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n'
+            f'      %v = "stablehlo.select"(%take, %a, %b) : (tensor<i1>, {sv}, {sv}) -> {sv}\n'
+            f'      %i = "stablehlo.select"(%take, %ai, %bi) : (tensor<i1>, {si}, {si}) -> {si}\n'
+            f'      "stablehlo.return"(%v, %i) : ({sv}, {si}) -> ()\n'
+            f"    }}) {{dimensions = array<i64: {axis}>, disc.arg_direction = \"{direction}\"}} : "
+            f"({value.type}, {iota.type}, {sv}, {si}) -> ({out_v.type}, {out_i.type}) {self._loc()}"
+        )
+        return TValue(f"{name}#1", index_elem, kept)
 
     def numpy_broadcast(self, values: list[TValue]) -> list[TValue]:
         """Brings operands to their common (numpy-broadcast) shape."""

@@ -6,10 +6,11 @@ import dataclasses
 import threading
 
 from disc_tf.cluster.rewrite import ClusterSpec, arg_name
-from disc_tf.dhlo_bridge import rules
+from disc_tf.dhlo_bridge import data_rules, host_rules, rules
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
 
+del data_rules  # imported for its registrations
 _MLIR_LOCK = threading.Lock()
 _CONTEXT = None
 
@@ -75,7 +76,9 @@ def lower_cluster(spec: ClusterSpec) -> DhloModule:
             continue
         b.loc = node.name
         operands = [values[i] for i in node.input]
-        outs = rules.rule_for(node.op)(b, node, operands)
+        outs = host_rules.try_host(b, node, operands)
+        if outs is None:
+            outs = rules.rule_for(node.op)(b, node, operands)
         for k, v in enumerate(outs):
             values[f"{node.name}:{k}"] = v
     results = [values[t.name] for t in spec.outputs]

@@ -299,10 +299,11 @@ def _clip(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
 
 
 def _const_axes(b: DhloBuilder, node: node_def_pb2.NodeDef, axes: TValue, rank: int) -> list[int]:
-    if axes.ssa not in b.const_values:
+    known = b.known_ints(axes)
+    if known is None:
         raise LoweringError(f"{node.op} {node.name}: reduction axes must be a constant")
     result = []
-    for a in np.asarray(b.const_values[axes.ssa]).reshape(-1).tolist():
+    for a in known:
         if not -max(rank, 1) <= a < max(rank, 1):
             raise LoweringError(f"{node.op} {node.name}: axis {a} out of range for rank {rank}")
         if rank and a % rank not in result:
@@ -412,9 +413,10 @@ def _batch_matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) 
 
 
 def _const_ints(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, what: str) -> list[int]:
-    if value.ssa not in b.const_values:
+    known = b.known_ints(value)
+    if known is None:
         raise LoweringError(f"{node.op} {node.name}: {what} must be a constant")
-    return [int(v) for v in np.asarray(b.const_values[value.ssa]).reshape(-1).tolist()]
+    return known
 
 
 @register("Transpose")
@@ -430,26 +432,56 @@ def _static_count(x: TValue) -> int | None:
     return None if None in x.dims else int(np.prod(x.dims, dtype=np.int64))
 
 
+def host_shape(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, what: str) -> list[str]:
+    """The host ``index`` scalars of a shape operand (constant or computed from dims)."""
+    elems = b.host_elements(value)
+    if elems is None or value.rank > 1:
+        raise LoweringError(f"{node.op} {node.name}: {what} must be computable on the host")
+    return elems
+
+
+def _inferred_dim(b: DhloBuilder, x: TValue, others: list[str]) -> str:
+    """A Reshape's -1 entry from host-computed other entries, as TF infers it: the
+    element count over their product, except that when one of them is 0, zero
+    dims are left out of both products (so [0, -1] of a [0, 3, 3] input is 9)."""
+    one, zero = b.index_const(1), b.index_const(0)
+    product, product_nz, input_nz = one, one, one
+    for e in others:
+        product = b.index_arith("muli", product, e)
+        product_nz = b.index_arith("muli", product_nz, b.index_select("eq", e, zero, one, e))
+    for d in range(x.rank):
+        n = b.dim(x, d)
+        input_nz = b.index_arith("muli", input_nz, b.index_select("eq", n, zero, one, n))
+    regular = b.index_arith("floordivsi", b.element_count(x), product)
+    with_zero = b.index_arith("floordivsi", input_nz, product_nz)
+    return b.index_select("eq", product, zero, with_zero, regular)
+
+
 @register("Reshape")
 def _reshape(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, shape_value = xs
-    shape = _const_ints(b, node, shape_value, "the shape")
-    if any(s < -1 for s in shape) or shape.count(-1) > 1:
+    extents = host_shape(b, node, shape_value, "the shape")
+    shape = [b.index_values.get(e) for e in extents]  # None: computed on the host
+    if any(s is not None and s < -1 for s in shape) or shape.count(-1) > 1:
         raise LoweringError(f"Reshape {node.name}: invalid shape {shape}")
-    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
-    extents = [b.index_const(s) for s in shape]
     dims = [s if s != -1 else None for s in shape]
     if -1 in shape:
-        if known == 0:
-            # TF refuses to infer a dim next to a zero; leave that to TF.
-            raise LoweringError(f"Reshape {node.name}: -1 next to a zero-size dim in {shape}")
-        # The -1 entry: element count / product of the other entries. The host
-        # runner checks the division is exact (element counts must match).
         i = shape.index(-1)
-        extents[i] = b.divide_index(b.element_count(x), b.index_const(known))
-        count = _static_count(x)
-        if count is not None and count % known == 0:
-            dims[i] = count // known
+        others = [e for k, e in enumerate(extents) if k != i]
+        known = [s for k, s in enumerate(shape) if k != i]
+        if None not in known:
+            total = int(np.prod(known, dtype=np.int64))
+            if total == 0:
+                # TF refuses to infer a dim next to a zero; leave that to TF.
+                raise LoweringError(f"Reshape {node.name}: -1 next to a zero-size dim in {shape}")
+            # The -1 entry: element count / product of the other entries. The host
+            # runner checks the division is exact (element counts must match).
+            extents[i] = b.divide_index(b.element_count(x), b.index_const(total))
+            count = _static_count(x)
+            if count is not None and count % total == 0:
+                dims[i] = count // total
+        else:
+            extents[i] = _inferred_dim(b, x, others)
     return [b.dynamic_reshape(x, extents, tuple(dims))]
 
 

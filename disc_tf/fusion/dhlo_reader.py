@@ -34,6 +34,16 @@ class DOp:
     #: transpose: result dim i is operand dim ``permutation[i]``
     permutation: list[int] | None = None
 
+    def ints_attr(self, name: str) -> list[int]:
+        """An integer array attribute such as ``array<i64: 1, 2>``."""
+        text = self.attrs[name]
+        body = text.split(":", 1)[1].rstrip(">") if ":" in text else ""
+        return [int(v) for v in body.replace(" ", "").split(",") if v]
+
+    def int_attr(self, name: str) -> int:
+        """An integer attribute such as ``dimension = 1 : i64``."""
+        return int(self.attrs[name].split(":")[0].strip())
+
 
 @dataclasses.dataclass
 class DFunc:
@@ -95,10 +105,15 @@ def read_module(text: str) -> DFunc:
                 dense = ir.DenseElementsAttr(o.attributes["value"])
                 elem, dims = rec.result_types[0]
                 rec.const_value = np.broadcast_to(np.array(dense), dims).copy()
+            if o.name == "stablehlo.reduce_window":
+                body = o.regions[0].blocks[0].operations[0].operation.name
+                rec.reduce_kind = body.split(".", 1)[1]
             if o.name == "stablehlo.reduce":
                 rec.reduce_dims = list(ir.DenseI64ArrayAttr(o.attributes["dimensions"]))
                 body = o.regions[0].blocks[0].operations[0].operation.name
                 rec.reduce_kind = body.split(".", 1)[1]
+                if "disc.arg_direction" in attrs:  # ArgMax/ArgMin: (value, index) pairs
+                    rec.reduce_kind = "arg" + attrs["disc.arg_direction"].strip('"')
             if o.name == "arith.constant":
                 rec.index_value = ir.IntegerAttr(o.attributes["value"]).value
             if o.name == "stablehlo.dynamic_broadcast_in_dim":

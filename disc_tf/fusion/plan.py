@@ -17,15 +17,19 @@ class Buffer:
     name: str
     elem: str
     dims: list[int]  # symbols
-    role: str  # "input" | "output" | "temp" | "const" | "alias"
+    role: str  # "input" | "output" | "temp" | "const" | "alias" | "host"
     index: int = -1  # argument or result index for inputs/outputs
     const_value: np.ndarray | None = None
     alias_of: str | None = None
+    #: for "host": each element as a host scalar (a small array computed from dims)
+    host_elements: list | None = None
 
     def __str__(self) -> str:
         where = f" #{self.index}" if self.index >= 0 else ""
         shape = ", ".join(f"s{d}" for d in self.dims)
         view = f" = view of {self.alias_of}" if self.alias_of else ""
+        if self.host_elements is not None:
+            view = " = [" + ", ".join(str(h) for h in self.host_elements) + "]"
         return f"{self.role}{where} {self.name}: {self.elem}[{shape}]{view}"
 
 

@@ -21,6 +21,10 @@ from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, sp
 
 log = logging.getLogger("disc_tf.fusion")
 
+#: Data-movement ops planned as "index" kernels of their own.
+_INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
+              "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window"}
+
 _NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
                 "stablehlo.transpose", "stablehlo.dynamic_reshape"}
 
@@ -86,7 +90,11 @@ class _Planner:
         if base in self.buffer_of:
             return self.buffer_of[base]
         op = self.producer.get(base)
-        if op is not None and op.name == "stablehlo.constant":
+        if base in self.a.host_arrays:
+            name = f"{self.prefix}host{len([b for b in self.buffers.values() if b.role == 'host'])}"
+            self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[base], "host",
+                                        host_elements=list(self.a.host_arrays[base]))
+        elif op is not None and op.name == "stablehlo.constant":
             name = f"{self.prefix}const{len([b for b in self.buffers.values() if b.role == 'const'])}"
             elem, _ = op.result_types[0]
             self.buffers[name] = Buffer(
@@ -210,11 +218,135 @@ class _Planner:
         """The latest loop/stitch kernel over ``dims``, if ``op`` may join it."""
         for idx in range(len(self.kernels) - 1, -1, -1):
             k = self.kernels[idx]
-            if tuple(k.dims) == dims and k.kind not in ("reduce", "library"):
+            if tuple(k.dims) == dims and k.kind not in ("reduce", "library", "index"):
                 return idx if self.legal_kernel(idx, op) else None
         return None
 
+    def place_index(self, op: DOp) -> None:
+        """A data-movement op (slice, concat, pad, iota, gather): its own "index"
+        kernel reading dense operand buffers at computed positions."""
+        target = self._new_kernel("index", self.a.shape_class(op.results[0]))
+        kernel = self.kernels[target]
+        name = op.name.split(".", 1)[1]
+        tensors = op.operands
+        attrs: dict = {}
+        if name == "real_dynamic_slice":
+            tensors = op.operands[:1]
+            attrs = {"start": self.a.extents[op.operands[1]], "stride": self.a.extents[op.operands[3]]}
+        elif name == "dynamic_pad":
+            tensors = op.operands[:2]
+            attrs = {"low": self.a.extents[op.operands[2]],
+                     "interior": self.a.extents[op.operands[4]]}
+        elif name == "dynamic_iota":
+            tensors = []
+            attrs = {"dim": op.int_attr("iota_dimension")}
+        elif name == "concatenate":
+            axis = op.int_attr("dimension")
+            attrs = {"dim": axis, "sizes": [self.a.value_dims[v][axis] for v in op.operands]}
+        elif name == "torch_index_select":
+            attrs = {"dim": op.int_attr("dim"), "batch_dims": op.int_attr("batch_dims")}
+        elif name == "reduce_window":
+            tensors = op.operands[:1]
+            init = self.producer[op.operands[1]].const_value.item()
+            attrs = {"window": op.ints_attr("window_dimensions"),
+                     "strides": op.ints_attr("window_strides"), "combiner": op.reduce_kind,
+                     "init": init}
+        refs = []
+        for i, v in enumerate(tensors):
+            base, dims, _ = self.resolve(v)
+            producer = self.producer.get(base)
+            scalar_operand = name == "dynamic_pad" and i == 1
+            if scalar_operand and producer is not None and producer.name == "stablehlo.constant" \
+                    and producer.const_value.ndim == 0 and dims is None:
+                refs.append(("const", producer.const_value.item()))
+                continue
+            if scalar_operand and base in self.a.host_values and dims is None:
+                refs.append(("host", self.a.host_values[base]))
+                continue
+            refs.append(("in", self._dense_input(target, v)))
+        kernel.ops.append(KernelOp(value=op.results[0], op=name, operands=refs,
+                                   elem=op.result_types[0][0],
+                                   operand_elems=[self._elem(v) for v in tensors],
+                                   tf_node=op.tf_node, attrs=attrs))
+        self.kernel_of[op.results[0]] = target
+
+    def _dense_input(self, kernel: int, value: str) -> int:
+        """Adds ``value`` as a dense (materialised if needed) input of ``kernel``."""
+        base, dims, _ = self.resolve(value)
+        if dims is not None:
+            base = self._materialize(value)
+        src = self._src(base)
+        if src is not None:
+            self.deps[kernel].add(src)
+        self.kernels[kernel].inputs.append(Access(self.buffer_for_base(base)))
+        return len(self.kernels[kernel].inputs) - 1
+
+    def _temp(self, elem: str, dims: list[int]) -> str:
+        name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+        self.buffers[name] = Buffer(name, elem, dims, "temp")
+        return name
+
+    def place_conv(self, op: DOp) -> None:
+        """A convolution: grouped ones as an index kernel; others as im2col (an index
+        kernel writing [N, OH, OW, kh*kw*C] patches, skipped for 1x1 stride-1 unpadded
+        windows) and one GEMM with the filter viewed as [kh*kw*C, O]."""
+        info = self.a.convs[op.results[0]]
+        x, w = op.operands[0], op.operands[1]
+        result = op.results[0]
+        elem = op.result_types[0][0]
+        out_dims = self.a.value_dims[result]
+        xd, wd = self.a.value_dims[x], self.a.value_dims[w]
+        const = self.a.symbols.constant_value
+        kh, kw = const(wd[0]), const(wd[1])
+        attrs = {"low": [info.pads[0], info.pads[2]], "sizes": [xd[3], wd[2]], "kh": kh, "kw": kw,
+                 "strides": info.strides, "dilations": info.dilations, "groups": info.groups}
+        if info.groups != 1:
+            target = self._new_kernel("index", self.a.shape_class(result))
+            refs = [("in", self._dense_input(target, v)) for v in (x, w)]
+            self.kernels[target].ops.append(KernelOp(
+                value=result, op="grouped_conv", operands=refs, elem=elem,
+                operand_elems=[elem, elem], tf_node=op.tf_node, attrs=attrs))
+            self.kernel_of[result] = target
+            return
+        direct = (kh, kw) == (1, 1) and info.strides == [1, 1] and all(
+            const(p) == 0 for p in info.pads)
+        if direct:
+            base, dims, _ = self.resolve(x)
+            lhs = self._materialize(x) if dims is not None else base
+        else:
+            patch_dims = [out_dims[0], out_dims[1], out_dims[2], info.patch]
+            k = self._new_kernel("index", tuple(self.a.symbols.find(d) for d in patch_dims))
+            ref = ("in", self._dense_input(k, x))
+            lhs = f"{result}.patches"
+            self.kernels[k].ops.append(KernelOp(
+                value=lhs, op="im2col", operands=[ref], elem=elem, operand_elems=[elem],
+                tf_node=op.tf_node, attrs=attrs))
+            self.kernel_of[lhs] = k
+            self.buffer_of[lhs] = self._temp(elem, patch_dims)
+        base, dims, _ = self.resolve(w)
+        filt = self._materialize(w) if dims is not None else base
+        view = f"{self.prefix}view{len([b for b in self.buffers.values() if b.role == 'alias'])}"
+        self.buffers[view] = Buffer(view, elem, [info.patch, wd[3]], "alias",
+                                    alias_of=self.buffer_for_base(filt))
+        target = self._new_kernel("library", self.a.shape_class(result))
+        for v, buf in ((lhs, self.buffer_for_base(lhs)), (filt, view)):
+            src = self._src(v)
+            if src is not None:
+                self.deps[target].add(src)
+            self.kernels[target].inputs.append(Access(buf))
+        self.kernels[target].ops.append(KernelOp(
+            value=result, op="dot_general", operands=[("in", 0), ("in", 1)], elem=elem,
+            operand_elems=[elem, elem], tf_node=op.tf_node,
+            attrs={"lhs_batch": [], "rhs_batch": [], "lhs_contract": [3], "rhs_contract": [0]}))
+        self.kernel_of[result] = target
+
     def place(self, op: DOp) -> None:
+        if op.name == "stablehlo.dynamic_conv":
+            self.place_conv(op)
+            return
+        if op.name in _INDEX_OPS:
+            self.place_index(op)
+            return
         if op.name == "stablehlo.reduce":
             self.place_reduce(op)
             return
@@ -234,7 +366,29 @@ class _Planner:
         if row:
             self.row_values.add(op.results[0])
 
+    def place_arg_reduce(self, op: DOp) -> None:
+        """ArgMax/ArgMin: a "reduce" kernel folding (value, position) pairs; only the
+        index result is used (the iota operand is the kernel's own loop counter)."""
+        operand = op.operands[0]
+        target = self._new_kernel("reduce", self.a.shape_class(operand))
+        self.kernels[target].reduce_dims = list(op.reduce_dims)
+        init = self.producer[op.operands[2]].const_value.item()
+        ref = self.operand_ref(target, operand)
+        if ref[0] != "in":
+            raise ShapeError(f"ArgMax/ArgMin {op.tf_node} of a constant is not supported")
+        src = self._src(self.resolve(operand)[0])
+        if src is not None:
+            self.deps[target].add(src)
+        self.kernels[target].ops.append(KernelOp(
+            value=op.results[1], op="arg_reduce", operands=[ref],
+            elem=op.result_types[1][0], operand_elems=[self._elem(operand)], tf_node=op.tf_node,
+            attrs={"direction": op.reduce_kind[3:], "init": init}))
+        self.kernel_of[op.results[1]] = target
+
     def place_reduce(self, op: DOp) -> None:
+        if len(op.results) == 2:
+            self.place_arg_reduce(op)
+            return
         operand = op.operands[0]
         shape = self.a.shape_class(operand)
         rank = len(shape)
@@ -364,7 +518,8 @@ class _Planner:
         for i, value in enumerate(self.func.returns):
             base, dims, _ = self.resolve(value)
             op = self.producer.get(base)
-            if dims is not None or (op is not None and op.name == "stablehlo.dynamic_reshape"):
+            if dims is not None or (op is not None and op.name == "stablehlo.dynamic_reshape") or (
+                    base in self.a.host_values or base in self.a.host_arrays):
                 # An index map or a view of other memory: outputs own theirs.
                 name = f"result{i}"
                 self.buffers[name] = Buffer(name, self._elem(value), self.a.value_dims[value],
@@ -380,9 +535,18 @@ class _Planner:
             self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[base],
                                         "output", i)
             self.buffer_of[base] = name
+        # An ArgMax's iota is the reduce kernel's loop counter, never a tensor.
+        iotas = {op.operands[1] for op in self.func.ops
+                 if op.name == "stablehlo.reduce" and len(op.results) == 2}
+        used_elsewhere = {v for op in self.func.ops for i, v in enumerate(op.operands)
+                          if not (op.name == "stablehlo.reduce" and len(op.results) == 2 and i == 1)}
         for op in self.func.ops:
+            if op.results and op.results[0] in iotas - used_elsewhere - set(self.func.returns):
+                continue
             if op.name == "stablehlo.dynamic_reshape":
                 self.place_view(op)
+            elif op.results and op.results[0] in self.a.host_values:
+                continue  # computed by the host runner, read by kernels as a value
             elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
                 self.place(op)
         for i, value in copies:

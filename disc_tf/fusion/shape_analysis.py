@@ -26,11 +26,14 @@ class ShapeError(ValueError):
 class SymDef:
     """How the host runner computes a symbol."""
 
-    kind: str  # "arg" | "const" | "broadcast" | "expr"
+    kind: str  # "arg" | "const" | "broadcast" | "expr" | "arith"
     arg: tuple[int, int] | None = None  # (argument, dim) for "arg"
     value: int | None = None  # for "const"
-    components: list[int] | None = None  # for "broadcast"
+    components: list[int] | None = None  # for "broadcast" and "arith" (operands)
     scalar: HostScalar | None = None  # for "expr" (e.g. a reshape's -1 dim)
+    #: for "arith": an ``arith`` op on index scalars ("addi", "floordivsi", ...) or
+    #: "select_<predicate>" (components a, b, c, d: c if a <predicate> b else d)
+    op: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "arg":
@@ -39,6 +42,8 @@ class SymDef:
             return str(self.value)
         if self.kind == "expr":
             return str(self.scalar)
+        if self.kind == "arith":
+            return f"{self.op}(" + ", ".join(f"s{c}" for c in self.components) + ")"
         return "broadcast(" + ", ".join(f"s{c}" for c in self.components) + ")"
 
 
@@ -48,7 +53,8 @@ class ShapeCheck:
 
     #: "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d) |
     #: "matmul" (lhs dim i equals rhs dim j for each pair in ``dims``) |
-    #: "reshape" (element counts of the operand and ``result`` are equal)
+    #: "reshape" (element counts of the operand and ``result`` are equal) |
+    #: "nonnegative" (every dim of ``result``, computed on the host, is >= 0)
     kind: str
     operands: list[list[int]]
     result: list[int]
@@ -199,6 +205,18 @@ class HostScalar:
 
 
 @dataclasses.dataclass
+class ConvInfo:
+    """A 2-D NHWC convolution: padding symbols (h low, h high, w low, w high),
+    strides, dilations, feature groups, and the symbol kh * kw * in_channels."""
+
+    pads: list[int]
+    strides: list[int]
+    dilations: list[int]
+    groups: int
+    patch: int
+
+
+@dataclasses.dataclass
 class ShapeAnalysis:
     """The result: dims of every tensor value, symbol table, checks, broadcasts."""
 
@@ -208,6 +226,12 @@ class ShapeAnalysis:
     broadcasts: dict[str, BroadcastInfo]  # keyed by the broadcast's result value
     #: rank-0 tensors whose value the host computes from dims (e.g. a Mean's count)
     host_values: dict[str, HostScalar] = dataclasses.field(default_factory=dict)
+    #: rank-1 tensors whose elements the host computes (e.g. a tf.shape result)
+    host_arrays: dict[str, list[HostScalar]] = dataclasses.field(default_factory=dict)
+    #: shape operands (``tensor<Nxindex>`` values) as symbols, e.g. slice starts
+    extents: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    #: each convolution's padding and geometry, keyed by its result
+    convs: dict[str, ConvInfo] = dataclasses.field(default_factory=dict)
     #: (operand dims, result dims) of each reshape: equal element counts
     numel_facts: list[tuple[list[int], list[int]]] = dataclasses.field(default_factory=list)
 
@@ -266,7 +290,10 @@ def analyze(func: DFunc) -> ShapeAnalysis:
                           h.divisor)
 
     def as_symbol(value: str) -> int:
-        h = folded(scalars[value])
+        return scalar_symbol(scalars[value])
+
+    def scalar_symbol(h: HostScalar) -> int:
+        h = folded(h)
         if not h.symbols:
             return syms.const(h.factor // h.divisor)
         if h.divisor == 1 and h.factor == 1 and len(h.symbols) == 1:
@@ -276,14 +303,53 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             expr_syms[key] = syms.new(SymDef("expr", scalar=h))
         return expr_syms[key]
 
+    arith_syms: dict[tuple, int] = {}
+    convs: dict[str, ConvInfo] = {}
+    predicates: dict[str, tuple[str, str, str]] = {}  # i1 value -> (predicate, a, b)
+    host_arrays: dict[str, list[HostScalar]] = {}
+
+    def arith(op_name: str, operands: list[str]) -> HostScalar:
+        """The host scalar of an ``arith`` op on index scalars, as a new symbol."""
+        parts = [as_symbol(v) for v in operands]
+        return HostScalar((arith_symbol(op_name, parts),))
+
+    def arith_symbol(op_name: str, parts: list[int]) -> int:
+        """The symbol of ``op_name(parts)``: folded, simplified or interned."""
+        values = [syms.constant_value(p) for p in parts]
+        if None not in values:
+            folded_value = _fold(op_name, values)
+            if folded_value is not None:
+                return syms.const(folded_value)
+        simpler = _simplify(syms, op_name, parts, values)
+        if simpler is not None:
+            return simpler
+        key = (op_name, tuple(syms.find(p) for p in parts))
+        if key not in arith_syms:
+            arith_syms[key] = syms.new(SymDef("arith", components=parts, op=op_name))
+        return arith_syms[key]
+
+    def nonnegative(out: list[int], tf_node: str) -> None:
+        """A host check that dims computed by arithmetic are not negative."""
+        if any(syms.defs[d].kind == "arith" for d in out):
+            checks.append(ShapeCheck("nonnegative", [], list(out), tf_node))
+
     for op in func.ops:
         kind = op.name
         if kind == "arith.constant":
             scalars[op.results[0]] = HostScalar((), op.index_value)
         elif kind == "tensor.extract":
             scalars[op.results[0]] = HostScalar((extents[op.operands[0]][scalars[op.operands[1]].factor],))
-        elif kind == "arith.muli":
+        elif kind == "arith.muli" and all(scalars[v].divisor == 1 for v in op.operands):
             scalars[op.results[0]] = scalars[op.operands[0]].times(scalars[op.operands[1]])
+        elif kind in ("arith.addi", "arith.subi", "arith.muli", "arith.floordivsi",
+                      "arith.ceildivsi", "arith.maxsi", "arith.minsi", "arith.remsi"):
+            scalars[op.results[0]] = arith(kind.split(".")[1], op.operands)
+        elif kind == "arith.cmpi":
+            pred = _PREDICATES[int(op.attrs["predicate"].split(":")[0].strip())]
+            predicates[op.results[0]] = (pred, op.operands[0], op.operands[1])
+        elif kind == "arith.select":
+            pred, a, b = predicates[op.operands[0]]
+            scalars[op.results[0]] = arith(f"select_{pred}", [a, b, op.operands[1], op.operands[2]])
         elif kind == "arith.divui":
             divisor = scalars[op.operands[1]]
             scalars[op.results[0]] = folded(scalars[op.operands[0]]).divided(divisor)
@@ -296,12 +362,16 @@ def analyze(func: DFunc) -> ShapeAnalysis:
                 for v in op.operands:
                     if v in quotients:
                         multiple_of[op.results[0]] = quotients[v]
-            else:
+            elif op.result_types[0][1] == ():
                 host_values[op.results[0]] = scalars[op.operands[0]]
                 dims[op.results[0]] = []
+            else:
+                host_arrays[op.results[0]] = [scalars[v] for v in op.operands]
+                dims[op.results[0]] = [syms.const(n) for n in op.result_types[0][1]]
         elif kind == "stablehlo.reduce":
             reduced = set(op.reduce_dims)
-            dims[op.results[0]] = [d for i, d in enumerate(dims[op.operands[0]]) if i not in reduced]
+            for r in op.results:
+                dims[r] = [d for i, d in enumerate(dims[op.operands[0]]) if i not in reduced]
         elif kind == "stablehlo.constant":
             dims[op.results[0]] = [syms.const(n) for n in op.result_types[0][1]]
         elif kind == "shape.shape_of":
@@ -323,6 +393,7 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             operand = dims[op.operands[0]]
             out = list(extents[op.operands[1]])
             dims[op.results[0]] = out
+            nonnegative(out, op.tf_node)
             info = _broadcast_info(syms, operand, out, list(op.broadcast_dims))
             broadcasts[op.results[0]] = info
             # StableHLO requires each operand dim to be 1 or the result dim;
@@ -339,13 +410,96 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             operand = list(dims[op.operands[0]])
             out = list(extents[op.operands[1]])
             dims[op.results[0]] = out
+            nonnegative(out, op.tf_node)
             numel_facts.append((operand, out))
             if not _same_count(syms, operand, out):
                 checks.append(ShapeCheck("reshape", [operand], out, op.tf_node,
                                          multiple_of=multiple_of.get(op.operands[1])))
+        elif kind == "stablehlo.real_dynamic_slice":
+            operand = dims[op.operands[0]]
+            start, limit, stride = (extents[v] for v in op.operands[1:])
+            out = [arith_symbol("ceildivsi", [arith_symbol("subi", [hi, lo]), st])
+                   for lo, hi, st in zip(start, limit, stride)]
+            dims[op.results[0]] = out
+            if not all(_slice_proven(syms, lo, hi, d) for lo, hi, d in zip(start, limit, operand)):
+                checks.append(ShapeCheck("slice", [start, limit, operand], out, op.tf_node))
+        elif kind == "stablehlo.concatenate":
+            axis = op.int_attr("dimension")
+            parts = [dims[v] for v in op.operands]
+            first = list(parts[0])
+            others = [[d for i, d in enumerate(p) if i != axis] for p in parts]
+            if any(not syms.same(a, b) for o in others[1:] for a, b in zip(others[0], o)):
+                checks.append(ShapeCheck("equal", others, others[0], op.tf_node))
+            for o in others[1:]:
+                for a, b in zip(others[0], o):
+                    syms.union(a, b)
+            total = parts[0][axis]
+            for p in parts[1:]:
+                total = arith_symbol("addi", [total, p[axis]])
+            first[axis] = total
+            dims[op.results[0]] = first
+        elif kind == "stablehlo.dynamic_pad":
+            operand = dims[op.operands[0]]
+            low, high, interior = (extents[v] for v in op.operands[2:])
+            out = []
+            for d, lo, hi, inner in zip(operand, low, high, interior):
+                size = d
+                if syms.constant_value(inner) != 0:
+                    gaps = arith_symbol("muli", [arith_symbol(
+                        "maxsi", [arith_symbol("subi", [d, syms.const(1)]), syms.const(0)]), inner])
+                    size = arith_symbol("addi", [size, gaps])
+                out.append(arith_symbol("addi", [arith_symbol("addi", [lo, size]), hi]))
+            dims[op.results[0]] = out
+            nonnegative(out, op.tf_node)
+        elif kind == "stablehlo.dynamic_iota":
+            dims[op.results[0]] = list(extents[op.operands[0]])
+            nonnegative(dims[op.results[0]], op.tf_node)
+        elif kind == "stablehlo.torch_index_select":
+            params, indices = dims[op.operands[0]], dims[op.operands[1]]
+            axis, batch = op.int_attr("dim"), op.int_attr("batch_dims")
+            for i in range(batch):
+                if not syms.same(params[i], indices[i]):
+                    checks.append(ShapeCheck("equal", [params[:batch], indices[:batch]],
+                                             params[:batch], op.tf_node))
+                    break
+            for i in range(batch):
+                syms.union(params[i], indices[i])
+            dims[op.results[0]] = params[:axis] + indices[batch:] + params[axis + 1:]
+        elif kind == "stablehlo.dynamic_conv":
+            x, w = dims[op.operands[0]], dims[op.operands[1]]
+            pads = [scalar_symbol(h) for h in host_arrays[op.operands[2]]]
+            strides, dilations = op.ints_attr("window_strides"), op.ints_attr("rhs_dilation")
+            groups = op.int_attr("feature_group_count")
+            out = [x[0]]
+            for i in range(2):
+                span = syms.const((syms.constant_value(w[i]) - 1) * dilations[i] + 1)
+                padded = arith_symbol("addi", [arith_symbol("addi", [x[1 + i], pads[2 * i]]),
+                                               pads[2 * i + 1]])
+                out.append(arith_symbol("addi", [arith_symbol("floordivsi", [
+                    arith_symbol("subi", [padded, span]), syms.const(strides[i])]), syms.const(1)]))
+            out.append(w[3])
+            if groups == 1:
+                syms.union(x[3], w[2])
+            dims[op.results[0]] = out
+            nonnegative(out, op.tf_node)
+            convs[op.results[0]] = ConvInfo(
+                pads=pads, strides=strides, dilations=dilations, groups=groups,
+                patch=arith_symbol("muli", [arith_symbol("muli", [w[0], w[1]]), w[2]]))
+        elif kind == "stablehlo.reduce_window":
+            x = dims[op.operands[0]]
+            window, strides = op.ints_attr("window_dimensions"), op.ints_attr("window_strides")
+            dims[op.results[0]] = [
+                d if (k, s) == (1, 1) else arith_symbol("addi", [arith_symbol("floordivsi", [
+                    arith_symbol("subi", [d, syms.const(k)]), syms.const(s)]), syms.const(1)])
+                for d, k, s in zip(x, window, strides)]
+            nonnegative(dims[op.results[0]], op.tf_node)
         elif kind == "stablehlo.dot_general":
             dims[op.results[0]] = _dot_general(syms, checks, op, dims[op.operands[0]],
                                                dims[op.operands[1]])
+        elif kind == "stablehlo.convert" and op.operands[0] in host_values:
+            # A host scalar converted: still a host scalar, read by kernels as a value.
+            host_values[op.results[0]] = host_values[op.operands[0]]
+            dims[op.results[0]] = []
         elif kind.split(".", 1)[-1] in _ELEMENTWISE_SAME_SHAPE:
             first = dims[op.operands[0]]
             for other in op.operands[1:]:
@@ -356,7 +510,61 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             continue
         else:
             raise ShapeError(f"shape analysis does not know {kind}")
-    return ShapeAnalysis(syms, dims, checks, broadcasts, host_values, numel_facts)
+    return ShapeAnalysis(syms, dims, checks, broadcasts, host_values=host_values,
+                         numel_facts=numel_facts, host_arrays=host_arrays, extents=extents,
+                         convs=convs)
+
+
+_PREDICATES = {0: "eq", 1: "ne", 2: "slt", 3: "sle", 4: "sgt", 5: "sge"}
+
+
+def _simplify(syms: SymbolTable, op: str, parts: list[int], values: list) -> int | None:
+    """An existing symbol equal to ``op(parts)`` by algebra, if one is evident."""
+    if len(parts) != 2:
+        return None
+    a, b = parts
+    va, vb = values
+    if op in ("addi", "subi") and vb == 0 or op in ("muli", "floordivsi", "ceildivsi") and vb == 1:
+        return a
+    if op in ("addi", "muli") and va == (0 if op == "addi" else 1):
+        return b
+    if op in ("maxsi", "minsi") and syms.same(a, b):
+        return a
+    if op == "subi":
+        if syms.same(a, b):
+            return syms.const(0)
+        d = syms.defs[syms.find(a)]
+        if d.kind == "arith" and d.op == "addi":
+            x, y = d.components
+            if syms.same(x, b):
+                return y
+            if syms.same(y, b):
+                return x
+    return None
+
+
+def _slice_proven(syms: SymbolTable, lo: int, hi: int, dim: int) -> bool:
+    """True if ``0 <= lo <= hi <= dim`` is evident from constants and symbols."""
+    vl, vh, vd = (syms.constant_value(x) for x in (lo, hi, dim))
+    if vl is not None and vh is not None and vd is not None:
+        return 0 <= vl <= vh <= vd
+    return vl == 0 and syms.same(hi, dim)
+
+
+def _fold(op: str, values: list[int]) -> int | None:
+    """Compile-time value of an arith symbol over constants (None if undefined)."""
+    if op.startswith("select_"):
+        a, b, c, d = values
+        taken = {"eq": a == b, "ne": a != b, "slt": a < b, "sle": a <= b, "sgt": a > b,
+                 "sge": a >= b}[op[len("select_"):]]
+        return c if taken else d
+    x, y = values
+    if op in ("floordivsi", "ceildivsi", "remsi") and y == 0:
+        return None
+    return {"addi": x + y, "subi": x - y, "muli": x * y,
+            "floordivsi": x // y if y else 0, "ceildivsi": -(-x // y) if y else 0,
+            "maxsi": max(x, y), "minsi": min(x, y),
+            "remsi": int(math.fmod(x, y)) if y else 0}[op]
 
 
 def _count(syms: SymbolTable, dims: list[int]) -> tuple[int, collections.Counter]:
@@ -441,8 +649,8 @@ def speculate_no_broadcast(analysis: ShapeAnalysis) -> tuple[ShapeAnalysis, list
         v: _broadcast_info(spec, b.operand_syms, b.result_syms, b.dims)
         for v, b in analysis.broadcasts.items()
     }
-    return (ShapeAnalysis(spec, analysis.value_dims, analysis.checks, broadcasts,
-                          analysis.host_values, analysis.numel_facts), speculated)
+    return (dataclasses.replace(analysis, symbols=spec, broadcasts=broadcasts),
+            speculated)
 
 
 def _broadcast_extents(syms: SymbolTable, shapes: list[list[int]]) -> tuple[list[int], bool]:

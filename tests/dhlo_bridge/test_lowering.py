@@ -8,7 +8,7 @@ import tensorflow as tf
 from disc_tf.cluster import op_registry
 from disc_tf.cluster.clustering import why_not_compilable
 from disc_tf.cluster.graph_view import view_of_graph_def
-from disc_tf.dhlo_bridge import rules
+from disc_tf.dhlo_bridge import host_rules, rules
 from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
 from tests.stage_helpers import cluster_of, dyn
 
@@ -16,7 +16,12 @@ raw = tf.raw_ops
 
 
 def test_every_registered_op_has_a_lowering():
-    assert set(op_registry.supported_ops()) <= set(rules.lowered_ops())
+    lowered = set(rules.lowered_ops()) | set(host_rules.host_ops())
+    assert set(op_registry.supported_ops()) <= lowered
+    # Ops supported only as shape computations are evaluated on the host.
+    host_only = {op for op in op_registry.supported_ops()
+                 if op_registry.lookup(op).host_dtypes and not op_registry.lookup(op).dtypes}
+    assert host_only <= set(host_rules.host_ops())
 
 
 def test_unknown_op_is_refused_by_name():

@@ -1,0 +1,259 @@
+"""CPU emitter of "index" kernels: data movement computed from output coordinates.
+
+One op per kernel (slice, concatenate, pad, iota, gather). Each task is a row of
+the output (every dim but the last); the coordinates ``c[]`` of an element give
+the position read in each input, whose dims and strides the host runner passes
+along with the op's host-computed parameters (slice starts, pad widths, ...).
+A gather records an out-of-range index in ``bad``; the host runner turns it into
+TF's InvalidArgument after the launch.
+"""
+
+from __future__ import annotations
+
+from disc_tf.codegen.cpu_kernels import KernelEmitter, comment, host_expr, product, sym
+from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
+from disc_tf.fusion.plan import FusionPlan, Kernel
+
+
+class IndexKernelEmitter(KernelEmitter):
+    """Emits an "index" kernel and the host lines that launch it."""
+
+    def __init__(self, kernel: Kernel, plan: FusionPlan) -> None:
+        super().__init__(kernel, plan)
+        (self.op,) = kernel.ops
+        self.params: list[int] = []  # symbols passed in a.p[]
+        self.offsets: dict[str, int] = {}
+        for key in ("start", "stride", "low", "interior", "sizes"):
+            if key in self.op.attrs:
+                self.offsets[key] = len(self.params)
+                self.params.extend(self.op.attrs[key])
+
+    def _p(self, key: str, d: int) -> str:
+        return f"a.p[{self.offsets[key] + d}]"
+
+    def _rank(self, i: int) -> int:
+        return len(self.buf(self.k.inputs[i]).dims)
+
+    def struct(self) -> str:
+        r = max(self.rank, 1)
+        lines = [f"struct {self.args} {{", f"  int64_t dims[{r}];  // output dims"]
+        for i, acc in enumerate(self.k.inputs):
+            b = self.buf(acc)
+            n = max(len(b.dims), 1)
+            lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {acc}")
+            lines.append(f"  int64_t in{i}_dims[{n}];")
+            lines.append(f"  int64_t in{i}_strides[{n}];")
+        (value, bname), = self.k.outputs
+        lines.append(f"  {STORAGE[self.plan.buffers[bname].elem]}* out0;  // {bname} ({value})")
+        lines.append(f"  int64_t p[{max(len(self.params), 1)}];  // host-computed parameters")
+        for i, h in enumerate(self.host_scalars):
+            lines.append(f"  double h{i};  // {h}, computed by the host")
+        lines.append("  int64_t* bad;  // an out-of-range index, if one is seen")
+        lines.append("};")
+        return "\n".join(lines)
+
+    def _operand(self, n: int) -> str:
+        kind, ref = self.op.operands[n]
+        if kind == "in":
+            return f"({COMPUTE[self.op.elem]})a.in{ref}[0]"
+        if kind == "host":
+            return f"({COMPUTE[self.op.elem]})a.h{self.host_scalars.index(ref)}"
+        return literal(ref, self.op.elem)
+
+    def _offset(self, i: int, coord: list[str]) -> str:
+        terms = [f"({c}) * a.in{i}_strides[{d}]" for d, c in enumerate(coord)]
+        return " + ".join(terms) or "0"
+
+    def body(self) -> list[str]:
+        """C++ statements computing ``v`` (the element at coordinates ``c``)."""
+        op, r = self.op, self.rank
+        ct = COMPUTE[op.elem]
+        name = op.op
+        if name == "real_dynamic_slice":
+            coord = [f"{self._p('start', d)} + c[{d}] * {self._p('stride', d)}" for d in range(r)]
+            return [f"const {ct} v = ({ct})a.in0[{self._offset(0, coord)}];"]
+        if name == "dynamic_iota":
+            return [f"const {ct} v = ({ct})c[{op.attrs['dim']}];"]
+        if name == "dynamic_pad":
+            lines = ["bool inside = true;", "int64_t off = 0;"]
+            for d in range(r):
+                lines.append(f"{{ int64_t t = c[{d}] - {self._p('low', d)};")
+                lines.append(f"  const int64_t step = {self._p('interior', d)} + 1;")
+                lines.append("  if (step != 1) { inside = inside && t >= 0 && t % step == 0; t /= step; }")
+                lines.append(f"  inside = inside && t >= 0 && t < a.in0_dims[{d}];")
+                lines.append(f"  off += t * a.in0_strides[{d}]; }}")
+            lines.append(f"const {ct} v = inside ? ({ct})a.in0[off] : {self._operand(1)};")
+            return lines
+        if name == "concatenate":
+            axis = op.attrs["dim"]
+            lines = [f"{ct} v;", f"int64_t pos = c[{axis}];"]
+            for i in range(len(op.operands)):
+                coord = [("pos" if d == axis else f"c[{d}]") for d in range(r)]
+                kind, ref = op.operands[i]
+                read = (f"({ct})a.in{ref}[{self._offset(ref, coord)}]" if kind == "in"
+                        else self._operand(i))
+                size = self._p("sizes", i)
+                lines.append(f"if (pos < {size}) {{ v = {read}; }} else {{ pos -= {size};")
+            lines.append(f"v = ({ct})0;" + " }" * len(op.operands))
+            return lines
+        if name == "torch_index_select":
+            axis, batch = op.attrs["dim"], op.attrs["batch_dims"]
+            ri = self._rank(1)
+            icoord = [f"c[{j}]" if j < batch else f"c[{axis + j - batch}]" for j in range(ri)]
+            rp = self._rank(0)
+            pcoord = []
+            for d in range(rp):
+                if d < axis:
+                    pcoord.append(f"c[{d}]")
+                elif d == axis:
+                    pcoord.append("idx")
+                else:
+                    pcoord.append(f"c[{d - 1 + ri - batch}]")
+            return [
+                f"int64_t idx = (int64_t)a.in1[{self._offset(1, icoord)}];",
+                f"{ct} v = ({ct})0;",
+                f"if (idx < 0 || idx >= a.in0_dims[{axis}]) {{",
+                "  __atomic_store_n(a.bad, idx, __ATOMIC_RELAXED);",
+                "} else {",
+                f"  v = ({ct})a.in0[{self._offset(0, pcoord)}];",
+                "}",
+            ]
+        if name == "im2col":
+            return self._im2col(ct)
+        if name == "grouped_conv":
+            return self._grouped_conv(ct)
+        if name == "reduce_window":
+            return self._reduce_window(ct)
+        raise ValueError(f"{self.k.name}: no index emitter for {name}")
+
+    def _input_pixel(self, at: str) -> list[str]:
+        """``ih``/``iw`` of window tap (ky, kx) for output pixel c[1], c[2], and ``inside``."""
+        at_attrs = self.op.attrs
+        (sh, sw), (dh, dw) = at_attrs["strides"], at_attrs["dilations"]
+        return [
+            f"const int64_t ih = c[1] * {sh} - {self._p('low', 0)} + ky * {dh};",
+            f"const int64_t iw = c[2] * {sw} - {self._p('low', 1)} + kx * {dw};",
+            f"const bool {at} = ih >= 0 && ih < a.in0_dims[1] && iw >= 0 && iw < a.in0_dims[2];",
+        ]
+
+    def _im2col(self, ct: str) -> list[str]:
+        """Patch element c[3] = (ky * kw + kx) * C + ci of output pixel (c[0], c[1], c[2])."""
+        kw = self.op.attrs["kw"]
+        channels = self._p("sizes", 0)
+        return [
+            f"const int64_t ci = c[3] % {channels};",
+            f"const int64_t kx = (c[3] / {channels}) % {kw};",
+            f"const int64_t ky = c[3] / ({channels} * {kw});",
+            *self._input_pixel("inside"),
+            f"const {ct} v = inside ? ({ct})a.in0[c[0] * a.in0_strides[0] + ih * a.in0_strides[1]"
+            " + iw * a.in0_strides[2] + ci] : 0;",
+        ]
+
+    def _grouped_conv(self, ct: str) -> list[str]:
+        """Direct convolution with feature groups (depthwise: one input channel each)."""
+        attrs = self.op.attrs
+        per_group_in = self._p("sizes", 1)
+        return [
+            f"const int64_t out_per_group = a.in1_dims[3] / {attrs['groups']};",
+            f"const int64_t first_in = (c[3] / out_per_group) * {per_group_in};",
+            f"{ct} v = 0;",
+            f"for (int64_t ky = 0; ky < {attrs['kh']}; ++ky) {{",
+            f"  for (int64_t kx = 0; kx < {attrs['kw']}; ++kx) {{",
+            *["    " + line for line in self._input_pixel("inside")],
+            "    if (!inside) continue;",
+            f"    for (int64_t i = 0; i < {per_group_in}; ++i) {{",
+            f"      v += ({ct})a.in0[c[0] * a.in0_strides[0] + ih * a.in0_strides[1] + "
+            "iw * a.in0_strides[2] + first_in + i] *",
+            f"           ({ct})a.in1[ky * a.in1_strides[0] + kx * a.in1_strides[1] + "
+            "i * a.in1_strides[2] + c[3]];",
+            "    }",
+            "  }",
+            "}",
+        ]
+
+    def _reduce_window(self, ct: str) -> list[str]:
+        """Folds the window of output element c (no padding: the operand is pre-padded)."""
+        from disc_tf.codegen.cpu_ops import expression
+
+        attrs = self.op.attrs
+        window, strides = attrs["window"], attrs["strides"]
+        lines = [f"{ct} v = {literal(attrs['init'], self.op.elem)};"]
+        indent = ""
+        for d, size in enumerate(window):
+            if size > 1:
+                lines.append(f"{indent}for (int64_t w{d} = 0; w{d} < {size}; ++w{d}) {{")
+                indent += "  "
+        coord = [f"c[{d}] * {s} + w{d}" if k > 1 else f"c[{d}] * {s}"
+                 for d, (k, s) in enumerate(zip(window, strides))]
+        read = f"({ct})a.in0[{self._offset(0, coord)}]"
+        comb = expression(attrs["combiner"], ["v", read], self.op.elem, [self.op.elem] * 2, {})
+        lines.append(f"{indent}v = {comb};")
+        for _ in [k for k in window if k > 1]:
+            indent = indent[:-2]
+            lines.append(f"{indent}}}")
+        return lines
+
+    def source(self) -> str:
+        k, r = self.k, self.rank
+        header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
+                  f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"
+                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
+        (_, bname), = k.outputs
+        st = STORAGE[self.plan.buffers[bname].elem]
+        lines = [
+            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t inner = {f'a.dims[{r - 1}]' if r else '1'};",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            f"    int64_t c[{max(r, 1)}] = {{0}};",
+            "    int64_t rem = row;",
+        ]
+        for d in range(r - 2, -1, -1):
+            lines.append(f"    c[{d}] = rem % a.dims[{d}];")
+            lines.append(f"    rem /= a.dims[{d}];")
+        lines.append("    (void)rem;")
+        lines.append(f"    {st}* __restrict w = a.out0 + row * inner;")
+        lines.append("    for (int64_t col = 0; col < inner; ++col) {")
+        lines.append(f"      c[{max(r - 1, 0)}] = col;" if r else "      (void)col;")
+        lines += [f"      {x}" for x in self.body()]
+        lines.append(f"      w[col] = ({st})v;  // {comment(self.op.tf_node)}: {self.op.op}")
+        lines += ["    }", "  }", "}"]
+        return "\n\n".join([header, self.struct(), "\n".join(lines)])
+
+    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        plan, k, r = self.plan, self.k, self.rank
+        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};",
+                 "    int64_t bad = INT64_MIN;", "    k.bad = &bad;"]
+        for d, s in enumerate(k.dims):
+            lines.append(f"    k.dims[{d}] = {sym(s, plan)};")
+        for i, acc in enumerate(k.inputs):
+            b = self.buf(acc)
+            lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
+            stride = "1"
+            for d in range(len(b.dims) - 1, -1, -1):
+                size = sym(b.dims[d], plan)
+                lines.append(f"    k.in{i}_dims[{d}] = {size};")
+                lines.append(f"    k.in{i}_strides[{d}] = {stride};")
+                stride = f"{stride} * {size}" if stride != "1" else size
+        (_, bname), = k.outputs
+        lines.append(f"    k.out0 = {buffer_ptr[bname]};")
+        for j, s in enumerate(self.params):
+            lines.append(f"    k.p[{j}] = {sym(s, plan)};")
+        for i, h in enumerate(self.host_scalars):
+            lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        rows = product(k.dims[:-1], plan) if r else "1"
+        inner = sym(k.dims[-1], plan) if r else "1"
+        lines.append(f"    const int64_t rows = {rows};")
+        lines.append(f"    if (rows > 0 && {inner} > 0) {{")
+        lines.append(f"      ral->parallel_for(ral, rows, 4.0 * {inner} + 1.0, {k.name}_index, &k);")
+        lines.append("    }")
+        if self.op.op == "torch_index_select":
+            tf = self.op.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+            axis = self.op.attrs["dim"]
+            lines.append("    if (bad != INT64_MIN) {")
+            lines.append(f'      snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in '
+                         f'[0, %lld)", (long long)bad, (long long)k.in0_dims[{axis}]);')
+            lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+            lines.append("    }")
+        lines.append("  }")
+        return lines

@@ -1,0 +1,483 @@
+"""Lowering rules of data-movement ops: slices, concatenation, padding, gathers.
+
+Bounds, sizes and paddings are host shape operands (``index`` scalars the host
+runner computes from constants and dims), so these ops work at any input shape.
+TF's clamping and negative-index rules are host arithmetic; what TF rejects
+at run time (a Slice past the end, a gather index out of range) is checked by
+the host runner or the kernel and reported as TF's InvalidArgument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import node_def_pb2
+
+from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
+from disc_tf.dhlo_bridge.rules import LoweringError, host_shape, register
+from disc_tf.dhlo_bridge.types import MLIR_TYPE
+
+
+def _axis(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue | int, rank: int) -> int:
+    axis = value if isinstance(value, int) else (b.known_ints(value) or [None])[0]
+    if axis is None or not -rank <= axis < rank:
+        raise LoweringError(f"{node.op} {node.name}: axis {axis} invalid for rank {rank}")
+    return axis % rank
+
+
+def slice_value(b: DhloBuilder, x: TValue, start: list[str], limit: list[str],
+                stride: list[int], dims: tuple | None = None) -> TValue:
+    """``stablehlo.real_dynamic_slice`` of ``x`` (host starts/limits, constant strides)."""
+    strides = [b.index_const(s) for s in stride]
+    operands = [x] + [(b.shape_from(v), x.rank) for v in (start, limit, strides)]
+    return b.op_with_shapes("real_dynamic_slice", operands, x.elem, dims or (None,) * x.rank)
+
+
+def _reshape_to(b: DhloBuilder, x: TValue, extents: list[str], dims: tuple) -> TValue:
+    return b.dynamic_reshape(x, extents, dims)
+
+
+@register("Slice")
+def _slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, begin_v, size_v = xs
+    begin = host_shape(b, node, begin_v, "begin")
+    size = host_shape(b, node, size_v, "size")
+    if len(begin) != x.rank or len(size) != x.rank:
+        raise LoweringError(f"Slice {node.name}: begin/size length must be the rank {x.rank}")
+    limit, dims = [], []
+    for d in range(x.rank):
+        if b.index_values.get(size[d]) == -1:
+            size[d] = b.index_arith("subi", b.dim(x, d), begin[d])  # -1: to the end
+        limit.append(b.index_arith("addi", begin[d], size[d]))
+        dims.append(b.index_values.get(size[d]))
+    return [slice_value(b, x, begin, limit, [1] * x.rank, tuple(dims))]
+
+
+def _normalize(b: DhloBuilder, value: str, dim: str, positive: bool) -> str:
+    """A StridedSlice bound: negative counts from the end, then clamped to the dim
+    ([0, dim] for a positive stride, [-1, dim - 1] for a negative one)."""
+    zero = b.index_const(0)
+    wrapped = b.index_select("slt", value, zero, b.index_arith("addi", value, dim), value)
+    if positive:
+        return b.index_arith("maxsi", zero, b.index_arith("minsi", wrapped, dim))
+    return b.index_arith("maxsi", b.index_const(-1),
+                         b.index_arith("minsi", wrapped, b.index_arith("subi", dim, b.index_const(1))))
+
+
+@register("StridedSlice")
+def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, begin_v, end_v, strides_v = xs
+    begin = host_shape(b, node, begin_v, "begin")
+    end = host_shape(b, node, end_v, "end")
+    strides = b.known_ints(strides_v)
+    if strides is None or len(strides) != len(begin) or len(end) != len(begin):
+        raise LoweringError(f"StridedSlice {node.name}: strides must be constants")
+    masks = {k: node.attr[f"{k}_mask"].i for k in ("begin", "end", "ellipsis", "new_axis",
+                                                    "shrink_axis")}
+    # The sparse spec -> one entry per input dim (ellipsis expanded), plus new axes.
+    n_spec = len(begin)
+    real = [i for i in range(n_spec) if not masks["new_axis"] >> i & 1
+            and not masks["ellipsis"] >> i & 1]
+    ellipsis = [i for i in range(n_spec) if masks["ellipsis"] >> i & 1]
+    if len(ellipsis) > 1:
+        raise LoweringError(f"StridedSlice {node.name}: more than one ellipsis")
+    fill = x.rank - len(real)
+    if fill < 0:
+        raise LoweringError(f"StridedSlice {node.name}: index of rank {len(real)} > rank {x.rank}")
+    if not ellipsis:
+        entries = list(range(n_spec)) + [None] * fill
+    else:
+        e = ellipsis[0]
+        entries = list(range(e)) + [None] * fill + list(range(e + 1, n_spec))
+    start, limit, steps = [], [], []
+    d = 0
+    for i in entries:
+        if i is not None and masks["new_axis"] >> i & 1:
+            continue
+        dim = b.dim(x, d)
+        if i is None:
+            start.append(b.index_const(0))
+            limit.append(dim)
+            steps.append(1)
+            d += 1
+            continue
+        s = strides[i]
+        if s <= 0:
+            raise LoweringError(f"StridedSlice {node.name}: stride {s} (only positive supported)")
+        if masks["shrink_axis"] >> i & 1:
+            zero = b.index_const(0)
+            lo = b.index_select("slt", begin[i], zero, b.index_arith("addi", begin[i], dim), begin[i])
+            start.append(lo)
+            limit.append(b.index_arith("addi", lo, b.index_const(1)))
+            steps.append(1)
+            d += 1
+            continue  # the dim disappears; the slice bounds are checked by the host
+        lo = b.index_const(0) if masks["begin"] >> i & 1 else _normalize(b, begin[i], dim, True)
+        hi = dim if masks["end"] >> i & 1 else _normalize(b, end[i], dim, True)
+        hi = b.index_arith("maxsi", hi, lo)
+        start.append(lo)
+        limit.append(hi)  # the slice has ceil((hi - lo) / s) elements
+        steps.append(s)
+        d += 1
+    sliced = slice_value(b, x, start, limit, steps)
+    # Result extents: the sliced dims in order, with new axes inserted and shrunk dims gone.
+    extents = []
+    k = 0
+    shrunk_before = 0
+    for i in entries:
+        if i is not None and masks["new_axis"] >> i & 1:
+            extents.append(b.index_const(1))
+            continue
+        if i is not None and masks["shrink_axis"] >> i & 1:
+            k += 1
+            shrunk_before += 1
+            continue
+        extents.append(b.dim(sliced, k))
+        k += 1
+    if not shrunk_before and not masks["new_axis"]:
+        return [sliced]
+    dims = tuple(1 if b.index_values.get(e) == 1 else None for e in extents)
+    return [_reshape_to(b, sliced, extents, dims)]
+
+
+@register("ConcatV2")
+def _concat(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    *parts, axis_v = xs
+    axis = _axis(b, node, axis_v, parts[0].rank)
+    if len(parts) == 1:
+        return [b.op("convert", parts, parts[0].elem, parts[0].dims)]
+    dims = tuple(None if d == axis else parts[0].dims[d] for d in range(parts[0].rank))
+    return [b.op("concatenate", parts, parts[0].elem, dims, f"dimension = {axis} : i64")]
+
+
+@register("Pack")
+def _pack(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    rank = xs[0].rank + 1
+    axis = _axis(b, node, node.attr["axis"].i, rank)
+    expanded = []
+    for x in xs:
+        extents = [b.dim(x, d) for d in range(x.rank)]
+        extents.insert(axis, b.index_const(1))
+        dims = list(x.dims)
+        dims.insert(axis, 1)
+        expanded.append(b.dynamic_reshape(x, extents, tuple(dims)))
+    if len(expanded) == 1:
+        return [b.op("convert", expanded, expanded[0].elem, expanded[0].dims)]
+    dims = list(xs[0].dims)
+    dims.insert(axis, len(xs))
+    return [b.op("concatenate", expanded, xs[0].elem, tuple(dims), f"dimension = {axis} : i64")]
+
+
+def _split_along(b: DhloBuilder, x: TValue, axis: int, sizes: list[str]) -> list[TValue]:
+    """Consecutive slices of ``x`` along ``axis`` with the given host sizes."""
+    outs = []
+    offset = b.index_const(0)
+    for size in sizes:
+        start = [offset if d == axis else b.index_const(0) for d in range(x.rank)]
+        end = b.index_arith("addi", offset, size)
+        limit = [end if d == axis else b.dim(x, d) for d in range(x.rank)]
+        dims = tuple(b.index_values.get(size) if d == axis else x.dims[d] for d in range(x.rank))
+        outs.append(slice_value(b, x, start, limit, [1] * x.rank, dims))
+        offset = end
+    return outs
+
+
+@register("Unpack")
+def _unpack(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    axis = _axis(b, node, node.attr["axis"].i, x.rank)
+    num = node.attr["num"].i
+    b.require_equal_extents([b.shape_from([b.dim(x, axis)]), b.shape_from([b.index_const(num)])], 1)
+    outs = []
+    for part in _split_along(b, x, axis, [b.index_const(1)] * num):
+        extents = [b.dim(part, d) for d in range(x.rank) if d != axis]
+        outs.append(b.dynamic_reshape(part, extents, tuple(x.dims[d] for d in range(x.rank)
+                                                           if d != axis)))
+    return outs
+
+
+@register("Split")
+def _split(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    axis_v, x = xs
+    axis = _axis(b, node, axis_v, x.rank)
+    num = node.attr["num_split"].i
+    dim = b.dim(x, axis)
+    size = b.index_arith("floordivsi", dim, b.index_const(num))
+    # TF requires the dim to divide evenly: the host checks num * size == dim.
+    b.require_equal_extents([b.shape_from([b.index_arith("muli", size, b.index_const(num))]),
+                             b.shape_from([dim])], 1)
+    return _split_along(b, x, axis, [size] * num)
+
+
+@register("SplitV")
+def _split_v(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, sizes_v, axis_v = xs
+    axis = _axis(b, node, axis_v, x.rank)
+    sizes = b.known_ints(sizes_v)
+    if sizes is None or sizes.count(-1) > 1 or any(s < -1 for s in sizes):
+        raise LoweringError(f"SplitV {node.name}: size_splits must be constants")
+    dim = b.dim(x, axis)
+    known = sum(s for s in sizes if s != -1)
+    extents = [b.index_const(s) for s in sizes]
+    if -1 in sizes:
+        extents[sizes.index(-1)] = b.index_arith("subi", dim, b.index_const(known))
+        total = dim
+    else:
+        total = b.index_const(known)
+    b.require_equal_extents([b.shape_from([total]), b.shape_from([dim])], 1)
+    return _split_along(b, x, axis, extents)
+
+
+def _paddings(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, rank: int):
+    elems = b.host_elements(value)
+    if elems is None or len(elems) != 2 * rank:
+        raise LoweringError(f"{node.op} {node.name}: paddings must be a [{rank}, 2] constant "
+                            "or computed from dims")
+    if any(b.index_values.get(e, 0) < 0 for e in elems):
+        raise LoweringError(f"{node.op} {node.name}: negative paddings")
+    return elems[0::2], elems[1::2]
+
+
+@register("Pad", "PadV2")
+def _pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, paddings = xs[0], xs[1]
+    low, high = _paddings(b, node, paddings, x.rank)
+    if node.op == "PadV2":
+        value = xs[2]
+    else:
+        from disc_tf.dhlo_bridge.rules import _scalar
+
+        value = _scalar(b, 0, x.elem)
+    zeros = [b.index_const(0) for _ in range(x.rank)]
+    operands = [x, value] + [(b.shape_from(v), x.rank) for v in (low, high, zeros)]
+    dims = []
+    for d in range(x.rank):
+        lo, hi = b.index_values.get(low[d]), b.index_values.get(high[d])
+        dims.append(None if None in (x.dims[d], lo, hi) else x.dims[d] + lo + hi)
+    return [b.op_with_shapes("dynamic_pad", operands, x.elem, tuple(dims))]
+
+
+@register("Fill")
+def _fill(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    dims_v, value = xs
+    extents = host_shape(b, node, dims_v, "dims")
+    filled = b.broadcast_to(value, b.shape_from(extents), len(extents), [])
+    return [b.op("convert", [filled], filled.elem, filled.dims)]
+
+
+def iota(b: DhloBuilder, extents: list[str], dim: int, elem: str) -> TValue:
+    """``stablehlo.dynamic_iota``: the index along ``dim`` of a shape of host extents."""
+    dims = tuple(b.index_values.get(e) for e in extents)
+    return b.op_with_shapes("dynamic_iota", [(b.shape_from(extents), len(extents))], elem, dims,
+                            f"iota_dimension = {dim} : i64")
+
+
+@register("Range")
+def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    start, limit, delta = (host_shape(b, node, v, "bounds") for v in xs)
+    if len(start) != 1 or len(limit) != 1 or len(delta) != 1:
+        raise LoweringError(f"Range {node.name}: bounds must be scalars")
+    step = b.index_values.get(delta[0])
+    if step is None or step == 0:
+        raise LoweringError(f"Range {node.name}: delta must be a non-zero constant")
+    # TF requires start <= limit (delta > 0) or start >= limit (delta < 0).
+    lo, hi = (start[0], limit[0]) if step > 0 else (limit[0], start[0])
+    b.require_equal_extents([b.shape_from([b.index_arith("maxsi", lo, hi)]), b.shape_from([hi])], 1)
+    span = b.index_arith("subi", limit[0], start[0])
+    count = b.index_arith("maxsi", b.index_const(0), b.index_arith("ceildivsi", span, delta[0]))
+    elem = MLIR_TYPE[tf.as_dtype(node.attr["Tidx"].type)]
+    ramp = iota(b, [count], 0, elem)
+    scaled = b.op("multiply", [ramp, b.broadcast_to(b.host_tensor(delta, elem, 0), b.shape_of(ramp),
+                                                      1, [])], elem, ramp.dims)
+    offset = b.broadcast_to(b.host_tensor(start, elem, 0), b.shape_of(ramp), 1, [])
+    return [b.op("add", [scaled, offset], elem, ramp.dims)]
+
+
+@register("Tile")
+def _tile(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, multiples_v = xs
+    multiples = host_shape(b, node, multiples_v, "multiples")
+    if len(multiples) != x.rank:
+        raise LoweringError(f"Tile {node.name}: multiples length must be the rank {x.rank}")
+    # [m0, d0, m1, d1, ...] by broadcast, then merged pairwise.
+    extents = []
+    for d in range(x.rank):
+        extents += [multiples[d], b.dim(x, d)]
+    wide = b.broadcast_to(x, b.shape_from(extents), 2 * x.rank, list(range(1, 2 * x.rank, 2)))
+    merged = [b.index_arith("muli", multiples[d], b.dim(x, d)) for d in range(x.rank)]
+    dims = tuple(b.index_values.get(m) for m in merged)
+    return [b.dynamic_reshape(wide, merged, dims)]
+
+
+@register("OneHot")
+def _one_hot(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    indices, depth_v, on, off = xs
+    (depth,) = host_shape(b, node, depth_v, "depth")
+    rank = indices.rank + 1
+    axis = node.attr["axis"].i
+    axis = rank - 1 if axis == -1 else axis
+    if not 0 <= axis < rank:
+        raise LoweringError(f"OneHot {node.name}: axis {axis} invalid")
+    extents = [b.dim(indices, d) for d in range(indices.rank)]
+    extents.insert(axis, depth)
+    shape = b.shape_from(extents)
+    positions = iota(b, extents, axis, indices.elem)
+    spread = b.broadcast_to(indices, shape, rank, [d for d in range(rank) if d != axis])
+    hit = b.op("compare", [positions, spread], "i1", positions.dims,
+               "comparison_direction = #stablehlo<comparison_direction EQ>")
+    on_b = b.broadcast_to(on, shape, rank, [])
+    off_b = b.broadcast_to(off, shape, rank, [])
+    return [b.op("select", [hit, on_b, off_b], on.elem, positions.dims)]
+
+
+@register("GatherV2")
+def _gather(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    params, indices, axis_v = xs
+    axis = _axis(b, node, axis_v, params.rank)
+    batch = node.attr["batch_dims"].i
+    if batch < 0:
+        batch += indices.rank
+    if not 0 <= batch <= min(axis, indices.rank):
+        raise LoweringError(f"GatherV2 {node.name}: batch_dims {batch} invalid")
+    dims = params.dims[:axis] + indices.dims[batch:] + params.dims[axis + 1:]
+    return [b.op("torch_index_select", [params, indices], params.elem, dims,
+                 f"dim = {axis} : i64, batch_dims = {batch} : i64")]
+
+
+_ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),
+             "i32": ("-2147483648", "2147483647"), "i64": ("-9223372036854775808",
+                                                           "9223372036854775807")}
+
+
+@register("ArgMax", "ArgMin")
+def _arg_max(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, axis_v = xs
+    if x.rank == 0:
+        raise LoweringError(f"{node.op} {node.name}: a scalar has no axis")
+    axis = _axis(b, node, axis_v, x.rank)
+    # TF rejects an empty reduced dim: the host checks max(dim, 1) == dim.
+    dim = b.dim(x, axis)
+    b.require_equal_extents([b.shape_from([b.index_arith("maxsi", dim, b.index_const(1))]),
+                             b.shape_from([dim])], 1)
+    direction = "max" if node.op == "ArgMax" else "min"
+    init = _ARG_INIT[x.elem][0 if direction == "max" else 1]
+    out = MLIR_TYPE[tf.as_dtype(node.attr["output_type"].type)]
+    return [b.arg_reduce(x, axis, direction, out, init)]
+
+
+# --------------------------------------------------------------------------
+# Convolutions and pooling (NHWC)
+# --------------------------------------------------------------------------
+
+
+def _ints(node: node_def_pb2.NodeDef, name: str, default: list[int]) -> list[int]:
+    return list(node.attr[name].list.i) if name in node.attr and node.attr[name].list.i else default
+
+
+def _same_padding(b: DhloBuilder, size: str, window: int, stride: int,
+                  dilation: int) -> tuple[str, str]:
+    """TF's SAME padding (low, high) of one spatial dim: output ceil(size / stride)."""
+    out = b.index_arith("ceildivsi", size, b.index_const(stride))
+    needed = b.index_arith("addi", b.index_arith("muli", b.index_arith("subi", out, b.index_const(1)),
+                                                 b.index_const(stride)),
+                           b.index_const((window - 1) * dilation + 1))
+    total = b.index_arith("maxsi", b.index_arith("subi", needed, size), b.index_const(0))
+    low = b.index_arith("floordivsi", total, b.index_const(2))
+    return low, b.index_arith("subi", total, low)
+
+
+def _spatial_padding(b: DhloBuilder, node: node_def_pb2.NodeDef, x: TValue,
+                     windows: list[int], strides: list[int], dilations: list[int]):
+    padding = node.attr["padding"].s.decode()
+    pads = []
+    for i, d in enumerate((1, 2)):
+        if padding == "SAME":
+            pads.append(_same_padding(b, b.dim(x, d), windows[i], strides[i], dilations[i]))
+        elif padding == "VALID":
+            pads.append((b.index_const(0), b.index_const(0)))
+        elif padding == "EXPLICIT":
+            explicit = _ints(node, "explicit_paddings", [0] * 8)
+            pads.append((b.index_const(explicit[2 * d]), b.index_const(explicit[2 * d + 1])))
+        else:
+            raise LoweringError(f"{node.op} {node.name}: padding {padding!r}")
+    return pads
+
+
+def _nhwc(node: node_def_pb2.NodeDef) -> None:
+    fmt = node.attr["data_format"].s.decode() if "data_format" in node.attr else "NHWC"
+    if fmt not in ("NHWC", ""):
+        raise LoweringError(f"{node.op} {node.name}: data_format {fmt} (only NHWC)")
+
+
+@register("Conv2D", "DepthwiseConv2dNative")
+def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x, w = xs
+    _nhwc(node)
+    if x.rank != 4 or w.rank != 4 or None in w.dims[:2]:
+        raise LoweringError(f"{node.op} {node.name}: needs rank-4 operands and a static window")
+    strides = _ints(node, "strides", [1, 1, 1, 1])
+    dilations = _ints(node, "dilations", [1, 1, 1, 1])
+    if strides[0] != 1 or strides[3] != 1 or dilations[0] != 1 or dilations[3] != 1:
+        raise LoweringError(f"{node.op} {node.name}: batch/channel strides must be 1")
+    kh, kw = w.dims[0], w.dims[1]
+    pads = _spatial_padding(b, node, x, [kh, kw], strides[1:3], dilations[1:3])
+    flat = [p for pair in pads for p in pair]
+    padding2d = b.host_tensor(flat, "i64", 2, (2, 2))
+    groups = 1
+    if node.op == "DepthwiseConv2dNative":
+        # [kh, kw, C, M] -> [kh, kw, 1, C*M] with C groups (a grouped convolution).
+        c, m = b.dim(w, 2), b.dim(w, 3)
+        if x.dims[3] is None or w.dims[2] is None:
+            raise LoweringError(f"{node.op} {node.name}: channels must be static")
+        groups = x.dims[3]
+        out_c = None if w.dims[3] is None else w.dims[2] * w.dims[3]
+        w = b.dynamic_reshape(w, [b.index_const(kh), b.index_const(kw), b.index_const(1),
+                                  b.index_arith("muli", c, m)], (kh, kw, 1, out_c))
+    else:
+        b.require_equal_dims(x, 3, w, 2)  # TF: input depth must equal filter depth
+    attrs = (f"window_strides = array<i64: {strides[1]}, {strides[2]}>, "
+             f"rhs_dilation = array<i64: {dilations[1]}, {dilations[2]}>, "
+             "lhs_dilation = array<i64: 1, 1>, "
+             "dimension_numbers = #stablehlo.conv<[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]>, "
+             f"feature_group_count = {groups} : i64, batch_group_count = 1 : i64")
+    dims = (x.dims[0], None, None, w.dims[3])
+    return [b.op("dynamic_conv", [x, w, padding2d], x.elem, dims, attrs)]
+
+
+@register("MaxPool", "AvgPool")
+def _pool(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    x = xs[0]
+    _nhwc(node)
+    ksize = _ints(node, "ksize", [])
+    strides = _ints(node, "strides", [])
+    if x.rank != 4 or len(ksize) != 4 or len(strides) != 4 or ksize[0] != 1 or ksize[3] != 1 \
+            or strides[0] != 1 or strides[3] != 1:
+        raise LoweringError(f"{node.op} {node.name}: only spatial NHWC windows")
+    pads = _spatial_padding(b, node, x, ksize[1:3], strides[1:3], [1, 1])
+    zero = b.index_const(0)
+    low = [zero, pads[0][0], pads[1][0], zero]
+    high = [zero, pads[0][1], pads[1][1], zero]
+    is_max = node.op == "MaxPool"
+    from disc_tf.dhlo_bridge.rules import _scalar
+
+    fill = _scalar(b, -np.inf if is_max else 0.0, x.elem)
+    padded = _pad_value(b, x, fill, low, high)
+    window = (f"window_dimensions = array<i64: 1, {ksize[1]}, {ksize[2]}, 1>, "
+              f"window_strides = array<i64: 1, {strides[1]}, {strides[2]}, 1>")
+    pooled = b.reduce_window(padded, _scalar(b, -np.inf if is_max else 0.0, x.elem),
+                             "maximum" if is_max else "add", window)
+    if is_max:
+        return [pooled]
+    # Average over the window's elements inside the input (TF excludes padding).
+    ones = b.broadcast_to(_scalar(b, 1.0, x.elem), b.shape_of(x), 4, [])
+    counts = b.reduce_window(_pad_value(b, ones, _scalar(b, 0.0, x.elem), low, high),
+                             _scalar(b, 0.0, x.elem), "add", window)
+    return [b.op("divide", [pooled, counts], x.elem, pooled.dims)]
+
+
+def _pad_value(b: DhloBuilder, x: TValue, value: TValue, low: list[str], high: list[str]) -> TValue:
+    if all(b.index_values.get(e) == 0 for e in low + high):
+        return x
+    zeros = [b.index_const(0) for _ in range(x.rank)]
+    operands = [x, value] + [(b.shape_from(v), x.rank) for v in (low, high, zeros)]
+    return b.op_with_shapes("dynamic_pad", operands, x.elem, (None,) * x.rank)

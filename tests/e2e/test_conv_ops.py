@@ -1,0 +1,103 @@
+"""Conv2D (SAME/VALID/EXPLICIT, strides, dilations, 1x1), DepthwiseConv2dNative,
+MaxPool/AvgPool and ArgMax/ArgMin inside clusters, against TF at random shapes
+(including windows larger than the input for SAME padding and size-1 dims)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from tests.harness import assert_same, compiled, random_value
+from tests.stage_helpers import dyn
+
+F32 = tf.float32
+# No empty batch: TF's own CPU Conv2D returns the *input* shape for one (0, H, W, C).
+IMAGES = [(1, 5, 7, 3), (2, 8, 8, 3), (1, 1, 1, 3), (3, 4, 9, 3), (1, 6, 6, 3)]
+
+CONVS = {
+    "conv_same": (lambda x, w: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME") + 1.0), (3, 3, 3, 5)),
+    "conv_valid_stride2": (lambda x, w: tf.nn.conv2d(x, w, 2, "VALID") * 2.0, (1, 2, 3, 4)),
+    "conv_same_strides_2_1": (lambda x, w: tf.nn.conv2d(x, w, [1, 2, 1, 1], "SAME") * 2.0,
+                              (2, 3, 3, 4)),
+    "conv_dilated": (lambda x, w: tf.nn.conv2d(x, w, 1, "SAME", dilations=2) * 2.0, (3, 3, 3, 4)),
+    "conv_explicit": (lambda x, w: tf.nn.conv2d(x, w, 1, [[0, 0], [1, 2], [0, 1], [0, 0]]) + 1.0,
+                      (2, 2, 3, 4)),
+    "conv_1x1": (lambda x, w: tf.nn.conv2d(x, w, 1, "VALID") + 1.0, (1, 1, 3, 6)),
+    "depthwise_same": (lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME") + 1.0,
+                       (3, 3, 3, 2)),
+    "depthwise_valid_stride2": (lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 2, 2, 1], "VALID")
+                                + 1.0, (1, 1, 3, 1)),
+    "maxpool_valid": (lambda x, w: tf.nn.max_pool2d(x * 2.0, 2, 2, "VALID") + w[0, 0, 0, 0],
+                      (1, 1, 1, 1)),
+    "maxpool_same": (lambda x, w: tf.nn.max_pool2d(x * w[0, 0, 0, 0], 3, 2, "SAME") + 1.0,
+                     (1, 1, 1, 1)),
+    "avgpool_same": (lambda x, w: tf.nn.avg_pool2d(x * w[0, 0, 0, 0], 3, 2, "SAME") + 1.0,
+                     (1, 1, 1, 1)),
+    "avgpool_valid": (lambda x, w: tf.nn.avg_pool2d(x * w[0, 0, 0, 0], 2, 1, "VALID") + 1.0,
+                      (1, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_conv_and_pool_match_tf(name):
+    fn, filter_shape = CONVS[name]
+    # Depthwise convolutions need static channels (the group count is an attribute).
+    image = tf.TensorSpec([None, None, None, 3], F32) if "depthwise" in name else dyn(4)
+    tf_fn = tf.function(fn, input_signature=[image, tf.TensorSpec(filter_shape, F32)])
+    disc_tf.reset_stats()
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(len(name))
+    w = rng.normal(size=filter_shape).astype(np.float32)
+    for shape in IMAGES:
+        if "valid" in name and min(shape[1:3]) < filter_shape[0] + 1:
+            continue  # TF itself rejects a window larger than a VALID input
+        x = rng.normal(size=shape).astype(np.float32)
+        expected, actual = tf_fn(x, w), jitted(x, w)
+        np.testing.assert_allclose(actual.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+    stats = disc_tf.stats()
+    assert stats["fallbacks"] == 0 and stats["compilations"] + stats["cache_hits"] >= 1
+
+
+def test_depthwise_with_dynamic_channels_stays_in_tf_with_a_reason():
+    from disc_tf.cluster import clustering
+    from disc_tf.cluster.graph_view import view_of_graph_def
+
+    fn = tf.function(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME") + 1.0,
+                     input_signature=[dyn(4), tf.TensorSpec([3, 3, 3, 1], F32)])
+    gd = fn.get_concrete_function().graph.as_graph_def()
+    reasons = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1).reasons
+    assert reasons["depthwise"] == "depthwise input channels must be static"
+
+
+def test_conv1d_is_conv2d_with_expand_dims():
+    w = np.random.default_rng(0).normal(size=(3, 4, 6)).astype(np.float32)
+    tf_fn = tf.function(lambda x: tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME") + 0.5),
+                        input_signature=[tf.TensorSpec([None, None, 4], F32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(1)
+    for t in [1, 5, 16, 33, 2]:
+        x = rng.normal(size=(2, t, 4)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [F32, tf.int32, tf.float16], ids=lambda d: d.name)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_argmax_argmin_first_extreme_like_tf(dtype, axis):
+    rng = np.random.default_rng(axis + 5)
+    for op in (lambda x: tf.argmax(x * 2, axis=axis) + 1,
+               lambda x: tf.argmin(x * 2, axis=axis, output_type=tf.int32) * 3):
+        tf_fn = tf.function(op, input_signature=[dyn(3, dtype)])
+        jitted = compiled(tf_fn)
+        for shape in [(2, 3, 4), (1, 1, 1), (3, 5, 2), (2, 0, 3) if axis == 0 else (0, 2, 3)]:
+            x = random_value(rng, shape, dtype)  # small ints: many ties
+            assert_same(tf_fn(x), jitted(x), tf.int64)
+
+
+def test_argmax_of_an_empty_axis_is_invalid_argument():
+    tf_fn = tf.function(lambda x: tf.argmax(x * 2.0, axis=1), input_signature=[dyn(2)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(np.ones((2, 0), np.float32))
+    assert_same(tf_fn(np.ones((2, 3), np.float32)), jitted(np.ones((2, 3), np.float32)), tf.int64)

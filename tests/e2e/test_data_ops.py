@@ -1,0 +1,185 @@
+"""Data movement and host shape computation inside clusters, against TF at random
+shapes (zero-size and size-1 dims included): Slice, StridedSlice (masks, negative
+bounds, strides), ConcatV2, Pack, Unpack, Split/SplitV, Pad/PadV2, Fill, Range,
+Tile, OneHot, GatherV2, and Shape/Size/Rank arithmetic feeding Reshape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
+from tests.harness import assert_same, compiled, random_value
+from tests.stage_helpers import cluster_of, dyn
+
+F32, I32, BOOL = tf.float32, tf.int32, tf.bool
+
+
+def _shapes(rng, rank, count=6, low=1, zero_dim=0):
+    out = [tuple(int(rng.integers(low, 6)) for _ in range(rank)) for _ in range(count - 2)]
+    zero = [3] * rank
+    zero[zero_dim] = 0
+    out.append(tuple(zero))
+    out.append(tuple([max(low, 1)] * rank))
+    return out
+
+
+def _run(fn, rank, dtype=F32, low=1, zero_dim=0, seed=0, kernels=True):
+    tf_fn = tf.function(fn, input_signature=[dyn(rank, dtype)])
+    disc_tf.reset_stats()
+    jitted = compiled(tf_fn) if kernels else disc_tf.jit(tf_fn)
+    rng = np.random.default_rng(seed)
+    for shape in _shapes(rng, rank, low=low, zero_dim=zero_dim):
+        x = random_value(rng, shape, dtype)
+        assert_same(tf_fn(x), jitted(x), dtype)
+    stats = disc_tf.stats()
+    assert stats["fallbacks"] == 0
+    return stats
+
+
+CASES = {
+    "slice_host_size": (lambda x: tf.slice(x, [0, 1], [tf.shape(x)[0], -1]) * 2.0, 2, 2),
+    "slice_middle": (lambda x: tf.slice(x, [1, 0, 1], [1, -1, 1]) + 1.0, 3, 2, 1),
+    "strided_basic": (lambda x: x[:, 1:-1] * 2.0 + 1.0, 2, 1),
+    "strided_step": (lambda x: x[::2, -3::2] + 1.0, 2, 1),
+    "strided_shrink": (lambda x: tf.exp(x[:, 0]) + x[:, -1], 2, 1),
+    "strided_new_axis": (lambda x: x[:, None, 1:] * 3.0, 2, 1),
+    "strided_ellipsis": (lambda x: x[..., 1] + 1.0, 3, 2),
+    "strided_past_end": (lambda x: x[:, 2:100] * 2.0, 2, 0),
+    "concat": (lambda x: tf.concat([x, tf.exp(x), x[:, :1]], axis=1) + 1.0, 2, 1),
+    "concat_axis0": (lambda x: tf.concat([x, x * 2.0], axis=0) - 1.0, 3, 0),
+    "pack": (lambda x: tf.stack([x, x * 2.0, x + 1.0], axis=1) + 1.0, 2, 0),
+    "unpack": (lambda x: tf.unstack(tf.stack([x, x * 3.0], 1), num=2, axis=1)[1] * 2.0, 2, 1),
+    "split": (lambda x: tf.split(tf.concat([x, x + 1.0], 1), 2, axis=1)[1] * 2.0, 2, 1),
+    "splitv": (lambda x: tf.split(x, [1, -1], axis=1)[1] * 2.0, 2, 1),
+    "pad": (lambda x: tf.pad(x * 2.0, [[1, 2], [0, 1]]) + 1.0, 2, 0),
+    "padv2": (lambda x: tf.pad(x * 2.0, [[1, 0], [2, 1]], constant_values=5.0) + 1.0, 2, 0),
+    "fill": (lambda x: tf.fill(tf.shape(x), 3.0) * x + 1.0, 2, 0),
+    "range": (lambda x: tf.cast(tf.range(tf.shape(x)[1]), tf.float32) * x + 1.0, 2, 0),
+    "range_step": (lambda x: tf.reduce_sum(
+        tf.cast(tf.range(1, tf.shape(x)[0] * 3 + 1, 2), tf.float32)) + x * 2.0, 2, 0),
+    "tile": (lambda x: tf.tile(x, [2, 1, 3]) * 2.0 + 1.0, 3, 0),
+    "one_hot": (lambda x: tf.one_hot(tf.cast(x[:, 0] * 3.0, tf.int32), 4) * 2.0 + 1.0, 2, 1),
+    "shape_arith_reshape": (lambda x: tf.reshape(x * 2.0, [tf.shape(x)[0] * tf.shape(x)[1], -1])
+                            + 1.0, 3, 0),
+    "shape_cast_scale": (lambda x: x * tf.cast(tf.shape(x)[1], tf.float32) + 1.0, 2, 0),
+    "size_and_rank": (lambda x: x * tf.cast(tf.size(x) + tf.rank(x), tf.float32), 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_tf(name):
+    fn, rank, low, *zero_dim = CASES[name]
+    _run(fn, rank, low=max(low, 1), zero_dim=zero_dim[0] if zero_dim else 0)
+
+
+@pytest.mark.parametrize("dtype", [I32, BOOL], ids=lambda d: d.name)
+def test_slice_and_concat_other_dtypes(dtype):
+    f = tf.logical_not if dtype == BOOL else (lambda v: v * 2 + 1)
+    _run(lambda x: f(tf.concat([x[:, 1:], x[:, :1]], axis=1)), 2, dtype=dtype, low=2)
+
+
+def test_gather_embedding_lookup():
+    table = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    tf_fn = tf.function(lambda i, t: tf.nn.relu(tf.gather(t, i) * 2.0),
+                        input_signature=[dyn(2, I32), tf.TensorSpec([None, 8], F32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(1)
+    for shape in [(2, 3), (1, 1), (0, 4), (4, 7), (3, 1)]:
+        ids = rng.integers(0, 50, size=shape).astype(np.int32)
+        assert_same(tf_fn(ids, table), jitted(ids, table), F32)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_gather_axis_and_batch_dims():
+    tf_fn = tf.function(lambda p, i: tf.gather(p * 2.0, i, axis=2, batch_dims=1) + 1.0,
+                        input_signature=[dyn(3), dyn(2, I32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(2)
+    for b, m, n, k in [(2, 3, 4, 5), (1, 1, 1, 1), (3, 2, 6, 2)]:
+        params = rng.normal(size=(b, m, n)).astype(np.float32)
+        ids = rng.integers(0, n, size=(b, k)).astype(np.int32)
+        assert_same(tf_fn(params, ids), jitted(params, ids), F32)
+
+
+def test_gather_index_out_of_range_is_invalid_argument_then_next_call_works():
+    tf_fn = tf.function(lambda i, t: tf.gather(t, i) * 2.0,
+                        input_signature=[dyn(1, I32), dyn(2)])
+    jitted = compiled(tf_fn)
+    table = np.ones((4, 3), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="GatherV2.*indices = 9"):
+        jitted(np.array([1, 9], np.int32), table)
+    assert_same(tf_fn(np.array([3, 0], np.int32), table),
+                jitted(np.array([3, 0], np.int32), table), F32)
+
+
+def test_slice_out_of_bounds_is_invalid_argument():
+    tf_fn = tf.function(lambda x: tf.slice(x, [2], [3]) * 2.0, input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of bounds"):
+        jitted(np.ones(4, np.float32))
+    assert_same(tf_fn(np.ones(6, np.float32)), jitted(np.ones(6, np.float32)), F32)
+
+
+def test_range_with_limit_below_start_is_invalid_argument():
+    tf_fn = tf.function(lambda x: tf.cast(tf.range(2, tf.shape(x)[0]), tf.float32) * 2.0,
+                        input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(np.ones(1, np.float32))
+    assert_same(tf_fn(np.ones(6, np.float32)), jitted(np.ones(6, np.float32)), F32)
+
+
+def test_split_uneven_is_invalid_argument():
+    tf_fn = tf.function(lambda x: tf.split(x * 2.0, 2, axis=0)[0] + 1.0, input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(np.ones(5, np.float32))
+    assert_same(tf_fn(np.ones(4, np.float32)), jitted(np.ones(4, np.float32)), F32)
+
+
+def test_tensordot_shape_chain_is_one_cluster_computed_on_the_host():
+    """Keras Dense on a 3-D input: Shape -> GatherV2 -> Prod -> Pack -> Reshape."""
+    w = np.random.default_rng(3).normal(size=(8, 5)).astype(np.float32)
+    fn = lambda x: tf.nn.relu(tf.tensordot(x, w, axes=[[2], [0]]) + 1.0)  # noqa: E731
+    spec = cluster_of(fn, dyn(3))
+    ops = {op for _, op in spec.op_summary()}
+    assert {"Shape", "GatherV2", "Prod", "Reshape", "MatMul"} <= ops
+    text = lower_cluster(spec).text
+    parse_and_verify(text)
+    # The shape chain is host arithmetic, not kernels.
+    assert "torch_index_select" not in text
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None, None, 8], F32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(4)
+    for shape in [(2, 3, 8), (1, 1, 8), (0, 4, 8), (5, 2, 8)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        assert_same(tf_fn(x), jitted(x), F32)
+
+
+def test_shape_operand_from_outside_data_is_refused_with_reason():
+    """A Reshape whose shape is data (not computable from dims) stays in TF."""
+    from disc_tf.cluster import clustering
+    from disc_tf.cluster.graph_view import view_of_graph_def
+
+    @tf.function(input_signature=[dyn(2), tf.TensorSpec([2], I32)])
+    def fn(x, s):
+        return tf.reshape(x * 2.0, s) + 1.0
+
+    gd = fn.get_concrete_function().graph.as_graph_def()
+    result = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1)
+    assert "computable from constants and dims" in result.reasons["Reshape"]
+
+
+def test_dims_whose_product_overflows_fail_cleanly_then_next_call_works():
+    """Tile multiples (host shape operands) so large that the output's byte size
+    overflows int64: an error naming the cluster, never a short buffer."""
+    big = tf.constant([2**40, 2**40], tf.int64)
+    jitted = compiled(tf.function(lambda x: tf.tile(x * 2.0, big) + 1.0, input_signature=[dyn(2)]))
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="disc_cluster.*exceed"):
+        jitted(np.ones((2, 2), np.float32))
+    small = tf.function(lambda x: tf.tile(x * 2.0, [2, 3]) + 1.0, input_signature=[dyn(2)])
+    assert_same(small(np.ones((2, 2), np.float32)), compiled(small)(np.ones((2, 2), np.float32)),
+                F32)
