@@ -44,6 +44,8 @@ def why_not_compilable(node: NodeInfo, host: HostValues | None = None) -> str | 
     op supports only as a shape computation, e.g. int StridedSlice of a shape).
     """
     support = op_registry.lookup(node.op)
+    if node.op in op_registry.EXCLUDED:
+        return op_registry.EXCLUDED[node.op]
     if support is None:
         return f"unsupported op {node.op}"
     if node.stateful:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-FLOAT_TYPES = frozenset({tf.float32, tf.float16})
-NUMERIC_TYPES = frozenset({tf.float32, tf.float16, tf.int32, tf.int64})
+FLOAT_TYPES = frozenset({tf.float32, tf.float16, tf.bfloat16})
+NUMERIC_TYPES = frozenset({tf.float32, tf.float16, tf.bfloat16, tf.int32, tf.int64})
 SIGNED_TYPES = NUMERIC_TYPES
 ALL_TYPES = NUMERIC_TYPES | {tf.bool}
 
@@ -122,7 +122,8 @@ for _op in ("Identity", "StopGradient", "Snapshot"):
     _register(_op, ALL_TYPES, trivial=True)  # free inside a cluster, no reason to make one
 for _op in ("ZerosLike", "OnesLike"):
     _register(_op, ALL_TYPES)
-REDUCE_TYPES = frozenset({tf.float32, tf.int32, tf.int64})
+# bf16 stays in TF: its reductions accumulate in bf16, ours in float (too far apart).
+REDUCE_TYPES = frozenset({tf.float32, tf.float16, tf.int32, tf.int64})
 for _op in ("Sum", "Mean", "Max", "Min", "Prod"):
     _register(_op, REDUCE_TYPES, const_inputs=(1,))
 for _op in ("All", "Any"):
@@ -198,6 +199,22 @@ for _op in ("Conv2D", "DepthwiseConv2dNative"):
     _register(_op, frozenset({tf.float32}), check=_nhwc_check, shape_check=_static_window)
 for _op in ("MaxPool", "AvgPool"):
     _register(_op, frozenset({tf.float32}), check=_nhwc_check)
+_register("MirrorPad", MOVE_TYPES, shape_inputs=(1,))
+_register("GatherNd", MOVE_TYPES, dtype_attr="Tparams", shape_check=lambda n: None if (
+    n.inputs[1].dims and n.inputs[1].dims[-1] is not None) else "index depth must be static")
+for _op in ("Cumsum", "Cumprod"):
+    _register(_op, frozenset({tf.float32, tf.int32, tf.int64}), const_inputs=(1,))
+
+#: Ops refused on purpose, with the reason ``inspect`` prints.
+EXCLUDED = {
+    "Where": "data-dependent output shape (Where)",
+    "Unique": "data-dependent output shape (Unique)",
+    "NonMaxSuppressionV3": "data-dependent output shape (NonMaxSuppression)",
+    "NonMaxSuppressionV4": "data-dependent output shape (NonMaxSuppression)",
+    "NonMaxSuppressionV5": "data-dependent output shape (NonMaxSuppression)",
+    "RaggedTensorToTensor": "ragged tensors",
+    "BooleanMask": "data-dependent output shape (boolean mask)",
+}
 
 #: Const nodes larger than this many elements stay outside clusters.
 MAX_CONST_ELEMENTS = 4096

@@ -118,6 +118,33 @@ class IndexKernelEmitter(KernelEmitter):
                 f"  v = ({ct})a.in0[{self._offset(0, pcoord)}];",
                 "}",
             ]
+        if name == "mirror_pad":
+            shift = 0 if op.attrs["mode"] == "REFLECT" else 1
+            lines = ["int64_t off = 0;"]
+            for d in range(r):
+                lines.append(f"{{ int64_t t = c[{d}] - {self._p('low', d)};")
+                lines.append(f"  const int64_t n = a.in0_dims[{d}];")
+                lines.append(f"  if (t < 0) t = -t - {shift};")
+                lines.append(f"  else if (t >= n) t = 2 * n - 2 + {shift} - t;")
+                lines.append(f"  off += t * a.in0_strides[{d}]; }}")
+            lines.append(f"const {ct} v = ({ct})a.in0[off];")
+            return lines
+        if name == "gather_nd":
+            depth = op.attrs["depth"]
+            ri, rp = self._rank(1), self._rank(0)
+            q = ri - 1
+            lines = ["int64_t off = 0;", f"{ct} v = ({ct})0;", "bool ok = true;"]
+            ibase = " + ".join(f"c[{j}] * a.in1_strides[{j}]" for j in range(q)) or "0"
+            lines.append(f"const int64_t ibase = {ibase};")
+            for k in range(depth):
+                lines.append(f"{{ const int64_t idx = (int64_t)a.in1[ibase + {k} * a.in1_strides[{q}]];")
+                lines.append(f"  if (idx < 0 || idx >= a.in0_dims[{k}]) {{ ok = false; "
+                             "__atomic_store_n(a.bad, idx, __ATOMIC_RELAXED); }")
+                lines.append(f"  off += idx * a.in0_strides[{k}]; }}")
+            for j in range(rp - depth):
+                lines.append(f"off += c[{q + j}] * a.in0_strides[{depth + j}];")
+            lines.append(f"if (ok) v = ({ct})a.in0[off];")
+            return lines
         if name == "im2col":
             return self._im2col(ct)
         if name == "grouped_conv":
@@ -193,7 +220,48 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append(f"{indent}}}")
         return lines
 
+    def _scan_source(self) -> str:
+        """One task per line along the scanned axis, folded in order."""
+        from disc_tf.codegen.cpu_ops import expression
+
+        k, op = self.k, self.op
+        axis = op.attrs["axis"]
+        ct = COMPUTE[op.elem]
+        (_, bname), = k.outputs
+        st = STORAGE[self.plan.buffers[bname].elem]
+        identity = literal(0 if op.attrs["combiner"] == "add" else 1, op.elem)
+        comb = expression(op.attrs["combiner"], ["acc", "v"], op.elem, [op.elem] * 2, {})
+        lines = [
+            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t n = a.dims[{axis}];",
+            f"  const int64_t step = a.in0_strides[{axis}];",
+            "  for (int64_t t = begin; t < end; ++t) {",
+            "    int64_t rem = t;",
+            "    int64_t base = 0;",
+        ]
+        for d in reversed([d for d in range(self.rank) if d != axis]):
+            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
+            lines.append(f"    rem /= a.dims[{d}];")
+        index = "n - 1 - q" if op.attrs["reverse"] else "q"
+        lines += [
+            f"    {ct} acc = {identity};",
+            "    for (int64_t q = 0; q < n; ++q) {",
+            f"      const int64_t off = base + ({index}) * step;",
+            f"      const {ct} v = ({ct})a.in0[off];",
+        ]
+        if op.attrs["exclusive"]:
+            lines += [f"      a.out0[off] = ({st})acc;", f"      acc = {comb};"]
+        else:
+            lines += [f"      acc = {comb};", f"      a.out0[off] = ({st})acc;"]
+        lines += ["    }", "  }", "}"]
+        header = (f"// ---- {k.name}: scan ({op.attrs['combiner']}) along dim {axis}\n"
+                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
+        return "\n\n".join([header, self.struct(), "\n".join(lines)])
+
     def source(self) -> str:
+        if self.op.op == "scan":
+            return self._scan_source()
         k, r = self.k, self.rank
         header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
                   f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"
@@ -243,13 +311,17 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
         rows = product(k.dims[:-1], plan) if r else "1"
         inner = sym(k.dims[-1], plan) if r else "1"
+        if self.op.op == "scan":
+            axis = self.op.attrs["axis"]
+            rows = product([s for d, s in enumerate(k.dims) if d != axis], plan)
+            inner = sym(k.dims[axis], plan)
         lines.append(f"    const int64_t rows = {rows};")
         lines.append(f"    if (rows > 0 && {inner} > 0) {{")
         lines.append(f"      ral->parallel_for(ral, rows, 4.0 * {inner} + 1.0, {k.name}_index, &k);")
         lines.append("    }")
-        if self.op.op == "torch_index_select":
+        if self.op.op in ("torch_index_select", "gather_nd"):
             tf = self.op.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-            axis = self.op.attrs["dim"]
+            axis = self.op.attrs.get("dim", 0)
             lines.append("    if (bad != INT64_MIN) {")
             lines.append(f'      snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in '
                          f'[0, %lld)", (long long)bad, (long long)k.in0_dims[{axis}]);')

@@ -9,16 +9,18 @@ from __future__ import annotations
 import math
 
 #: Storage type of each element type in generated C++.
-STORAGE = {"f32": "float", "f16": "_Float16", "i32": "int32_t", "i64": "int64_t", "i1": "bool"}
+STORAGE = {"f32": "float", "f16": "_Float16", "bf16": "disc_bf16", "i32": "int32_t",
+           "i64": "int64_t", "i1": "bool"}
 #: Type values are computed in.
-COMPUTE = {"f32": "float", "f16": "float", "i32": "int32_t", "i64": "int64_t", "i1": "bool"}
+COMPUTE = {"f32": "float", "f16": "float", "bf16": "float", "i32": "int32_t", "i64": "int64_t",
+           "i1": "bool"}
 #: RAL dtype constant of each element type.
-RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "i32": "DISC_I32", "i64": "DISC_I64",
-             "i1": "DISC_BOOL"}
+RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "bf16": "DISC_BF16", "i32": "DISC_I32",
+             "i64": "DISC_I64", "i1": "DISC_BOOL"}
 #: Bytes per element.
-ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4, "i64": 8, "i1": 1}
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}
 
-_FLOAT = ("f32", "f16")
+_FLOAT = ("f32", "f16", "bf16")
 
 _COMPARE = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
 
@@ -46,7 +48,9 @@ def literal(value: object, elem: str) -> str:
 
 def _round(expr: str, elem: str) -> str:
     """Rounds a float expression to f16 precision when ``elem`` is f16."""
-    return f"disc_round_f16({expr})" if elem == "f16" else expr
+    if elem in ("f16", "bf16"):
+        return f"disc_round_{elem}({expr})"
+    return expr
 
 
 def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
@@ -134,6 +138,27 @@ PRELUDE = r"""
 // the best the CPU has (GCC function multi-versioning).
 #define DISC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static inline float disc_round_f16(float x) { return (float)(_Float16)x; }
+// bfloat16 storage: the high half of a float, rounded to nearest even (as TF does).
+struct disc_bf16 {
+  uint16_t bits;
+  disc_bf16() = default;
+  disc_bf16(float x) {  // NOLINT: implicit, like a float narrowing
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = (uint16_t)((u >> 16) | 0x40u);  // a quiet NaN
+    } else {
+      bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  operator float() const {
+    const uint32_t u = (uint32_t)bits << 16;
+    float x;
+    __builtin_memcpy(&x, &u, 4);
+    return x;
+  }
+};
+static inline float disc_round_bf16(float x) { return (float)disc_bf16(x); }
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 static inline float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }

@@ -345,6 +345,7 @@ def _gather(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
 
 
 _ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),
+             "bf16": ("0xFF80", "0x7F80"),
              "i32": ("-2147483648", "2147483647"), "i64": ("-9223372036854775808",
                                                            "9223372036854775807")}
 
@@ -481,3 +482,65 @@ def _pad_value(b: DhloBuilder, x: TValue, value: TValue, low: list[str], high: l
     zeros = [b.index_const(0) for _ in range(x.rank)]
     operands = [x, value] + [(b.shape_from(v), x.rank) for v in (low, high, zeros)]
     return b.op_with_shapes("dynamic_pad", operands, x.elem, (None,) * x.rank)
+
+
+@register("Cumsum", "Cumprod")
+def _cumulative(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """A scan along one axis: ``stablehlo.custom_call @disc.scan`` (StableHLO's
+    reduce_window needs a static window, a scan over a dynamic dim has none)."""
+    x, axis_v = xs
+    if x.rank == 0:
+        raise LoweringError(f"{node.op} {node.name}: a scalar has no axis")
+    axis = _axis(b, node, axis_v, x.rank)
+    combiner = "add" if node.op == "Cumsum" else "multiply"
+    exclusive = str(bool(node.attr["exclusive"].b)).lower()
+    reverse = str(bool(node.attr["reverse"].b)).lower()
+    attrs = (f'call_target_name = "disc.scan", backend_config = "", disc.axis = {axis} : i64, '
+             f'disc.combiner = "{combiner}", disc.exclusive = {exclusive}, '
+             f"disc.reverse = {reverse}")
+    return [b.op("custom_call", [x], x.elem, x.dims, attrs)]
+
+
+@register("MirrorPad")
+def _mirror_pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """REFLECT/SYMMETRIC padding: ``stablehlo.custom_call @disc.mirror_pad`` with host
+    widths (StableHLO has no mirrored pad; each output element reads its mirror)."""
+    x, paddings = xs
+    mode = node.attr["mode"].s.decode()
+    if mode not in ("REFLECT", "SYMMETRIC"):
+        raise LoweringError(f"MirrorPad {node.name}: mode {mode!r}")
+    low, high = _paddings(b, node, paddings, x.rank)
+    # TF: each width at most dim - 1 (REFLECT) or dim (SYMMETRIC); the host checks.
+    for d in range(x.rank):
+        limit = b.dim(x, d) if mode == "SYMMETRIC" else b.index_arith("subi", b.dim(x, d),
+                                                                       b.index_const(1))
+        for width in (low[d], high[d]):
+            b.require_equal_extents([b.shape_from([b.index_arith("maxsi", width, limit)]),
+                                     b.shape_from([limit])], 1)
+    attrs = f'call_target_name = "disc.mirror_pad", backend_config = "", disc.mode = "{mode}"'
+    operands = [x, b.host_tensor(low, "i64", 1), b.host_tensor(high, "i64", 1)]
+    return [b.op("custom_call", operands, x.elem, (None,) * x.rank, attrs)]
+
+
+@register("GatherNd")
+def _gather_nd(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """``stablehlo.dynamic_gather`` of whole slices: indices [..., K] pick params[i0..iK-1]."""
+    params, indices = xs
+    k = indices.dims[-1] if indices.rank else None
+    if k is None or not 1 <= k <= params.rank:
+        raise LoweringError(f"GatherNd {node.name}: index depth must be static, 1..{params.rank}")
+    q = indices.rank - 1
+    rest = params.rank - k
+    sizes = [b.index_const(1)] * k + [b.dim(params, d) for d in range(k, params.rank)]
+
+    def ints(v: list[int]) -> str:
+        return "[" + ", ".join(map(str, v)) + "]"
+
+    attrs = ("dimension_numbers = #stablehlo.gather<"
+             f"offset_dims = {ints(list(range(q, q + rest)))}, "
+             f"collapsed_slice_dims = {ints(list(range(k)))}, "
+             f"start_index_map = {ints(list(range(k)))}, index_vector_dim = {q}>, "
+             "indices_are_sorted = false")
+    dims = indices.dims[:-1] + params.dims[k:]
+    return [b.op("dynamic_gather", [params, indices, b.host_tensor(sizes, "i64", 1)], params.elem,
+                 dims, attrs)]

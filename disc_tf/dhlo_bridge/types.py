@@ -9,6 +9,7 @@ import tensorflow as tf
 MLIR_TYPE = {
     tf.float32: "f32",
     tf.float16: "f16",
+    tf.bfloat16: "bf16",
     tf.int32: "i32",
     tf.int64: "i64",
     tf.bool: "i1",

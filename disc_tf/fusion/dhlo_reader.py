@@ -73,6 +73,19 @@ def parse_dot_dims(text: str) -> dict[str, list[int]]:
     return out
 
 
+def _bf16_values(text: str) -> np.ndarray:
+    """float32 values of a bf16 dense attribute, hex (``dense<"0x803F">``) or decimal."""
+    body = text[text.index("<") + 1:text.index(">")].strip()
+    if body.startswith('"0x'):
+        raw = np.frombuffer(bytes.fromhex(body[3:-1]), dtype="<u2")
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    if body.startswith("0x"):  # a splat written as its bits
+        return (np.array([int(body, 16)], np.uint32) << 16).view(np.float32).reshape(())
+    numbers = body.replace("[", " ").replace("]", " ").replace(",", " ").split()
+    return np.array([float(v) for v in numbers], dtype=np.float32).reshape(-1 if len(numbers) > 1
+                                                                          else ())
+
+
 def read_module(text: str) -> DFunc:
     """Parses and verifies ``text`` and returns its ``@main`` as a DFunc."""
     from iree.compiler import ir
@@ -102,9 +115,12 @@ def read_module(text: str) -> DFunc:
                 tf_node=m.group(1) if m else "",
             )
             if o.name == "stablehlo.constant":
-                dense = ir.DenseElementsAttr(o.attributes["value"])
                 elem, dims = rec.result_types[0]
-                rec.const_value = np.broadcast_to(np.array(dense), dims).copy()
+                if elem == "bf16":  # numpy has no bfloat16: read the attribute's text
+                    rec.const_value = np.broadcast_to(_bf16_values(attrs["value"]), dims).copy()
+                else:
+                    dense = ir.DenseElementsAttr(o.attributes["value"])
+                    rec.const_value = np.broadcast_to(np.array(dense), dims).copy()
             if o.name == "stablehlo.reduce_window":
                 body = o.regions[0].blocks[0].operations[0].operation.name
                 rec.reduce_kind = body.split(".", 1)[1]

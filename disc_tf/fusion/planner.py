@@ -23,7 +23,8 @@ log = logging.getLogger("disc_tf.fusion")
 
 #: Data-movement ops planned as "index" kernels of their own.
 _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
-              "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window"}
+              "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window",
+              "stablehlo.custom_call", "stablehlo.dynamic_gather"}
 
 _NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
                 "stablehlo.transpose", "stablehlo.dynamic_reshape"}
@@ -245,6 +246,20 @@ class _Planner:
             attrs = {"dim": axis, "sizes": [self.a.value_dims[v][axis] for v in op.operands]}
         elif name == "torch_index_select":
             attrs = {"dim": op.int_attr("dim"), "batch_dims": op.int_attr("batch_dims")}
+        elif name == "custom_call" and "mirror_pad" in op.attrs["call_target_name"]:
+            name = "mirror_pad"
+            tensors = op.operands[:1]
+            attrs = {"low": self.a.extents[op.operands[1]], "mode": op.attrs["disc.mode"].strip('"')}
+        elif name == "dynamic_gather":
+            name = "gather_nd"
+            tensors = op.operands[:2]
+            attrs = {"depth": self.a.symbols.constant_value(self.a.value_dims[op.operands[1]][-1])}
+        elif name == "custom_call":
+            name = "scan"
+            attrs = {"axis": op.int_attr("disc.axis"),
+                     "combiner": op.attrs["disc.combiner"].strip('"'),
+                     "exclusive": op.attrs["disc.exclusive"] == "true",
+                     "reverse": op.attrs["disc.reverse"] == "true"}
         elif name == "reduce_window":
             tensors = op.operands[:1]
             init = self.producer[op.operands[1]].const_value.item()

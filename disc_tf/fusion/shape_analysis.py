@@ -506,6 +506,17 @@ def analyze(func: DFunc) -> ShapeAnalysis:
                 for a, b in zip(first, dims[other]):
                     syms.union(a, b)
             dims[op.results[0]] = list(first)
+        elif kind == "stablehlo.custom_call" and "mirror_pad" in op.attrs["call_target_name"]:
+            low, high = ([scalar_symbol(h) for h in host_arrays[v]] for v in op.operands[1:])
+            extents[op.operands[1]], extents[op.operands[2]] = low, high
+            dims[op.results[0]] = [arith_symbol("addi", [arith_symbol("addi", [lo, d]), hi])
+                                   for lo, d, hi in zip(low, dims[op.operands[0]], high)]
+        elif kind == "stablehlo.custom_call":  # disc.scan: same shape as its operand
+            dims[op.results[0]] = list(dims[op.operands[0]])
+        elif kind == "stablehlo.dynamic_gather":
+            params, indices = dims[op.operands[0]], dims[op.operands[1]]
+            depth = syms.constant_value(indices[-1])
+            dims[op.results[0]] = indices[:-1] + params[depth:]
         elif kind == "shape.cstr_broadcastable":
             continue
         else:

@@ -183,3 +183,66 @@ def test_dims_whose_product_overflows_fail_cleanly_then_next_call_works():
     small = tf.function(lambda x: tf.tile(x * 2.0, [2, 3]) + 1.0, input_signature=[dyn(2)])
     assert_same(small(np.ones((2, 2), np.float32)), compiled(small)(np.ones((2, 2), np.float32)),
                 F32)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32], ids=lambda d: d.name)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive,reverse", [(False, False), (True, False), (False, True),
+                                               (True, True)])
+def test_cumsum_matches_tf(dtype, axis, exclusive, reverse):
+    tf_fn = tf.function(lambda x: tf.cumsum(x * 2, axis=axis, exclusive=exclusive,
+                                            reverse=reverse) + 1,
+                        input_signature=[dyn(3, dtype)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(axis + 3)
+    for shape in [(2, 3, 4), (1, 1, 1), (3, 0, 2), (4, 5, 6)]:
+        x = random_value(rng, shape, dtype)
+        assert_same(tf_fn(x), jitted(x), dtype)
+
+
+def test_cumprod_matches_tf():
+    tf_fn = tf.function(lambda x: tf.math.cumprod(x, axis=1) * 2.0, input_signature=[dyn(2)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(5)
+    for shape in [(3, 7), (1, 1), (2, 0), (4, 3)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        assert_same(tf_fn(x), jitted(x), F32)
+
+
+def test_where_is_refused_by_the_registry_with_a_reason():
+    from disc_tf.cluster import clustering
+    from disc_tf.cluster.graph_view import view_of_graph_def
+
+    fn = tf.function(lambda x: tf.where(x * 2.0 > 1.0), input_signature=[dyn(2)])
+    gd = fn.get_concrete_function().graph.as_graph_def()
+    reasons = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1).reasons
+    assert reasons["Where"] == "data-dependent output shape (Where)"
+
+
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+def test_mirror_pad_matches_tf_and_rejects_too_wide_paddings(mode):
+    tf_fn = tf.function(lambda x: tf.pad(x * 2.0, [[1, 2], [2, 0]], mode=mode) + 1.0,
+                        input_signature=[dyn(2)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(6)
+    for shape in [(3, 4), (4, 3), (5, 5), (3, 9)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        assert_same(tf_fn(x), jitted(x), F32)
+    too_small = np.ones((2, 1), np.float32)  # width 2 > dim 1 in both modes
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf_fn(too_small)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(too_small)
+
+
+def test_gather_nd_matches_tf_and_reports_bad_indices():
+    tf_fn = tf.function(lambda p, i: tf.gather_nd(p * 2.0, i) + 1.0,
+                        input_signature=[dyn(3), tf.TensorSpec([None, 2], I32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(8)
+    for shape, n in [((3, 4, 5), 6), ((2, 2, 1), 1), ((4, 3, 2), 0), ((1, 5, 3), 4)]:
+        params = rng.normal(size=shape).astype(np.float32)
+        ids = np.stack([rng.integers(0, shape[0], n), rng.integers(0, shape[1], n)], 1)
+        assert_same(tf_fn(params, ids.astype(np.int32)), jitted(params, ids.astype(np.int32)), F32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="GatherNd"):
+        jitted(np.ones((2, 2, 2), np.float32), np.array([[0, 5]], np.int32))

@@ -1,0 +1,69 @@
+"""bfloat16 inside clusters: computed in float, rounded to bf16 after every op (to
+nearest even, as TF's CPU kernels do): results equal TF's within one bf16 ulp (TF's
+own transcendental kernels differ from float-then-round by at most that)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from tests.harness import compiled
+
+BF16 = tf.bfloat16
+OPS = {
+    "gelu": lambda x: tf.nn.gelu(x * 1.5 + 0.25),
+    "exp_div_tanh": lambda x: tf.exp(x) / (1.0 + tf.abs(x)) - tf.tanh(x),
+    "cast_round_trip": lambda x: tf.cast(tf.cast(x, tf.float32) * 3.0, BF16) + x,
+    "relu_max_sigmoid": lambda x: tf.maximum(tf.nn.relu(x), tf.sigmoid(x) * 0.1),
+    "slice_concat": lambda x: tf.concat([x[:, 1:], x[:, :1]], axis=1) * 2.0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_bf16_matches_tf_within_one_ulp(name):
+    tf_fn = tf.function(OPS[name], input_signature=[tf.TensorSpec([None, None], BF16)])
+    disc_tf.reset_stats()
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(7)
+    for shape in [(3, 5), (1, 1), (0, 4), (7, 33), (2, 2)]:
+        x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
+        expected = tf_fn(x).numpy().astype(np.float32)
+        actual = jitted(x).numpy().astype(np.float32)
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=2.0**-7, atol=1e-3)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+F16_REDUCTIONS = {
+    "sum_rows": lambda x: tf.reduce_sum(x * 1.5, axis=-1),
+    "mean_cols": lambda x: tf.reduce_mean(x + 1.0, axis=0),
+    "max_keepdims": lambda x: tf.reduce_max(x * 2.0, axis=1, keepdims=True) + x,
+    "layer_norm": lambda x: (x - tf.reduce_mean(x, -1, keepdims=True)) * tf.math.rsqrt(
+        tf.reduce_mean(tf.square(x - tf.reduce_mean(x, -1, keepdims=True)), -1, keepdims=True)
+        + 1e-3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(F16_REDUCTIONS))
+def test_f16_reductions_match_tf(name):
+    """f16 reductions accumulate in float; TF's agree within f16 rounding (rtol 1e-2)."""
+    tf_fn = tf.function(F16_REDUCTIONS[name], input_signature=[tf.TensorSpec([None, None],
+                                                                              tf.float16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(3)
+    for shape in [(3, 5), (1, 1), (4, 300), (0, 3), (7, 33)]:
+        x = rng.normal(size=shape).astype(np.float16)
+        np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
+                                   tf_fn(x).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_bf16_argmax_matches_tf():
+    tf_fn = tf.function(lambda x: tf.argmax(x * 2.0, axis=1), input_signature=[
+        tf.TensorSpec([None, None], BF16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(4)
+    for shape in [(3, 5), (1, 1), (4, 30)]:
+        x = tf.constant(rng.integers(-3, 3, size=shape).astype(np.float32), BF16)
+        np.testing.assert_array_equal(jitted(x).numpy(), tf_fn(x).numpy())
