@@ -24,9 +24,11 @@ def _load_disc_tf() -> None:
         return
     _done = True
     try:
-        import disc_tf.enable
+        import importlib
 
-        disc_tf.enable.enable()
+        # Not `disc_tf.enable.enable()`: the package attribute `enable` is the
+        # function, which shadows the module of the same name.
+        importlib.import_module("disc_tf.enable").enable()
     except Exception as e:  # noqa: BLE001 - never break the user's import
         import logging
 

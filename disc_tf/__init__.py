@@ -30,7 +30,8 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
 
 def stats() -> dict[str, int]:
     """Counters of this process since the last reset: clusters, compilations,
-    cache_hits, fallbacks, kernels."""
+    cache_hits, fallbacks, kernels, and peak_temp_bytes (the most temporary
+    memory one cluster call held)."""
     return dict(_native.load().py.stats())
 
 

@@ -102,6 +102,41 @@ def iter_bodies(sm: saved_model_pb2.SavedModel) -> Iterator[Body]:
         yield Body(name, "graph", view, fetched, protected)
 
 
+def _called_functions(nodes, library_names: set[str]) -> set[str]:
+    """Library functions named by the func attrs (f, body, branches...) of ``nodes``."""
+    out = set()
+    for node in nodes:
+        for value in node.attr.values():
+            names = [value.func.name] + [f.name for f in value.list.func]
+            out.update(n for n in names if n in library_names)
+    return out
+
+
+def serving_scope(meta_graph) -> tuple[set[str], set[str]]:
+    """What serving runs: (main-graph nodes the signatures depend on, library
+    functions they call, transitively). Checkpoint and init code is outside."""
+    graph = meta_graph.graph_def
+    by_name = {n.name: n for n in graph.node}
+    stack = [t.name.split(":")[0].lstrip("^") for sig in meta_graph.signature_def.values()
+             for t in sig.outputs.values()]
+    nodes: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in nodes or name not in by_name:
+            continue
+        nodes.add(name)
+        stack.extend(i.split(":")[0].lstrip("^") for i in by_name[name].input)
+    fdefs = {f.signature.name: f for f in graph.library.function}
+    functions: set[str] = set()
+    pending = _called_functions([by_name[n] for n in nodes], set(fdefs))
+    while pending:
+        name = pending.pop()
+        if name not in functions:
+            functions.add(name)
+            pending |= _called_functions(fdefs[name].node_def, set(fdefs))
+    return nodes, functions
+
+
 def cluster_body(body: Body) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
     """Clusters ``body`` as the optimizer does and extracts each cluster."""
     assert body.view is not None
@@ -129,8 +164,9 @@ def _stage_text(title: str, text: str) -> list[str]:
     return [f"    -- {title} --", textwrap.indent(text.rstrip("\n"), "      ")]
 
 
-def describe_cluster(spec: rewrite.ClusterSpec, until: str) -> list[str]:
-    """The lines ``inspect`` prints for one cluster, up to stage ``until``."""
+def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu") -> list[str]:
+    """The lines ``inspect`` prints for one cluster, up to stage ``until``, with the
+    source generated for ``target``."""
     ops = spec.op_summary()
     lines = [f"  cluster {spec.name}: {len(ops)} ops"]
     lines.extend(f"    op {name} ({op})" for name, op in ops)
@@ -141,7 +177,7 @@ def describe_cluster(spec: rewrite.ClusterSpec, until: str) -> list[str]:
     if level == 0:
         return lines
     try:
-        fe = pipeline.front_end(spec, "cpu")
+        fe = pipeline.front_end(spec, target)
     except Exception as e:  # noqa: BLE001 - shown instead of the stages
         return lines + [f"    stages failed: {type(e).__name__}: {e}"]
     lines += _stage_text("dhlo", fe.dhlo.text)
@@ -175,11 +211,17 @@ def describe_unclustered(view: GraphView, reasons: dict[str, str]) -> list[str]:
     return lines
 
 
-def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None) -> int:
+def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None,
+                  target: str = "cpu") -> int:
     """Prints the clusters and unclustered ops of every body of a SavedModel."""
     out = out or sys.stdout
     sm = _load_saved_model(path)
-    total_done = total = 0
+    total_done = total = model_done = model_total = 0
+    scope_nodes, scope_functions = set(), set()
+    for meta_graph in sm.meta_graphs:
+        n, f = serving_scope(meta_graph)
+        scope_nodes |= n
+        scope_functions |= f
     for body in iter_bodies(sm):
         if body.view is None:
             print(f"body {body.name} ({body.kind}): not analysed: {body.error}", file=out)
@@ -192,15 +234,20 @@ def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None) 
         clustered = {n for c in result.clusters for n in c}
         done = sum(n in clustered for n in compute)
         total_done, total = total_done + done, total + len(compute)
+        served = [n for n in compute if (body.name in scope_functions if body.kind == "function"
+                                         else n in scope_nodes)]
+        model_done += sum(n in clustered for n in served)
+        model_total += len(served)
         print(f"body {body.name} ({body.kind}): {len(body.view.nodes)} nodes, "
               f"{len(specs)} cluster(s)", file=out)
         for spec in specs:
-            print("\n".join(describe_cluster(spec, until)), file=out)
+            print("\n".join(describe_cluster(spec, until, target)), file=out)
         unclustered = describe_unclustered(body.view, result.reasons)
         if unclustered:
             print("  unclustered:", file=out)
             print("\n".join(unclustered), file=out)
         print(f"  {_ratio(done, len(compute))}", file=out)
+    print(f"serving signatures: {_ratio(model_done, model_total)}", file=out)
     print(_ratio(total_done, total), file=out)
     return 0
 
@@ -272,18 +319,44 @@ def _parser() -> argparse.ArgumentParser:
     opt = sub.add_parser("optimize", help="compile every cluster of a SavedModel")
     opt.add_argument("input", metavar="IN", help="SavedModel directory")
     opt.add_argument("output", metavar="OUT", help="where the optimized SavedModel goes")
-    opt.add_argument("--target", choices=("auto", "cpu"), default="auto")
+    opt.add_argument("--target", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="cuda needs nvcc, not a GPU; auto picks cuda only where it can run")
     opt.add_argument("--signatures", default=None,
                      help="comma-separated signature names (default: all)")
     ins = sub.add_parser("inspect", help="show clusters and why other ops stay out")
     ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
     ins.add_argument("--until", choices=STAGES, default="cluster",
                      help="last compiler stage to show for each cluster")
+    ins.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                     help="backend whose generated source --until codegen shows")
+    ins.add_argument("--show-kernels", action="store_true",
+                     help="show the generated source (same as --until codegen)")
+    sub.add_parser("bench", add_help=False,
+                   help="run the benchmark suite in bench/ (options: disc-tf bench --help)")
     return parser
+
+
+def _run_bench(argv: list[str]) -> int:
+    """``disc-tf bench ...``: the runner in ``bench/`` of a source checkout, with its own options."""
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        from bench import run
+    except ImportError as e:
+        print(f"disc-tf: error: bench needs a source checkout with bench/: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run.main(argv)
+    except SystemExit as e:  # --help, or a usage error already printed
+        return e.code if isinstance(e.code, int) else 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``disc-tf``; returns the exit code (2 for usage errors)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _run_bench(argv[1:])
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -293,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "inspect":
-            return inspect_model(args.model, args.until)
+            until = "codegen" if args.show_kernels else args.until
+            return inspect_model(args.model, until, target=args.target)
         signatures = [s for s in args.signatures.split(",") if s] if args.signatures else None
         return optimize_model(args.input, args.output, args.target, signatures)
     except UsageError as e:

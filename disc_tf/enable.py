@@ -5,6 +5,11 @@ With ``TF_DISC_ENABLE=1`` the graph pass of the op library
 tf.function's graph, a TF1 Session's graph) to ``_optimize_serialized`` before
 it runs. Clusters become DiscCluster nodes; everything else is unchanged.
 A graph that cannot be optimized runs as it is.
+
+``DISC_TF_COMPILE_MODE`` picks when clusters are compiled: ``async`` (the
+default) rewrites the graph at once and compiles on a background thread, the
+original ops serving every call until a cluster's artifact is ready (see
+``disc_tf.background``); ``sync`` compiles before the graph first runs.
 """
 
 from __future__ import annotations
@@ -14,19 +19,27 @@ import os
 import re
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from tensorflow.core.framework import graph_pb2
 
 from disc_tf.cluster import op_registry
 from disc_tf.runtime import native
 
+if TYPE_CHECKING:
+    from disc_tf.background import CompileQueue, Publisher
+
 log = logging.getLogger("disc_tf")
 
 ENV_VAR = "TF_DISC_ENABLE"
+MODE_VAR = "DISC_TF_COMPILE_MODE"
+MODES = ("async", "sync")
 
 _MIN_CLUSTER_SIZE = 2
 _state = threading.local()
 _config = {"target": "auto"}
+_queue_lock = threading.Lock()
+_queue: CompileQueue | None = None  # made on first use
 
 
 def enable(target: str = "auto") -> None:
@@ -51,6 +64,40 @@ def disable() -> None:
 def is_enabled() -> bool:
     """True if graphs built from now on are optimized."""
     return os.environ.get(ENV_VAR) == "1"
+
+
+def compile_mode() -> str:
+    """``$DISC_TF_COMPILE_MODE``: 'async' (default) or 'sync'."""
+    mode = os.environ.get(MODE_VAR, "").strip().lower() or "async"
+    if mode not in MODES:
+        log.warning("disc_tf: %s=%r is not one of %s; using async", MODE_VAR, mode, MODES)
+        return "async"
+    return mode
+
+
+def _mark_busy() -> None:
+    _state.busy = True  # graphs the compiler itself runs are left alone
+
+
+def compile_queue() -> CompileQueue:
+    """The process's background CompileQueue."""
+    global _queue
+    from disc_tf.background import CompileQueue
+
+    with _queue_lock:
+        if _queue is None:
+            _queue = CompileQueue(on_thread_start=_mark_busy)
+        return _queue
+
+
+def wait_for_compilations(timeout: float | None = None) -> bool:
+    """Waits until every background compilation so far is published.
+
+    Returns False if ``timeout`` seconds passed first.
+    """
+    with _queue_lock:
+        q = _queue
+    return True if q is None else q.wait(timeout)
 
 
 def _clusterable_ops(graph_def: graph_pb2.GraphDef) -> int:
@@ -102,7 +149,15 @@ def _legal_names(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
     return renames
 
 
-def _optimize(data: bytes, protected_names: list[str]) -> bytes | None:
+def optimize_graph(data: bytes, protected_names: list[str], mode: str,
+                   publish: Publisher | None = None, compiler: CompileQueue | None = None,
+                   target: str | None = None) -> bytes | None:
+    """The rewritten GraphDef, or None if it has nothing to compile.
+
+    ``mode`` 'sync' compiles here; 'async' queues each cluster on ``compiler``
+    (a ``CompileQueue``) and hands results to ``publish``. ``target`` defaults
+    to the one given to :func:`enable`.
+    """
     graph_def = graph_pb2.GraphDef.FromString(data)
     if any(n.op == "DiscCluster" for n in graph_def.node):
         return None
@@ -117,18 +172,26 @@ def _optimize(data: bytes, protected_names: list[str]) -> bytes | None:
     if renames:
         _rename_refs(graph_def, renames)
         protected_names = [renames.get(n, n) for n in protected_names]
-    options = Options(target=resolve_target(_config["target"]),
+    options = Options(target=resolve_target(target or _config["target"]),
                       min_cluster_size=_MIN_CLUSTER_SIZE)
     report = OptimizeReport()
-    opt = BodyOptimizer(graph_def.library, options, report)
+    if mode == "sync":
+        opt = BodyOptimizer(graph_def.library, options, report)
+    else:
+        from disc_tf.background import DeferredBodyOptimizer
+
+        opt = DeferredBodyOptimizer(graph_def.library, options, report,
+                                    compiler=compiler, publish=publish)
     new_graph = opt.optimize_graph_def(graph_def, frozenset(protected_names))
     if new_graph is graph_def or not report.compiled:
         return None
+    if mode != "sync":
+        opt.mark_pending(new_graph)
     if renames:
         _rename_refs(new_graph, {v: k for k, v in renames.items()})
     opt.add_new_functions(new_graph.library)
-    log.info("disc_tf: %d cluster(s) in a graph of %d nodes (%.2fs)",
-             len(report.compiled), len(graph_def.node), time.monotonic() - start)
+    log.info("disc_tf: %d cluster(s) in a graph of %d nodes (%s, %.2fs)",
+             len(report.compiled), len(graph_def.node), mode, time.monotonic() - start)
     return new_graph.SerializeToString()
 
 
@@ -142,7 +205,13 @@ def _optimize_serialized(graph_def_bytes: bytes, fetch_node_names: list[str]) ->
         return None  # a graph run while optimizing another: leave it alone
     _state.busy = True
     try:
-        return _optimize(graph_def_bytes, fetch_node_names)
+        mode = compile_mode()
+        if mode == "sync":
+            return optimize_graph(graph_def_bytes, fetch_node_names, mode)
+        from disc_tf.background import publish_in_process
+
+        return optimize_graph(graph_def_bytes, fetch_node_names, mode,
+                              publish=publish_in_process, compiler=compile_queue())
     except Exception:  # noqa: BLE001 - never fail the user's graph
         log.warning("disc_tf: graph left unoptimized", exc_info=True)
         return None

@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import native
+from disc_tf.runtime.target import resolve_target as _resolve_target
 
 log = logging.getLogger("disc_tf")
 
@@ -50,12 +51,8 @@ def referenced_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
 
 
 def resolve_target(target: str) -> str:
-    """'auto' -> 'cpu' (the only code generator so far); checks the name."""
-    if target == "auto":
-        return "cpu"
-    if target != "cpu":
-        raise ValueError(f"unknown or unavailable target {target!r}; available: 'cpu', 'auto'")
-    return target
+    """'cpu', 'cuda', or what 'auto' picks on this machine; checks the name."""
+    return _resolve_target(target)
 
 
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",

@@ -208,6 +208,8 @@ absl::Status OpenAndResolve(const std::string& path, LoadedArtifact* art) {
       reinterpret_cast<int32_t (*)(void)>(::dlsym(handle, "disc_num_kernels"));
   art->entry =
       reinterpret_cast<int32_t (*)(disc_ral*)>(::dlsym(handle, "disc_entry"));
+  art->peak_temp_bytes =
+      reinterpret_cast<int64_t (*)(void)>(::dlsym(handle, "disc_peak_temp_bytes"));
   std::string missing;
   if (art->abi_version == nullptr) missing += " disc_abi_version";
   if (art->num_kernels == nullptr) missing += " disc_num_kernels";

@@ -25,6 +25,8 @@ struct LoadedArtifact {
   int32_t (*abi_version)(void) = nullptr;
   int32_t (*num_kernels)(void) = nullptr;
   int32_t (*entry)(disc_ral*) = nullptr;
+  // Optional: temporary bytes the calling thread's last call held at its peak.
+  int64_t (*peak_temp_bytes)(void) = nullptr;
 };
 
 // Lowercase hex SHA-256 of `data`.

@@ -1,6 +1,7 @@
 // disc_cluster_op.cc -- the DiscCluster op: runs a compiled cluster artifact,
 // or the cluster's original ops (the `fallback` function) when the artifact
 // is missing, unusable or disabled.
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -14,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/artifact_loader.h"
+#include "cc/kernels/pending_artifacts.h"
 #include "cc/kernels/stats.h"
 #include "cc/ral/disc_ral_tf.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
@@ -50,6 +52,7 @@ REGISTER_OP("DiscCluster")
     .Attr("fallback: func")
     .Attr("cluster_name: string = ''")
     .Attr("num_kernels: int = 0")
+    .Attr("pending_key: string = ''")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
@@ -74,6 +77,9 @@ artifact_sha256: lowercase hex SHA-256 of `artifact`.
 fallback: a function with the same inputs and outputs that computes the
   cluster with the original TensorFlow ops.
 output_shapes: the static shape (usually with unknown dims) of each output.
+pending_key: set when `artifact` is still being compiled in the background:
+  calls run `fallback` until the compiler publishes this key, then the
+  published artifact.
 )doc");
 
 bool EnvTrue(const char* name) {
@@ -109,6 +115,7 @@ class DiscClusterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fallback", &fallback_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("cluster_name", &cluster_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_kernels", &num_kernels_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("pending_key", &pending_key_));
     if (cluster_name_.empty()) cluster_name_ = name();
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
     OP_REQUIRES(ctx,
@@ -119,6 +126,7 @@ class DiscClusterOp : public AsyncOpKernel {
 
     if (EnvTrue("DISC_TF_FORCE_FALLBACK")) {
       VLOG(1) << prefix_ << "DISC_TF_FORCE_FALLBACK is set; using fallback";
+      pending_key_.clear();
       return;
     }
     std::string artifact;
@@ -133,15 +141,17 @@ class DiscClusterOp : public AsyncOpKernel {
       WarnOnce(cluster_name_, sha256_, std::string(s.message()));
       return;
     }
-    artifact_ = loaded;
+    artifact_.store(loaded, std::memory_order_release);
+    pending_key_.clear();
     int64_t kernels = num_kernels_;
-    if (kernels <= 0) kernels = artifact_->num_kernels();
-    stats::NoteCluster(artifact_->sha256, kernels);
+    if (kernels <= 0) kernels = loaded->num_kernels();
+    stats::NoteCluster(loaded->sha256, kernels);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (artifact_ != nullptr) {
-      RunArtifact(ctx);
+    const LoadedArtifact* artifact = CurrentArtifact();
+    if (artifact != nullptr) {
+      RunArtifact(ctx, artifact);
       done();
       return;
     }
@@ -149,13 +159,34 @@ class DiscClusterOp : public AsyncOpKernel {
   }
 
  private:
-  void RunArtifact(OpKernelContext* ctx) {
+  // The artifact to run for this call, or null for the fallback. A pending
+  // key is looked up until the background compiler has published it.
+  const LoadedArtifact* CurrentArtifact() {
+    const LoadedArtifact* artifact = artifact_.load(std::memory_order_acquire);
+    if (artifact != nullptr || pending_key_.empty() ||
+        pending_failed_.load(std::memory_order_relaxed)) {
+      return artifact;
+    }
+    const LoadedArtifact* found = nullptr;
+    switch (LookupPending(pending_key_, &found)) {
+      case PendingState::kReady:
+        artifact_.store(found, std::memory_order_release);
+        return found;
+      case PendingState::kFailed:
+        pending_failed_.store(true, std::memory_order_relaxed);
+        return nullptr;
+      default:
+        return nullptr;
+    }
+  }
+
+  void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact) {
     absl::Status s;
     {
       TfRal ral(ctx);
       int32_t rc = 0;
       try {
-        rc = artifact_->entry(ral.ral());
+        rc = artifact->entry(ral.ral());
       } catch (const std::exception& e) {
         ral.SetError(DISC_INTERNAL,
                      absl::StrCat("artifact threw an exception: ", e.what()));
@@ -165,6 +196,9 @@ class DiscClusterOp : public AsyncOpKernel {
         rc = DISC_INTERNAL;
       }
       s = ral.status();
+      if (rc == 0 && artifact->peak_temp_bytes != nullptr) {
+        stats::NoteMax(stats::kPeakTempBytes, artifact->peak_temp_bytes());
+      }
       if (rc != 0 && s.ok()) {
         s = absl::InternalError(absl::StrCat(
             "disc_entry returned ", rc, " without reporting an error"));
@@ -280,7 +314,9 @@ class DiscClusterOp : public AsyncOpKernel {
   std::string cluster_name_;
   int64_t num_kernels_ = 0;
   std::string prefix_;
-  const LoadedArtifact* artifact_ = nullptr;  // null => fallback
+  std::string pending_key_;  // empty unless compiled in the background
+  std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
+  std::atomic<bool> pending_failed_{false};
 
   std::mutex mu_;
   std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;

@@ -8,8 +8,12 @@
 // the user's graph.
 //
 // The Python C API is resolved with dlsym at run time, so the library does not
-// need libpython and still loads in a process without Python (the pass is then
-// a no-op).
+// need libpython and still loads in a process without Python. There the pass
+// runs `python -m disc_tf compile-graph` instead (subprocess_compiler.h).
+// DISC_TF_COMPILER=inprocess|subprocess forces one way (default: in-process
+// when the host has an initialized interpreter). DISC_TF_COMPILE_MODE=sync
+// compiles before the graph runs; async (the default) rewrites the graph at
+// once and switches each cluster to its artifact when it is built.
 #include <dlfcn.h>
 
 #include <atomic>
@@ -22,8 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cc/kernels/subprocess_compiler.h"
 #include "tensorflow/core/common_runtime/graph_constructor.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/common_runtime/placer.h"
@@ -54,6 +60,12 @@ constexpr char kPyFunction[] = "_optimize_serialized";
 bool Enabled() {
   const char* v = std::getenv("TF_DISC_ENABLE");
   return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// True if $name is `value`, ignoring case.
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && absl::AsciiStrToLower(v) == value;
 }
 
 // The subset of the CPython C API the pass uses, looked up in the process.
@@ -282,18 +294,21 @@ class DiscClusterPass : public GraphOptimizationPass {
       return absl::OkStatus();
     }
     const PyApi& py = Python();
-    if (!py.ok || py.IsInitialized() == 0 ||
-        (py.IsFinalizing != nullptr && py.IsFinalizing() != 0)) {
+    const bool python = py.ok && py.IsInitialized() != 0;
+    if (python && py.IsFinalizing != nullptr && py.IsFinalizing() != 0) {
       return absl::OkStatus();
     }
+    bool subprocess = EnvIs("DISC_TF_COMPILER", "subprocess") ||
+                      (!python && !EnvIs("DISC_TF_COMPILER", "inprocess"));
+    if (!subprocess && !python) return absl::OkStatus();
     in_pass = true;
-    Optimize(options);
+    Optimize(options, subprocess);
     in_pass = false;
     return absl::OkStatus();
   }
 
  private:
-  static void Optimize(const GraphOptimizationPassOptions& options) {
+  static void Optimize(const GraphOptimizationPassOptions& options, bool subprocess) {
     Graph* graph = options.graph->get();
     int compute_ops = 0;
     std::vector<std::string> protected_names;
@@ -325,7 +340,15 @@ class DiscClusterPass : public GraphOptimizationPass {
       return;
     }
     std::string result, error;
-    if (!CallPython(bytes, protected_names, &result, &error)) {
+    if (subprocess) {
+      const bool async = !EnvIs("DISC_TF_COMPILE_MODE", "sync");
+      absl::Status s = CompileInSubprocess(bytes, protected_names, async, &result);
+      if (!s.ok()) {
+        LogFailure(std::string(s.message()));
+        return;
+      }
+      if (result.empty()) return;  // nothing to compile
+    } else if (!CallPython(bytes, protected_names, &result, &error)) {
       if (!error.empty()) LogFailure(error);
       return;
     }

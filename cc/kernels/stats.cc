@@ -13,7 +13,7 @@ namespace stats {
 namespace {
 
 constexpr const char* kNames[kNumCounters] = {
-    "clusters", "compilations", "cache_hits", "fallbacks", "kernels"};
+    "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 
@@ -62,6 +62,14 @@ bool NoteCluster(const std::string& sha256, int64_t num_kernels) {
   return true;
 }
 
+void NoteMax(Counter c, int64_t value) {
+  if (c < 0 || c >= kNumCounters) return;
+  int64_t seen = g_counters[c].load(std::memory_order_relaxed);
+  while (value > seen &&
+         !g_counters[c].compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
 void Get(int64_t out[kNumCounters]) {
   for (int i = 0; i < kNumCounters; ++i) {
     out[i] = g_counters[i].load(std::memory_order_relaxed);
@@ -81,7 +89,7 @@ void Reset() {
 
 extern "C" {
 
-void disc_stats_get(int64_t out[5]) {
+void disc_stats_get(int64_t out[6]) {
   if (out != nullptr) disc_tf::stats::Get(out);
 }
 

@@ -1,6 +1,7 @@
 // stats.h -- process-wide DISC runtime counters.
 //
-// Counters: clusters, compilations, cache_hits, fallbacks, kernels. `clusters`
+// Counters: clusters, compilations, cache_hits, fallbacks, kernels, and the maximum
+// peak_temp_bytes. `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -20,7 +21,8 @@ enum Counter : int {
   kCacheHits = 2,
   kFallbacks = 3,
   kKernels = 4,
-  kNumCounters = 5,
+  kPeakTempBytes = 5,  // the most temporary bytes one cluster call held (a maximum)
+  kNumCounters = 6,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).
@@ -35,6 +37,9 @@ void Add(Counter c, int64_t n);
 // Returns true if it was counted.
 bool NoteCluster(const std::string& sha256, int64_t num_kernels);
 
+// Raises counter `c` to `value` if it is larger (for maxima such as peak bytes).
+void NoteMax(Counter c, int64_t value);
+
 // Copies the counters into out[kNumCounters].
 void Get(int64_t out[kNumCounters]);
 
@@ -45,7 +50,7 @@ void Reset();
 }  // namespace disc_tf
 
 extern "C" {
-__attribute__((visibility("default"))) void disc_stats_get(int64_t out[5]);
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[6]);
 __attribute__((visibility("default"))) void disc_stats_reset(void);
 // Returns 1 if `name` is a known counter, 0 otherwise.
 __attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,

@@ -21,7 +21,7 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.fusion.plan import Buffer, FusionPlan
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-8"
+CODEGEN_VERSION = "cpu-9"
 
 
 _ARITH_CXX = {
@@ -151,7 +151,7 @@ def _check_conditions(plan: FusionPlan, check, n: int, lines: list[str],
     return " || ".join(conds) or "false", "shapes must be equal", "shapes must be equal: "
 
 
-def _host_checks(plan: FusionPlan, lines: list[str]) -> None:
+def host_checks(plan: FusionPlan, lines: list[str]) -> None:
     """Host-side shape checks, each failing with a TF-style InvalidArgument."""
     defined: set[int] = set()
     broadcast_defined: set[int] = set()
@@ -211,22 +211,37 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     # A view (reshape) is its root buffer's memory, which lives until the
     # view's last reader too.
     ptr = {name: plan.root(name) for name in plan.buffers}
+    # A temp reusing another's memory (the buffer planner's decision) keeps that
+    # memory alive: the allocation is freed after the last reader of either.
+    owner = {name: b.reuses or name for name, b in plan.buffers.items()}
     last_use: dict[str, int] = {}
     for n, k in enumerate(plan.kernels):
         for a in k.inputs:
-            last_use[plan.root(a.buffer)] = n
+            last_use[owner[plan.root(a.buffer)]] = n
+    out.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;")
+    size_of: dict[str, str] = {}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         for _, bname in k.outputs:
             b = plan.buffers[bname]
-            if b.role == "temp":
-                st = STORAGE[b.elem]
-                nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
-                out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")
-                out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
+            if b.role != "temp":
+                continue
+            st = STORAGE[b.elem]
+            nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+            if b.reuses:
+                out.append(f"  {st}* {b.name} = reinterpret_cast<{st}*>({b.reuses});  "
+                           f"// same proven size, {b.reuses} is dead")
+                continue
+            size_of[b.name] = nbytes
+            out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")
+            out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
+            out.append(f"  temp_bytes += {nbytes};")
+            out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
         out.extend(e.launch(ptr))
         for bname, last in last_use.items():
             if last == n and plan.buffers[bname].role == "temp":
                 out.append(f"  ral->free_temp(ral, {bname});")
+                out.append(f"  temp_bytes -= {size_of[bname]};")
+    out.append("  disc_last_peak_temp_bytes = peak_temp_bytes;")
     return out
 
 
@@ -257,6 +272,9 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         out.append("")
     out.append("}  // namespace")
     out.append("")
+    out.append("// Peak bytes of temporaries in this thread's last call (read by tests/bench).")
+    out.append("static thread_local int64_t disc_last_peak_temp_bytes = 0;")
+    out.append('extern "C" int64_t disc_peak_temp_bytes(void) { return disc_last_peak_temp_bytes; }')
     out.append('extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }')
     out.append(f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}')
     out.append("")
@@ -298,7 +316,7 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         if d.kind == "arg":
             out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
     out.append("  // ---- shape computation and checks")
-    _host_checks(plan, out)
+    host_checks(plan, out)
     plans = [plan] + ([plan.speculative] if plan.speculative else [])
     _size_checks(plans, out)
     out.append("  // ---- buffers")

@@ -118,6 +118,11 @@ class IndexKernelEmitter(KernelEmitter):
                 f"  v = ({ct})a.in0[{self._offset(0, pcoord)}];",
                 "}",
             ]
+        if name == "reverse":
+            flipped = set(op.attrs["dims"])
+            coord = [f"a.in0_dims[{d}] - 1 - c[{d}]" if d in flipped else f"c[{d}]"
+                     for d in range(r)]
+            return [f"const {ct} v = ({ct})a.in0[{self._offset(0, coord)}];"]
         if name == "mirror_pad":
             shift = 0 if op.attrs["mode"] == "REFLECT" else 1
             lines = ["int64_t off = 0;"]

@@ -478,14 +478,25 @@ class KernelEmitter:
         flat_conds = []
         for i, acc in enumerate(k.inputs):
             b = self.buf(acc)
-            lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
+            if acc.window is None:
+                lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
+            else:  # a slice read in place: start offset, strides times steps
+                starts, steps, sliced = acc.window
+                offset = " + ".join(f"{sym(st, plan)} * {product(b.dims[d + 1:], plan)}"
+                                    for d, st in enumerate(starts)) or "0"
+                lines.append(f"    k.in{i} = {buffer_ptr[b.name]} + ({offset});  // window")
             if not r:
                 continue
             dims_map = acc.dims if acc.dims is not None else list(range(r))
             stride = "1"
             for bd in range(len(b.dims) - 1, -1, -1):
                 size = sym(b.dims[bd], plan)
-                lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                if acc.window is None:
+                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                elif dims_map[bd] >= 0:  # -1: a size-1 dim along no kernel dim
+                    _, steps, sliced = acc.window
+                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} == 1"
+                                 f" ? 0 : {stride} * {steps[bd]};")
                 stride = f"{stride} * {size}" if stride != "1" else size
             if acc.permuted:
                 flat_conds.append("false")  # a transposed read is never flat

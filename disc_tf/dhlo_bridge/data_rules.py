@@ -89,7 +89,7 @@ def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue])
     else:
         e = ellipsis[0]
         entries = list(range(e)) + [None] * fill + list(range(e + 1, n_spec))
-    start, limit, steps = [], [], []
+    start, limit, steps, reversed_dims = [], [], [], []
     d = 0
     for i in entries:
         if i is not None and masks["new_axis"] >> i & 1:
@@ -102,8 +102,8 @@ def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue])
             d += 1
             continue
         s = strides[i]
-        if s <= 0:
-            raise LoweringError(f"StridedSlice {node.name}: stride {s} (only positive supported)")
+        if s == 0:
+            raise LoweringError(f"StridedSlice {node.name}: stride 0")
         if masks["shrink_axis"] >> i & 1:
             zero = b.index_const(0)
             lo = b.index_select("slt", begin[i], zero, b.index_arith("addi", begin[i], dim), begin[i])
@@ -112,6 +112,18 @@ def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue])
             steps.append(1)
             d += 1
             continue  # the dim disappears; the slice bounds are checked by the host
+        if s < 0:
+            # Slice the reversed dim (position r = dim - 1 - i) with stride -s.
+            last = b.index_arith("subi", dim, b.index_const(1))
+            first = last if masks["begin"] >> i & 1 else _normalize(b, begin[i], dim, False)
+            stop = b.index_const(-1) if masks["end"] >> i & 1 else _normalize(b, end[i], dim, False)
+            lo = b.index_arith("subi", last, first)
+            start.append(lo)
+            limit.append(b.index_arith("maxsi", b.index_arith("subi", last, stop), lo))
+            steps.append(-s)
+            reversed_dims.append(d)
+            d += 1
+            continue
         lo = b.index_const(0) if masks["begin"] >> i & 1 else _normalize(b, begin[i], dim, True)
         hi = dim if masks["end"] >> i & 1 else _normalize(b, end[i], dim, True)
         hi = b.index_arith("maxsi", hi, lo)
@@ -119,6 +131,9 @@ def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue])
         limit.append(hi)  # the slice has ceil((hi - lo) / s) elements
         steps.append(s)
         d += 1
+    if reversed_dims:
+        x = b.op("reverse", [x], x.elem, x.dims,
+                 f"dimensions = array<i64: {', '.join(map(str, reversed_dims))}>")
     sliced = slice_value(b, x, start, limit, steps)
     # Result extents: the sliced dims in order, with new axes inserted and shrunk dims gone.
     extents = []

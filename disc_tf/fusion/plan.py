@@ -23,6 +23,9 @@ class Buffer:
     alias_of: str | None = None
     #: for "host": each element as a host scalar (a small array computed from dims)
     host_elements: list | None = None
+    #: for "temp": an earlier temp of the same proven byte size, dead before this one
+    #: is written, whose memory this one reuses (the buffer planner's decision)
+    reuses: str | None = None
 
     def __str__(self) -> str:
         where = f" #{self.index}" if self.index >= 0 else ""
@@ -30,6 +33,8 @@ class Buffer:
         view = f" = view of {self.alias_of}" if self.alias_of else ""
         if self.host_elements is not None:
             view = " = [" + ", ".join(str(h) for h in self.host_elements) + "]"
+        if self.reuses:
+            view = f" (reuses the memory of {self.reuses})"
         return f"{self.role}{where} {self.name}: {self.elem}[{shape}]{view}"
 
 
@@ -46,6 +51,9 @@ class Access:
     buffer: str
     dims: list[int] | None = None
     expand: list[str] | None = None
+    #: a slice of the buffer read in place: (start symbol per buffer dim, constant
+    #: step per buffer dim, sliced size symbol per buffer dim)
+    window: tuple | None = None
 
     @property
     def is_identity(self) -> bool:
@@ -54,11 +62,16 @@ class Access:
 
     @property
     def permuted(self) -> bool:
-        """True if buffer dims are read out of order (a transpose): the innermost
-        kernel dim may then have any stride."""
-        return self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:]))
+        """True if buffer dims are read out of order (a transpose) or through a slice
+        window: the innermost kernel dim may then have any stride."""
+        return self.window is not None or (
+            self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:])))
 
     def __str__(self) -> str:
+        if self.window is not None:
+            starts = ", ".join(f"s{s}" for s in self.window[0])
+            return (f"window({self.buffer}, start=[{starts}], step={self.window[1]}, "
+                    f"dims={self.dims}, expand={self.expand})")
         if self.is_identity:
             return self.buffer
         if self.permuted:

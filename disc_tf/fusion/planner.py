@@ -24,7 +24,7 @@ log = logging.getLogger("disc_tf.fusion")
 #: Data-movement ops planned as "index" kernels of their own.
 _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
               "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window",
-              "stablehlo.custom_call", "stablehlo.dynamic_gather"}
+              "stablehlo.custom_call", "stablehlo.dynamic_gather", "stablehlo.reverse"}
 
 _NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
                 "stablehlo.transpose", "stablehlo.dynamic_reshape"}
@@ -60,9 +60,62 @@ class _Planner:
             base = self.view_base[base]
         return self.kernel_of.get(base)
 
-    def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
-        """Follows broadcasts and transposes: (base value, dims map, expansion) of a read."""
+    def window_slice(self, op: DOp | None) -> bool:
+        """True if ``op`` is a slice read in place (a window on its dense operand)."""
+        if op is None or op.name != "stablehlo.real_dynamic_slice":
+            return False
+        base, dims, _ = self.resolve(op.operands[0])
+        producer = self.producer.get(base)
+        return dims is None and base not in self.a.host_values and not (
+            producer is not None and producer.name == "stablehlo.constant"
+            and producer.const_value.ndim == 0)
+
+    def unit_reshape_map(self, op: DOp | None) -> list[int] | None:
+        """For a reshape of a window slice that only drops or inserts size-1 dims (a
+        StridedSlice's shrink/new axes): the result dim each operand dim runs along
+        (size-1 operand dims: -1, read with stride 0). None otherwise."""
+        if op is None or op.name != "stablehlo.dynamic_reshape":
+            return None
+        if not self.window_slice(self.producer.get(op.operands[0])):
+            return None
+        src, dst = self.a.shape_class(op.operands[0]), self.a.shape_class(op.results[0])
+        one = self.a.symbols.constant_value
+        src_big = [i for i, d in enumerate(src) if one(d) != 1]
+        dst_big = [j for j, d in enumerate(dst) if one(d) != 1]
+        if [src[i] for i in src_big] != [dst[j] for j in dst_big]:
+            return None
+        mapping = [-1] * len(src)  # -1: a size-1 dim that runs along no result dim
+        for i, j in zip(src_big, dst_big):
+            mapping[i] = j
+        return mapping
+
+    def window_of(self, value: str) -> tuple | None:
+        """The slice window a read of ``value`` goes through (see ``resolve``), if any."""
         op = self.producer.get(value)
+        if op is not None and op.name in ("stablehlo.transpose", "stablehlo.dynamic_broadcast_in_dim"):
+            return self.window_of(op.operands[0])
+        if self.unit_reshape_map(op) is not None:
+            return self.window_of(op.operands[0])
+        if self.window_slice(op):
+            steps = [self.a.symbols.constant_value(s) for s in self.a.extents[op.operands[3]]]
+            return (self.a.extents[op.operands[1]], steps, self.a.value_dims[value])
+        return None
+
+    def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
+        """Follows broadcasts, transposes and slices read in place: (base value, dims
+        map, expansion) of a read. A slice gives a dims map even when it is the
+        identity, so that readers needing dense memory copy it."""
+        op = self.producer.get(value)
+        if self.window_slice(op):
+            base, _, _ = self.resolve(op.operands[0])
+            rank = len(self.a.value_dims[value])
+            return base, list(range(rank)), ["no"] * rank
+        mapping = self.unit_reshape_map(op)
+        if mapping is not None:
+            base, _, _ = self.resolve(op.operands[0])
+            one = self.a.symbols.constant_value
+            src = self.a.value_dims[op.operands[0]]
+            return base, mapping, ["yes" if one(d) == 1 else "no" for d in src]
         if op is not None and op.name == "stablehlo.transpose":
             perm = op.permutation
             inverse = [perm.index(i) for i in range(len(perm))]
@@ -71,7 +124,7 @@ class _Planner:
                 return base, dims, expand
             if dims is None:
                 return base, inverse, ["no"] * len(inverse)
-            return base, [inverse[d] for d in dims], list(expand)
+            return base, [inverse[d] if d >= 0 else -1 for d in dims], list(expand)
         info = self.a.broadcasts.get(value)
         if info is None:
             return value, None, None
@@ -82,8 +135,8 @@ class _Planner:
             return base, list(info.dims), list(info.expand)
         return (
             base,
-            [info.dims[d] for d in dims],
-            [_combine(e, info.expand[d]) for e, d in zip(expand, dims)],
+            [info.dims[d] if d >= 0 else -1 for d in dims],
+            [_combine(e, info.expand[d]) if d >= 0 else e for e, d in zip(expand, dims)],
         )
 
     def buffer_for_base(self, base: str) -> str:
@@ -137,15 +190,16 @@ class _Planner:
             return ("const", op.const_value.item())
         if base in self.a.host_values:
             return ("host", self.a.host_values[base])
-        if self.kernel_of.get(base) == kernel and (
+        window = self.window_of(value)
+        if window is None and self.kernel_of.get(base) == kernel and (
             dims is None or self._is_row_read(kernel, base, dims, expand)
         ):
             return ("val", base)
-        access = Access(self.buffer_for_base(base), dims, expand)
+        access = Access(self.buffer_for_base(base), dims, expand, window)
         k = self.kernels[kernel]
         for i, existing in enumerate(k.inputs):
-            if (existing.buffer, existing.dims, existing.expand) == (
-                access.buffer, access.dims, access.expand
+            if (existing.buffer, existing.dims, existing.expand, existing.window) == (
+                access.buffer, access.dims, access.expand, access.window
             ):
                 return ("in", i)
         k.inputs.append(access)
@@ -158,6 +212,8 @@ class _Planner:
             src = self._src(base)
             if src is None:
                 continue
+            if src == kernel and self.window_of(operand) is not None:
+                return False  # a window is read from memory the kernel would still write
             if base in self.view_base:
                 # A view is read from memory: never in the kernel that writes it.
                 if src == kernel or self._reaches(src, kernel):
@@ -250,6 +306,8 @@ class _Planner:
             name = "mirror_pad"
             tensors = op.operands[:1]
             attrs = {"low": self.a.extents[op.operands[1]], "mode": op.attrs["disc.mode"].strip('"')}
+        elif name == "reverse":
+            attrs = {"dims": op.ints_attr("dimensions")}
         elif name == "dynamic_gather":
             name = "gather_nd"
             tensors = op.operands[:2]
@@ -518,6 +576,44 @@ class _Planner:
             kernel.name = f"{self.prefix}kernel{i}"
         return order
 
+    def _plan_reuse(self, order: list[Kernel]) -> None:
+        """Liveness-based reuse: a temp takes over the memory of an earlier temp of
+        proven equal byte size (same element size, same dim classes) whose last
+        reader ran before the temp's writer."""
+        def root(name: str) -> str:
+            while self.buffers[name].alias_of is not None:
+                name = self.buffers[name].alias_of
+            return name
+
+        last_use: dict[str, int] = {}
+        written: dict[str, int] = {}
+        for n, k in enumerate(order):
+            for a in k.inputs:
+                last_use[root(a.buffer)] = n
+            for _, b in k.outputs:
+                written.setdefault(b, n)
+        const = self.a.symbols.constant_value
+        free: dict[tuple, list[str]] = {}
+        slot_end: dict[str, int] = {}
+        for name, n in sorted(written.items(), key=lambda item: item[1]):
+            b = self.buffers[name]
+            if b.role != "temp":
+                continue
+            factor = 1
+            for d in b.dims:
+                factor *= const(d) if const(d) is not None else 1
+            key = (b.elem, factor, tuple(sorted(self.a.symbols.find(d) for d in b.dims
+                                                if const(d) is None)))
+            end = last_use.get(name, n)
+            for slot in free.get(key, []):
+                if slot_end[slot] < n:
+                    b.reuses = slot
+                    slot_end[slot] = max(end, n)
+                    break
+            else:
+                free.setdefault(key, []).append(name)
+                slot_end[name] = max(end, n)
+
     def _elem(self, value: str) -> str:
         if value.startswith("%arg"):
             return self.func.args[int(value[4:])][0]
@@ -558,10 +654,14 @@ class _Planner:
         for op in self.func.ops:
             if op.results and op.results[0] in iotas - used_elsewhere - set(self.func.returns):
                 continue
+            if self.unit_reshape_map(op) is not None:
+                continue  # a slice's shrink/new axes: read in place through the window
             if op.name == "stablehlo.dynamic_reshape":
                 self.place_view(op)
             elif op.results and op.results[0] in self.a.host_values:
                 continue  # computed by the host runner, read by kernels as a value
+            elif self.window_slice(op):
+                continue  # read in place by its consumers
             elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
                 self.place(op)
         for i, value in copies:
@@ -571,12 +671,14 @@ class _Planner:
             k = self.kernel_of.get(value)
             if k is not None:
                 self.kernels[k].outputs.append((value, buf))
+        order = self._launch_order()
+        self._plan_reuse(order)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,
             checks=self.a.checks,
             buffers=self.buffers,
-            kernels=self._launch_order(),
+            kernels=order,
             arg_elems=[e for e, _ in self.func.args],
             arg_dims=[tuple(d) for _, d in self.func.args],
             result_buffers=[f"result{i}" for i in range(len(self.func.returns))],

@@ -506,6 +506,8 @@ def analyze(func: DFunc) -> ShapeAnalysis:
                 for a, b in zip(first, dims[other]):
                     syms.union(a, b)
             dims[op.results[0]] = list(first)
+        elif kind == "stablehlo.reverse":
+            dims[op.results[0]] = list(dims[op.operands[0]])
         elif kind == "stablehlo.custom_call" and "mirror_pad" in op.attrs["call_target_name"]:
             low, high = ([scalar_symbol(h) for h in host_arrays[v]] for v in op.operands[1:])
             extents[op.operands[1]], extents[op.operands[2]] = low, high

@@ -50,6 +50,8 @@ _CANDIDATES = {
     "Cumsum": lambda x, name=None: tf.math.cumsum(x, axis=1, name=name),
     "Cumprod": lambda x, name=None: tf.math.cumprod(x, axis=1, name=name),
     "Atan": tf.atan,
+    "Asinh": tf.asinh,
+    "Digamma": tf.math.digamma,
     "Sin": tf.sin,
     "Cos": tf.cos,
     "Softplus": tf.nn.softplus,

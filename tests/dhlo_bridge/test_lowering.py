@@ -25,19 +25,19 @@ def test_every_registered_op_has_a_lowering():
 
 
 def test_unknown_op_is_refused_by_name():
-    with pytest.raises(rules.LoweringError, match="Cumsum.*supported"):
-        rules.rule_for("Cumsum")
+    with pytest.raises(rules.LoweringError, match="Atan.*supported"):
+        rules.rule_for("Atan")
 
 
 def test_registry_names_unsupported_and_wrong_dtype():
     @tf.function(input_signature=[dyn(2), dyn(2, tf.int32)])
     def fn(x, i):
-        return tf.cumsum(x, axis=0), tf.exp(tf.cast(i, tf.float64))
+        return tf.atan(x), tf.exp(tf.cast(i, tf.float64))
 
     graph_def = fn.get_concrete_function().graph.as_graph_def()
     view = view_of_graph_def(graph_def)
     reasons = {n.op: why_not_compilable(n) for n in view.nodes.values()}
-    assert reasons["Cumsum"] == "unsupported op Cumsum"
+    assert reasons["Atan"] == "unsupported op Atan"
     assert "float64" in reasons["Exp"]
 
 

@@ -35,3 +35,80 @@ def test_bias_plus_gelu_is_one_kernel(fn):
     for b, t in [(2, 7), (1, 1), (0, 4), (3, 33), (5, 2)]:
         args = [random_value(rng, (b, t, HIDDEN), tf.float32), random_value(rng, (HIDDEN,), tf.float32)]
         assert_same(tf_fn(*args), jitted(*args), tf.float32)
+
+
+def _layer_norm(x, g, b):
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    var = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
+    return (x - mean) * tf.math.rsqrt(var + 1e-6) * g + b
+
+
+def _bert_layer(x, wq, wk, wv, wo, wi, wf, bq, bk, bv, bo, g1, b1, bi, bf, g2, b2):
+    """A post-LN BERT encoder layer (4 heads of 16) from plain TF ops."""
+    q = tf.transpose(tf.einsum("bsh,hnd->bsnd", x, wq) + bq, [0, 2, 1, 3])
+    k = tf.transpose(tf.einsum("bsh,hnd->bsnd", x, wk) + bk, [0, 2, 3, 1])
+    v = tf.transpose(tf.einsum("bsh,hnd->bsnd", x, wv) + bv, [0, 2, 1, 3])
+    probs = tf.nn.softmax(tf.matmul(q, k) * 0.25, axis=-1)
+    context = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
+    h = _layer_norm(x + tf.einsum("bsnd,ndh->bsh", context, wo) + bo, g1, b1)
+    inner = tf.nn.gelu(tf.matmul(h, wi) + bi, approximate=False)
+    return _layer_norm(h + tf.matmul(inner, wf) + bf, g2, b2)
+
+
+_BERT_SHAPES = [(HIDDEN, 4, 16)] * 3 + [(4, 16, HIDDEN), (HIDDEN, 4 * HIDDEN), (4 * HIDDEN, HIDDEN)] \
+    + [(4, 16)] * 3 + [(HIDDEN,)] * 3 + [(4 * HIDDEN,)] + [(HIDDEN,)] * 3
+
+
+def test_bert_encoder_layer_has_at_most_12_non_gemm_kernels():
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    sig = [tf.TensorSpec([None, None, HIDDEN], tf.float32)] + [
+        tf.TensorSpec(s, tf.float32) for s in _BERT_SHAPES]
+    spec = cluster_of(_bert_layer, *sig)
+    plan = pipeline.front_end(spec).plan
+    kinds = [k.kind for k in plan.kernels]
+    gemms = kinds.count("library")
+    assert gemms == 8  # q, k, v, scores, context, output, FFN in, FFN out
+    assert len(kinds) - gemms <= 12, plan.describe()
+    assert kinds.count("stitch") == 3  # softmax and two layer norms, one kernel each
+
+    tf_fn = tf.function(_bert_layer, input_signature=sig)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(2)
+    weights = [rng.normal(scale=0.2, size=s.shape).astype(np.float32) for s in sig[1:]]
+    for b, t in [(2, 7), (1, 1), (3, 16), (1, 33), (4, 5)]:
+        x = rng.normal(size=(b, t, HIDDEN)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, *weights).numpy(), tf_fn(x, *weights).numpy(),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_buffer_planner_reuses_dead_temps_and_reports_peak_bytes():
+    import disc_tf
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    sig = [tf.TensorSpec([None, None, HIDDEN], tf.float32)] + [
+        tf.TensorSpec(s, tf.float32) for s in _BERT_SHAPES]
+    plan = pipeline.front_end(cluster_of(_bert_layer, *sig)).plan
+    temps = {b.name: b for b in plan.buffers.values() if b.role == "temp"}
+    shared = [b for b in temps.values() if b.reuses]
+    assert shared and all(temps[b.reuses].elem == b.elem for b in shared), plan.describe()
+
+    tf_fn = tf.function(_bert_layer, input_signature=sig)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(3)
+    weights = [rng.normal(scale=0.2, size=s.shape).astype(np.float32) for s in sig[1:]]
+    x = rng.normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    disc_tf.reset_stats()
+    np.testing.assert_allclose(jitted(x, *weights).numpy(), tf_fn(x, *weights).numpy(),
+                               rtol=1e-4, atol=1e-4)
+    peak = disc_tf.stats()["peak_temp_bytes"]
+    # Every float intermediate of the layer at this shape, held at once, is an upper bound.
+    static = tf.function(_bert_layer).get_concrete_function(
+        tf.TensorSpec(x.shape, tf.float32), *[tf.TensorSpec(w.shape, tf.float32) for w in weights])
+    all_intermediates = sum(
+        4 * t.shape.num_elements() for op in static.graph.get_operations()
+        if op.type not in ("Placeholder", "Const", "Identity") for t in op.outputs
+        if t.dtype == tf.float32)
+    assert 0 < peak < all_intermediates

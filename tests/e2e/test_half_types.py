@@ -67,3 +67,29 @@ def test_bf16_argmax_matches_tf():
     for shape in [(3, 5), (1, 1), (4, 30)]:
         x = tf.constant(rng.integers(-3, 3, size=shape).astype(np.float32), BF16)
         np.testing.assert_array_equal(jitted(x).numpy(), tf_fn(x).numpy())
+
+
+F16_PRODUCTS = {
+    "matmul_bias_relu": (lambda x, w: tf.nn.relu(tf.matmul(x, w) + 0.5), (None, 8), (8, 6)),
+    "batch_matmul": (lambda x, w: tf.matmul(x, w, transpose_b=True) * 0.5, (None, None, 8),
+                     (None, 5, 8)),
+    "softmax": (lambda x, w: tf.nn.softmax(x * w[0, 0], axis=-1), (None, None), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(F16_PRODUCTS))
+def test_f16_products_and_softmax_match_tf(name):
+    fn, xs, ws = F16_PRODUCTS[name]
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec(xs, tf.float16),
+                                             tf.TensorSpec(ws, tf.float16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(9)
+    for n in [1, 3, 7, 0]:
+        x_shape = tuple(n if d is None else d for d in xs)
+        if name == "batch_matmul":
+            x_shape = (2, n, 8)
+        w_shape = tuple(2 if d is None else d for d in ws)
+        x = rng.normal(size=x_shape).astype(np.float16)
+        w = rng.normal(size=w_shape).astype(np.float16)
+        np.testing.assert_allclose(jitted(x, w).numpy().astype(np.float32),
+                                   tf_fn(x, w).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)

@@ -48,6 +48,19 @@ UNARY = {
     "Floor": ("tf.math.floor({x})", True, True),
 }
 
+#: Data movement that keeps the shape (so broadcasting facts still hold):
+#: name: (source template over x, axis, index prefix, pads, reps; exact-preserving)
+MOVES = {
+    "Roll(Slice+ConcatV2)": ("tf.concat([{x}[{index}1:], {x}[{index}:1]], axis={axis})", True),
+    "Reverse(StridedSlice)": ("{x}[{index}::-1]", True),
+    "Pad+Slice": ("tf.pad({x}, {pads})[{index}1:tf.shape({x})[{axis}] + 1]", True),
+    "Reshape(Shape)": ("tf.reshape(tf.reshape({x}, [-1]), tf.shape({x}))", True),
+    "Tile+Slice": ("tf.tile({x}, {reps})[{index}:tf.shape({x})[{axis}]]", True),
+    "GatherV2(Range)": ("tf.gather({x}, tf.range(tf.shape({x})[{axis}] - 1, -1, -1), "
+                        "axis={axis})", True),
+    "Cumsum": ("tf.math.cumsum({x}, axis={axis})", False),
+}
+
 BINARY = {
     # name: (source template, exact-preserving)
     "Add": ("tf.math.add({a}, {b})", False),
@@ -200,7 +213,8 @@ def programs(draw, max_ops: int = 8, matmul: bool = True) -> Program:
         cands = [v for v in values if cond(v)]
         return draw(st.sampled_from(cands)) if cands else None
 
-    kinds = ["unary", "binary", "const_binary", "select", "reduce", "softmax", "transpose"]
+    kinds = ["unary", "binary", "const_binary", "select", "reduce", "softmax", "transpose",
+             "move"]
     if matmul:
         kinds.append("matmul")
     n_ops = draw(st.integers(1, max_ops))
@@ -259,6 +273,18 @@ def programs(draw, max_ops: int = 8, matmul: bool = True) -> Program:
             if x is None:
                 continue
             emit(f"tf.nn.softmax({x.name}, axis=-1)", x.shape, False, "Softmax", x)
+        elif kind == "move":
+            x = pick(lambda v: len(v.shape) >= 1)
+            if x is None:
+                continue
+            op = draw(st.sampled_from(sorted(MOVES)))
+            rank = len(x.shape)
+            axis = draw(st.integers(0, rank - 1))
+            index = ":, " * axis  # x[:, :, 1:] slices dim ``axis``
+            expr = MOVES[op][0].format(x=x.name, axis=axis, index=index,
+                                       pads=[[0, 0]] * axis + [[1, 2]] + [[0, 0]] * (rank - 1 - axis),
+                                       reps=[1] * axis + [2] + [1] * (rank - 1 - axis))
+            emit(expr, x.shape, x.exact and MOVES[op][1], op, x)
         elif kind == "transpose":
             x = pick(lambda v: len(v.shape) >= 2)
             if x is None:

@@ -1,0 +1,214 @@
+"""CUDA backend: device code (for nvcc) and host runner (for the C++ compiler)
+of one cluster, from the same FusionPlan the CPU backend consumes.
+
+The host runner (``disc_cuda_entry``) checks inputs, computes every symbolic
+dim on the host from input shapes (so it never waits for the GPU), runs the
+host shape checks, allocates outputs and temporaries through the RAL and
+queues the kernels emitted by ``cuda_kernels.py`` on the RAL's stream.
+
+``emit_cuda`` returns both sources as one text: the device part, then the
+line ``HOST_MARKER``, then the host part; ``split_source`` undoes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from disc_tf.codegen.cpu import host_checks
+from disc_tf.codegen.cpu_kernels import comment, product, sym
+from disc_tf.codegen.cpu_ops import PRELUDE
+from disc_tf.codegen.cuda_kernels import CudaKernelEmitter
+from disc_tf.codegen.cuda_ops import (
+    DEVICE_PRELUDE,
+    HOST_PRELUDE,
+    ITEMSIZE,
+    RAL_DTYPE,
+    STORAGE,
+    CudaCodegenError,
+    check_elem,
+    cuda_literal,
+)
+from disc_tf.fusion.plan import Buffer, FusionPlan
+
+#: Bumped whenever generated code changes meaning; part of the cache key.
+CODEGEN_VERSION = "cuda-1"
+#: Buffer roles the host runner can place in device memory.
+BUFFER_ROLES = ("input", "output", "temp", "const", "alias")
+#: The line between the device source and the host source in ``emit_cuda``'s text.
+HOST_MARKER = "// ==== host runner (C++; the lines above are the device code, for nvcc) ===="
+
+
+def split_source(text: str) -> tuple[str, str]:
+    """(device source, host source) of a text ``emit_cuda`` returned."""
+    device, sep, host = text.partition(HOST_MARKER + "\n")
+    if not sep:
+        raise CudaCodegenError("not a CUDA source: the host runner marker is missing")
+    return device, host
+
+
+def _device_const(b: Buffer) -> str:
+    """A constant tensor as a ``__device__`` array, stored as its storage type's bits."""
+    if b.elem in ("f16", "bf16"):
+        dtype = np.float16 if b.elem == "f16" else np.float32
+        raw = np.asarray(b.const_value, dtype=dtype).reshape(-1)
+        if b.elem == "f16":
+            bits = raw.view(np.uint16)
+        else:  # round to nearest even (NaN stays NaN: its high bits are kept)
+            u = raw.view(np.uint32).astype(np.uint64)
+            rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            bits = np.where(np.isnan(raw), u >> 16 | 0x40, rounded)
+        values = ", ".join(f"0x{int(v):04x}" for v in bits)
+        n = max(1, raw.size)
+        return f"__device__ const unsigned short {b.name}_data[{n}] = {{{values}}};"
+    values = ", ".join(cuda_literal(v, b.elem) for v in b.const_value.reshape(-1))
+    n = max(1, b.const_value.size)
+    return f"__device__ const {STORAGE[b.elem]} {b.name}_data[{n}] = {{{values}}};"
+
+
+def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> list[str]:
+    """Temp allocation, kernel launches and (stream-ordered) frees of one plan."""
+    out: list[str] = []
+    ptr = {name: plan.root(name) for name in plan.buffers}
+    last_use: dict[str, int] = {}
+    for n, k in enumerate(plan.kernels):
+        for a in k.inputs:
+            last_use[plan.root(a.buffer)] = n
+    for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
+        for _, bname in k.outputs:
+            b = plan.buffers[bname]
+            if b.role == "temp":
+                nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+                out.append(f"  void* {b.name} = ral->alloc_temp(ral, {nbytes});")
+                out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
+        out.extend(e.launch(ptr))
+        for bname, last in last_use.items():
+            if last == n and plan.buffers[bname].role == "temp":
+                out.append(f"  ral->free_temp(ral, {bname});")
+    return out
+
+
+def _signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -> None:
+    n_in, n_out = len(plan.arg_elems), len(plan.result_buffers)
+    out.append("  // ---- signature checks")
+    out.append(f"  if (ral->num_inputs != {n_in} || ral->num_outputs != {n_out})")
+    out.append(f'    return disc_fail(ral, DISC_INTERNAL, "cluster {comment(plan.cluster_name)}: '
+               f'expected {n_in} inputs and {n_out} outputs");')
+    out.append("  char msg[256];")
+    for i, (elem, rank) in enumerate(zip(plan.arg_elems, plan.arg_ranks)):
+        name = input_names[i].replace('"', "'") if i < len(input_names) else f"arg{i}"
+        out.append(f"  if (ral->input_rank(ral, {i}) != {rank} || "
+                   f"ral->input_dtype(ral, {i}) != {RAL_DTYPE[elem]}) {{")
+        out.append(f'    snprintf(msg, sizeof(msg), "input {i} ({comment(name)}): expected rank {rank} '
+                   f'{elem}, got rank %d dtype %d", (int)ral->input_rank(ral, {i}), '
+                   f"(int)ral->input_dtype(ral, {i}));")
+        out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+        out.append("  }")
+    out.append("  // ---- input dims (host metadata: no device read)")
+    for i, rank in enumerate(plan.arg_ranks):
+        if rank:
+            out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
+    for i, dims in enumerate(plan.arg_dims):
+        for d, size in enumerate(dims):
+            if size is not None:
+                out.append(f"  if (arg{i}_dims[{d}] != {size}) {{")
+                out.append(f'    snprintf(msg, sizeof(msg), "input {i}: dim {d} is %lld, the graph says '
+                           f'{size}", (long long)arg{i}_dims[{d}]);')
+                out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+                out.append("  }")
+    for s, d in enumerate(plan.symbols):
+        if d.kind == "arg":
+            out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
+
+
+def _buffers(plans: list[FusionPlan], out: list[str]) -> None:
+    plan = plans[0]
+    for b in {b.name: b for p in plans for b in p.buffers.values()}.values():
+        if b.role == "input":
+            out.append(f"  const void* {b.name} = ral->input_data(ral, {b.index});")
+        elif b.role == "const":
+            out.append(f'  const void* {b.name} = cu->device_global(cu, "{b.name}_data");')
+            out.append(f"  if (!{b.name}) return 1;")
+        elif b.role == "output":
+            dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
+            out.append(f"  const int64_t {b.name}_dims[] = {{{dims}}};")
+            out.append(f"  void* {b.name} = ral->alloc_output(ral, {b.index}, {len(b.dims)}, "
+                       f"{b.name}_dims);")
+            out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
+
+
+def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
+    """Device and host source of one cluster (see ``split_source``).
+
+    Raises CudaCodegenError for a plan the backend cannot compile exactly.
+    """
+    plans = [plan] + ([plan.speculative] if plan.speculative else [])
+    for p in plans:
+        for b in p.buffers.values():
+            check_elem(b.elem, f"buffer {b.name}")
+            if b.role not in BUFFER_ROLES:
+                raise CudaCodegenError(f"CUDA codegen: buffer {b.name} has role {b.role!r}; "
+                                       f"supported: {', '.join(BUFFER_ROLES)}")
+    functions: list[str] = []
+    emitters = [[CudaKernelEmitter(k, p, functions) for k in p.kernels] for p in plans]
+    title = (f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster "
+             f"'{comment(plan.cluster_name)}'.")
+    device = [title, "// Device code: nvcc -fatbin for sm_80 and sm_90.", DEVICE_PRELUDE]
+    for p in plans:
+        device.extend(_device_const(b) for b in p.buffers.values() if b.role == "const")
+    device.append("")
+    for e in (e for group in emitters for e in group):
+        device.append(e.device_source())
+        device.append("")
+    host = [
+        title,
+        "// Inputs:  " + comment(", ".join(f"arg{i}={n}" for i, n in enumerate(input_names))),
+        "// Outputs: " + comment(", ".join(f"result{i}={n}" for i, n in enumerate(output_names))),
+        "#include <stdint.h>",
+        "#include <stdio.h>",
+        '#include "disc_ral_cuda.h"',
+        "",
+        "namespace {",
+        PRELUDE,
+        HOST_PRELUDE,
+    ]
+    for e in (e for group in emitters for e in group):
+        if e.k.kind != "library":
+            host.append(e.struct())
+    host += ["}  // namespace", ""]
+    names = ", ".join(f'"{f}"' for f in functions) or "nullptr"
+    host += [
+        f"static const char* const kFunctions[] = {{{names}}};",
+        'extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }',
+        'extern "C" int32_t disc_cuda_abi_version(void) { return DISC_RAL_CUDA_ABI_VERSION; }',
+        f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}',
+        'extern "C" const char* disc_target(void) { return "cuda"; }',
+        f'extern "C" int32_t disc_cuda_num_functions(void) {{ return {len(functions)}; }}',
+        'extern "C" const char* disc_cuda_function_name(int32_t i) {',
+        f"  return i >= 0 && i < {len(functions)} ? kFunctions[i] : nullptr;",
+        "}",
+        "",
+        'extern "C" int32_t disc_cuda_entry(disc_ral_cuda* cu) {',
+        "  disc_ral* ral = &cu->base;  // the services shared with the CPU RAL",
+        "  if (cu->cuda_abi_version != DISC_RAL_CUDA_ABI_VERSION)",
+        '    return disc_fail(ral, DISC_INTERNAL, "CUDA RAL ABI version mismatch");',
+    ]
+    body: list[str] = []
+    _signature_checks(plan, input_names, body)
+    body.append("  // ---- shape computation and checks")
+    host_checks(plan, body)
+    body.append("  // ---- buffers (device memory)")
+    _buffers(plans, body)
+    if plan.speculative is None:
+        body.extend(_launch_sequence(plan, emitters[0]))
+    else:
+        conds = [f"{sym(c, plan)} == s{s}" for s in plan.speculated_symbols
+                 for c in plan.symbols[s].components]
+        body.append(f"  if ({' && '.join(conds)}) {{")
+        body.append(f"    // speculation: nothing broadcast in this call -> "
+                    f"{len(plan.speculative.kernels)} kernel(s)")
+        body.extend("  " + x for x in _launch_sequence(plan.speculative, emitters[1]))
+        body.append(f"  }} else {{  // general case -> {len(plan.kernels)} kernel(s)")
+        body.extend("  " + x for x in _launch_sequence(plan, emitters[0]))
+        body.append("  }")
+    host += body + ["  return 0;", "}"]
+    return "\n".join(device) + "\n" + HOST_MARKER + "\n" + "\n".join(host) + "\n"

@@ -1,0 +1,129 @@
+"""Types, per-op expressions and device helpers of the CUDA backend.
+
+Values are computed in a *compute type* (float for f16 and bf16; every f16 or
+bf16 op rounds its result once, as TensorFlow's kernels do). Expressions are
+the CPU backend's (the CUDA math library has the same C names); bf16 is
+handled here by rounding to bf16 where the CPU backend rounds to f16.
+"""
+
+from __future__ import annotations
+
+from disc_tf.codegen.cpu_ops import expression, literal
+from disc_tf.runtime.compiler import CompileError
+
+
+class CudaCodegenError(CompileError):
+    """The CUDA backend cannot generate code for a plan (an unsupported kernel
+    kind, op or element type); the optimizer leaves the cluster as TF ops."""
+
+
+#: Storage type of each element type in device code.
+STORAGE = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "i32": "int32_t",
+           "i64": "int64_t", "i1": "bool"}
+#: Type values are computed in.
+COMPUTE = {"f32": "float", "f16": "float", "bf16": "float", "i32": "int32_t",
+           "i64": "int64_t", "i1": "bool"}
+#: RAL dtype constant of each element type.
+RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "bf16": "DISC_BF16", "i32": "DISC_I32",
+             "i64": "DISC_I64", "i1": "DISC_BOOL"}
+#: Bytes per element.
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}
+
+_HALF = {"f16": "f16", "bf16": "f16"}
+
+
+def check_elem(elem: str, where: str) -> None:
+    """Raises CudaCodegenError for an element type the backend does not know."""
+    if elem not in STORAGE:
+        raise CudaCodegenError(f"CUDA codegen: {where}: element type {elem!r} is not supported")
+
+
+def cuda_literal(value: object, elem: str) -> str:
+    """A literal of ``value`` in the compute type of ``elem``."""
+    check_elem(elem, "literal")
+    return literal(value, "f32" if elem == "bf16" else elem)
+
+
+def load(expr: str, elem: str) -> str:
+    """Converts a stored element to its compute type."""
+    if elem == "f16":
+        return f"__half2float({expr})"
+    if elem == "bf16":
+        return f"__bfloat162float({expr})"
+    return f"({COMPUTE[elem]})({expr})"
+
+
+def store(expr: str, elem: str) -> str:
+    """Converts a compute-type value to its storage type."""
+    if elem == "f16":
+        return f"__float2half_rn({expr})"
+    if elem == "bf16":
+        return f"__float2bfloat16_rn({expr})"
+    return f"({STORAGE[elem]})({expr})"
+
+
+def cuda_expression(op: str, args: list[str], elem: str, operand_elems: list[str],
+                    attrs: dict) -> str:
+    """The device expression computing DHLO ``op`` on compute-type ``args``."""
+    for e in [elem, *operand_elems]:
+        check_elem(e, f"op {op}")
+    if op == "convert" and "bf16" in (elem, *operand_elems):
+        a, src = args[0], operand_elems[0]
+        if elem == "i1":
+            return f"({a} != 0)"
+        if src == elem:
+            return a
+        if elem in _HALF:
+            return f"disc_round_{elem}((float)({a}))"
+        return f"{COMPUTE[elem]}({a})"
+    try:
+        text = expression(op, args, _HALF.get(elem, elem), [_HALF.get(e, e) for e in operand_elems],
+                          attrs)
+    except (ValueError, KeyError) as e:
+        raise CudaCodegenError(f"CUDA codegen has no expression for DHLO op {op}: {e}") from e
+    if elem == "bf16":
+        text = text.replace("disc_round_f16(", "disc_round_bf16(")
+    return text
+
+
+#: Device helpers every generated device source defines once.
+DEVICE_PRELUDE = r"""
+#include <stdint.h>
+#include <math.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define DISC_DEV static __device__ __forceinline__
+DISC_DEV float disc_round_f16(float x) { return __half2float(__float2half_rn(x)); }
+DISC_DEV float disc_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
+DISC_DEV float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+DISC_DEV float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// Butterfly exchange inside a warp for every compute type.
+DISC_DEV float disc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+DISC_DEV int32_t disc_shfl_xor(int32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+DISC_DEV int64_t disc_shfl_xor(int64_t v, int m) {
+  return (int64_t)__shfl_xor_sync(0xffffffffu, (long long)v, m);
+}
+DISC_DEV bool disc_shfl_xor(bool v, int m) { return __shfl_xor_sync(0xffffffffu, (int)v, m) != 0; }
+// Dynamic shared memory of a launch (an embedder may predefine this).
+#ifndef DISC_DYNAMIC_SMEM
+#define DISC_DYNAMIC_SMEM(name) extern __shared__ double name[]
+#endif
+// N elements loaded or stored as one aligned access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) disc_vec { T v[N]; };
+"""
+
+#: Host-runner helpers (C++ compiled by the host compiler; no CUDA headers).
+HOST_PRELUDE = r"""
+// Blocks of a 1-D grid-stride launch: enough to fill the GPU, at most `cap`.
+static inline uint32_t disc_grid(int64_t work, int64_t per_block, int64_t cap) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  return (uint32_t)(g < cap ? g : cap);
+}
+static inline bool disc_aligned(const void* p, uint64_t bytes) {
+  return ((uint64_t)(uintptr_t)p % bytes) == 0;
+}
+"""

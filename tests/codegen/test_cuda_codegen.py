@@ -1,0 +1,419 @@
+"""CUDA backend without a GPU: emitted sources compile with nvcc for sm_80 and
+sm_90, artifacts carry the device code, and the host runner (run by a mock
+host that records instead of launching) picks kernels and checks shapes."""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from disc_tf import cli, pipeline
+from disc_tf.codegen.cuda import emit_cuda, split_source
+from disc_tf.codegen.cuda_ops import CudaCodegenError
+from disc_tf.runtime import cuda_compiler
+from disc_tf.runtime.compiler import CompileError
+from disc_tf.runtime.target import resolve_target
+from disc_tf.saved_model import optimize_saved_model
+from tests.codegen import cuda_emu
+from tests.stage_helpers import cluster_of, dyn
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+try:
+    _nvcc_root = pathlib.Path(os.path.realpath(cuda_compiler.nvcc())).parents[1]
+    HAVE_NVCC = True
+except CompileError:
+    _nvcc_root, HAVE_NVCC = pathlib.Path("/nonexistent"), False
+#: CUDA headers (cuda.h) for compiling the CUDA RAL: next to nvcc, else the default toolkit.
+CUDA_INCLUDE = next((d for d in (_nvcc_root / "include", pathlib.Path("/usr/local/cuda/include"))
+                     if (d / "cuda.h").is_file()), pathlib.Path("/nonexistent"))
+pytestmark = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (CUDA toolkit) not installed")
+
+F32, F16, I32 = 1, 19, 3  # TF dtype enums, as the mock host takes them
+
+
+def layer_norm(x, g, b):
+    mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(var + 1e-5) * g + b
+
+
+CLUSTERS = {
+    "layer_norm": (layer_norm, dyn(2), dyn(1), dyn(1)),
+    "softmax": (lambda x: tf.nn.softmax(x), dyn(3)),
+    "bias_gelu": (lambda x, b: tf.nn.gelu(x + b, approximate=False), dyn(2), dyn(1)),
+    "matmul_bias": (lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b), dyn(2), dyn(2), dyn(1)),
+    "broadcast": (lambda x, y: x * y + 1.0, dyn(3), dyn(3)),
+    "column_reduce": (lambda x: tf.reduce_max(x * 2.0, axis=0), dyn(2)),
+}
+
+
+@pytest.fixture(scope="module")
+def built():
+    """name -> (front end, artifact) for every cluster of CLUSTERS (compiled once)."""
+    out = {}
+    for name, (fn, *specs) in CLUSTERS.items():
+        fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
+        out[name] = (fe, cuda_compiler.build(fe.source, name, fe.plan.num_kernels))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mock_host(tmp_path_factory) -> pathlib.Path:
+    """The GPU-less host (cuda_mock_host.cc) built once."""
+    exe = tmp_path_factory.mktemp("mock") / "cuda_mock_host"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{REPO / 'cc' / 'ral'}",
+                    str(pathlib.Path(__file__).with_name("cuda_mock_host.cc")), "-o", str(exe),
+                    "-ldl"], check=True)
+    return exe
+
+
+def run_mock(mock_host: pathlib.Path, artifact: bytes, tmp_path: pathlib.Path, *inputs: str) -> str:
+    so = tmp_path / "artifact.so"
+    so.write_bytes(artifact)
+    proc = subprocess.run([str(mock_host), str(so), *inputs], capture_output=True, text=True,
+                          check=True)
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_artifact_carries_sass_for_sm80_and_sm90(built, name):
+    fe, art = built[name]
+    entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(art.data))
+    assert ("sass", 80) in entries and ("sass", 90) in entries and ("ptx", 90) in entries
+    device, host = split_source(fe.source)
+    assert "__global__" in device and "__global__" not in host
+    assert "cuda_runtime" not in host and '#include "disc_ral_cuda.h"' in host
+
+
+def test_stitch_kernels_have_warp_and_block_row_versions(built):
+    for name in ("layer_norm", "softmax"):
+        device, _ = split_source(built[name][0].source)
+        assert "kernel0_warp_rows" in device and "kernel0_block_rows" in device
+        assert "disc_shfl_xor" in device and "__syncthreads()" in device
+    softmax, _ = split_source(built["softmax"][0].source)
+    assert softmax.count("expf(") == 2  # pass 2 and the output pass
+
+
+def test_bias_gelu_is_one_loop_kernel_with_vector_version(built):
+    fe, _ = built["bias_gelu"]
+    device, host = split_source(fe.source)
+    assert "erfcf(" in device
+    assert "kernel0_vec" in device and "kernel0_bcast_rows" in device and "disc_vec<float, 4>" in device
+    assert "disc_aligned(" in host
+
+
+def test_artifact_exports_and_is_refused_by_a_cpu_host(built, tmp_path):
+    fe, art = built["softmax"]
+    so = tmp_path / "a.so"
+    so.write_bytes(art.data)
+    lib = ctypes.CDLL(str(so))
+    lib.disc_target.restype = ctypes.c_char_p
+    assert lib.disc_target() == b"cuda"
+    lib.disc_cuda_fatbin_size.restype = ctypes.c_uint64
+    assert lib.disc_cuda_fatbin_size() == len(cuda_compiler.embedded_fatbin(art.data))
+    lib.disc_cuda_function_name.restype = ctypes.c_char_p
+    names = [lib.disc_cuda_function_name(i) for i in range(lib.disc_cuda_num_functions())]
+    assert names == [b"kernel0_warp_rows", b"kernel0_block_rows", b"kernel0_block_rows_cached"]
+    assert lib.disc_num_kernels() == fe.plan.num_kernels
+    with pytest.raises(AttributeError):
+        lib.disc_entry  # noqa: B018 - the CPU loader resolves this and so refuses the artifact
+
+
+def test_mock_host_picks_warp_or_block_rows_from_row_length(built, mock_host, tmp_path):
+    art = built["softmax"][1].data
+    short = run_mock(mock_host, art, tmp_path, f"{F32}:4x3x100")
+    assert "alloc_output 0 [4,3,100]" in short
+    assert "launch kernel0_warp_rows grid=2 block=256" in short and short.endswith("rc 0\n")
+    long = run_mock(mock_host, art, tmp_path, f"{F32}:2x1x5000")
+    assert "launch kernel0_block_rows_cached grid=2 block=256" in long
+    huge = run_mock(mock_host, art, tmp_path, f"{F32}:2x1x20000")
+    assert "launch kernel0_block_rows grid=2 block=256" in huge
+
+
+def test_mock_host_broadcast_vector_and_flat_versions(built, mock_host, tmp_path):
+    art = built["broadcast"][1].data
+    out = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:1x3x1")
+    assert "launch kernel0_bcast grid=1" in out and "alloc_output 0 [2,3,4]" in out
+    rows = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x300", f"{F32}:1x1x300")
+    assert "launch kernel0_bcast_rows grid=6 block=256" in rows
+    assert "launch kernel0_vec" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:2x3x4")
+    assert "launch kernel0_flat" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x5",
+                                                  f"{F32}:2x3x5")
+    bad = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:2x5x4")
+    assert "error 3 TF op 'mul': Incompatible shapes: [2,3,4] vs. [2,5,4]" in bad
+    assert bad.endswith("rc 1\n") and "launch" not in bad
+    wrong_dtype = run_mock(mock_host, art, tmp_path, f"{F16}:2x3x4", f"{F32}:2x3x4")
+    assert "expected rank 3 f32" in wrong_dtype
+
+
+def test_mock_host_matmul_is_one_gemm_then_the_epilogue(built, mock_host, tmp_path):
+    art = built["matmul_bias"][1].data
+    out = run_mock(mock_host, art, tmp_path, f"{F32}:5x7", f"{F32}:7x3", f"{F32}:3")
+    # dtype batch m n k lda stride_a ta ldb stride_b tb ldc stride_c
+    assert "gemm dtype=1 1 5 3 7 7 35 0 3 21 0 3 15" in out
+    assert out.index("gemm") < out.index("launch ")
+    bad = run_mock(mock_host, art, tmp_path, f"{F32}:5x7", f"{F32}:6x3", f"{F32}:3")
+    assert "Matrix size-incompatible" in bad and "gemm" not in bad
+
+
+def test_unsupported_plan_features_raise_a_compile_error(built):
+    fe, _ = built["softmax"]
+    plan = copy.deepcopy(fe.plan)
+    plan.kernels[0].kind = "index"
+    with pytest.raises(CudaCodegenError, match="kind 'index'") as info:
+        emit_cuda(plan, ["x"], ["y"])
+    assert isinstance(info.value, CompileError)  # the optimizer keeps the cluster as TF ops
+    plan = copy.deepcopy(fe.plan)
+    next(iter(plan.buffers.values())).role = "host"  # host memory: not readable by kernels
+    with pytest.raises(CudaCodegenError, match="role 'host'"):
+        emit_cuda(plan, ["x"], ["y"])
+
+
+def test_bf16_plan_compiles(built, tmp_path):
+    """The front end has no bf16 yet: the f32 layer-norm plan retyped to bf16."""
+    plan = copy.deepcopy(built["layer_norm"][0].plan)
+    for p in [plan] + ([plan.speculative] if plan.speculative else []):
+        for b in p.buffers.values():
+            b.elem = "bf16"
+        for k in p.kernels:
+            for op in k.ops:
+                op.elem = "bf16"
+                op.operand_elems = ["bf16"] * len(op.operand_elems)
+    plan.arg_elems = ["bf16"] * len(plan.arg_elems)
+    device, host = split_source(emit_cuda(plan, ["x", "g", "b"], ["y"]))
+    assert "__nv_bfloat16" in device and "disc_round_bf16(" in device and "DISC_BF16" in host
+    cuda_compiler.compile_fatbin(device, tmp_path)
+
+
+def test_f16_rounds_after_every_op():
+    fe = pipeline.front_end(cluster_of(lambda x: tf.exp(x) * x, dyn(1, tf.float16)), "cuda")
+    device, _ = split_source(fe.source)
+    assert device.count("disc_round_f16(") >= 3 and "__half2float(" in device
+
+
+@pytest.mark.skipif(not (CUDA_INCLUDE / "cuda.h").is_file(), reason="no CUDA headers")
+def test_cuda_ral_implementation_compiles(tmp_path):
+    subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Werror", "-fPIC", "-c",
+                    f"-I{REPO / 'cc' / 'ral'}", f"-I{CUDA_INCLUDE}",
+                    str(REPO / "cc" / "ral_cuda" / "disc_ral_cuda_impl.cc"),
+                    "-o", str(tmp_path / "impl.o")], check=True)
+
+
+def test_auto_target_is_cpu_without_a_gpu_and_names_are_checked():
+    if not tf.config.list_physical_devices("GPU"):
+        assert resolve_target("auto") == "cpu"
+    assert resolve_target("cuda") == "cuda"
+    with pytest.raises(ValueError, match="unknown target"):
+        resolve_target("rocm")
+
+
+class Block(tf.Module):
+    """Layer norm then softmax then bias+GELU: one cluster."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def __call__(self, x):
+        h = layer_norm(x, 1.5, 0.25)
+        return tf.nn.gelu(tf.nn.softmax(h) + 0.1, approximate=False)
+
+
+def test_saved_model_for_cuda_carries_device_code_and_falls_back_on_cpu(tmp_path, monkeypatch,
+                                                                        capsys):
+    monkeypatch.setenv("DISC_TF_DUMP_DIR", str(tmp_path / "dump"))
+    module = Block()
+    tf.saved_model.save(module, str(tmp_path / "orig"))
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda")
+    assert report.compiled and len(report.compiled) == len(report.clusters)
+    dumped = sorted((tmp_path / "dump").glob("*/kernels.cu"))
+    assert dumped and all((d.parent / "host_runner.cc").is_file() for d in dumped)
+    from tests.reliability.models import disc_nodes, read_saved_model
+
+    nodes = disc_nodes(read_saved_model(tmp_path / "out"))
+    assert nodes
+    for n in nodes:
+        entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(n.attr["artifact"].s))
+        assert ("sass", 80) in entries and ("sass", 90) in entries
+    # A CPU-only DiscCluster kernel refuses the CUDA artifact and runs the original ops.
+    x = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+    loaded = tf.saved_model.load(str(tmp_path / "out"))
+    np.testing.assert_allclose(loaded(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-6)
+    # inspect shows the emitted CUDA kernels
+    assert cli.main(["inspect", str(tmp_path / "orig"), "--target", "cuda", "--show-kernels"]) == 0
+    shown = capsys.readouterr().out
+    assert "__global__" in shown and "_warp_rows" in shown and "erfcf(" in shown
+    shutil.rmtree(tmp_path / "dump")
+
+
+MORE_CLUSTERS = {
+    "layer_norm_f16": (layer_norm, dyn(3, tf.float16), dyn(1, tf.float16), dyn(1, tf.float16)),
+    "bias_gelu_f16": (lambda x, b: tf.nn.gelu(x + b, approximate=False), dyn(2, tf.float16),
+                      dyn(1, tf.float16)),
+    "ints_and_bools": (lambda x, y: tf.cast(x > y, tf.int64) + tf.cast(tf.logical_not(x < 0), tf.int64),
+                       dyn(2, tf.int32), dyn(2, tf.int32)),
+    "reduce_all_dims": (lambda x: tf.reduce_sum(x * x), dyn(3)),
+    "transpose": (lambda x: tf.transpose(x, [1, 0, 2]) * 2.0 + 1.0, dyn(3)),
+    "attention_scores": (lambda q, k: tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * 0.125),
+                         dyn(3), dyn(3)),
+    "rms_norm": (lambda x: x * tf.math.rsqrt(tf.reduce_mean(x * x, axis=-1, keepdims=True) + 1e-6),
+                 dyn(2)),
+    "any": (lambda x: tf.reduce_any(x > 0, axis=-1), dyn(2)),
+    "constants_f32": (lambda x: x * tf.constant([1.0, 2.0, 3.0]) + tf.constant([0.5, 0.25, 0.125]),
+                      tf.TensorSpec([None, 3])),
+    "constants_f16": (lambda x: x * tf.constant([1.0, 2.0, 3.0], tf.float16),
+                      tf.TensorSpec([None, 3], tf.float16)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MORE_CLUSTERS))
+def test_more_clusters_compile_for_sm80_and_sm90(name, tmp_path):
+    fn, *specs = MORE_CLUSTERS[name]
+    fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
+    art = cuda_compiler.build(fe.source, name, fe.plan.num_kernels)
+    entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(art.data))
+    assert ("sass", 80) in entries and ("sass", 90) in entries
+
+
+@pytest.mark.slow
+def test_random_programs_compile_for_cuda():
+    """Random registry-op programs (the fuzzer's generator) emit and compile for CUDA."""
+    from hypothesis import HealthCheck, given, settings
+
+    from disc_tf.cluster.graph_view import view_of_graph_def
+    from disc_tf.optimizer import carve_clusters
+    from tests.fuzz.graph_gen import programs
+
+    @settings(max_examples=int(os.environ.get("DISC_TF_CUDA_EXAMPLES", "30")),
+              deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(programs())
+    def check(program):
+        fn = tf.function(program.function(), input_signature=program.signature(), autograph=False)
+        concrete = fn.get_concrete_function()
+        view = view_of_graph_def(concrete.graph.as_graph_def(), concrete.graph.as_graph_def().library)
+        protected = frozenset(t.op.name for t in list(concrete.inputs) + list(concrete.outputs))
+        fetched = frozenset(t.name for n in protected if n in view.nodes for t in view.nodes[n].outputs)
+        _, specs = carve_clusters(view, fetched, protected, set(view.nodes), 1)
+        for spec in specs:
+            fe = pipeline.front_end(spec, "cuda")
+            cuda_compiler.build(fe.source, spec.name, fe.plan.num_kernels)
+
+    check()
+
+
+# ---- device code executed by the CPU emulator (tests/codegen/cuda_emulator.h)
+
+
+@pytest.fixture(scope="module")
+def emulated(built, tmp_path_factory):
+    """(host program, name -> emulated device code .so)."""
+    tmp = tmp_path_factory.mktemp("emu")
+    host = cuda_emu.build_host(tmp)
+    devices = {}
+    for name, (fe, _) in built.items():
+        device, host_src = split_source(fe.source)
+        devices[name] = cuda_emu.build_device(device, host_src, tmp / name)
+    return host, devices
+
+
+def emulate(emulated, built, name, tmp_path, *inputs):
+    host, devices = emulated
+    fe, art = built[name]
+    out, results = cuda_emu.run(host, art.data, devices[name], tmp_path, list(inputs),
+                                [np.dtype(np.float32)])
+    assert out.endswith("rc 0\n"), out
+    return results[0]
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# warp rows, block rows with the row cached in shared memory, block rows
+@pytest.mark.parametrize("shape", [(3, 5, 37), (2, 1, 3000), (1, 2, 13000)])
+def test_emulated_softmax_matches_tf(built, emulated, tmp_path, shape):
+    x = rand(np.random.default_rng(1), *shape)
+    got = emulate(emulated, built, "softmax", tmp_path, x)
+    np.testing.assert_allclose(got, tf.nn.softmax(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes", [((4, 50), (50,), (50,)), ((3, 1500), (1,), (1500,))])
+def test_emulated_layer_norm_matches_tf(built, emulated, tmp_path, shapes):
+    rng = np.random.default_rng(2)
+    x, g, b = (rand(rng, *s) for s in shapes)
+    got = emulate(emulated, built, "layer_norm", tmp_path, x, g, b)
+    np.testing.assert_allclose(got, layer_norm(x, g, b).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((3, 7), (7,)), ((3, 300), (300,)), ((2, 8), (8,))])
+def test_emulated_bias_gelu_matches_tf(built, emulated, tmp_path, shapes):
+    rng = np.random.default_rng(3)
+    x, b = (rand(rng, *s) for s in shapes)
+    got = emulate(emulated, built, "bias_gelu", tmp_path, x, b)
+    np.testing.assert_allclose(got, tf.nn.gelu(x + b, approximate=False).numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (1, 3, 1)), ((2, 3, 4), (2, 3, 4)),
+                                    ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200))])
+def test_emulated_broadcast_matches_numpy(built, emulated, tmp_path, shapes):
+    rng = np.random.default_rng(4)
+    x, y = (rand(rng, *s) for s in shapes)
+    got = emulate(emulated, built, "broadcast", tmp_path, x, y)
+    np.testing.assert_allclose(got, x * y + 1.0, rtol=1e-6)
+
+
+def test_emulated_matmul_bias_matches_tf(built, emulated, tmp_path):
+    rng = np.random.default_rng(5)
+    x, w, b = rand(rng, 5, 7), rand(rng, 7, 3), rand(rng, 3)
+    got = emulate(emulated, built, "matmul_bias", tmp_path, x, w, b)
+    np.testing.assert_allclose(got, tf.nn.relu(x @ w + b).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 3000), (600, 3)])  # thread per output, block per output
+def test_emulated_column_reduce_matches_numpy(built, emulated, tmp_path, shape):
+    x = rand(np.random.default_rng(6), *shape)
+    got = emulate(emulated, built, "column_reduce", tmp_path, x)
+    np.testing.assert_array_equal(got, (x * 2.0).max(axis=0))
+
+
+@pytest.mark.slow
+def test_emulated_f16_layer_norm_and_gelu_match_tf(tmp_path):
+    rng = np.random.default_rng(7)
+    host = cuda_emu.build_host(tmp_path)
+    cases = [("layer_norm_f16", [(2, 3, 40), (40,), (40,)]), ("bias_gelu_f16", [(3, 300), (300,)])]
+    for name, shapes in cases:
+        fn, *specs = MORE_CLUSTERS[name]
+        fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
+        art = cuda_compiler.build(fe.source, name, fe.plan.num_kernels)
+        device, host_src = split_source(fe.source)
+        emu = cuda_emu.build_device(device, host_src, tmp_path / name)
+        args = [rng.standard_normal(s).astype(np.float16) for s in shapes]
+        out, (got,) = cuda_emu.run(host, art.data, emu, tmp_path / f"{name}_run", args,
+                                   [np.dtype(np.float16)])
+        expected = fn(*[tf.constant(a) for a in args]).numpy()
+        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32),
+                                   rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["bert_small", "bert_base", "keras_encoder",
+                                      "recommender_tower", "fastspeech_conv"])
+def test_bench_models_optimize_for_cuda(workload, tmp_path):
+    """The bench's models (bench/models.py) optimize for CUDA: every cluster compiles, or
+    (plan features the CUDA backend lacks, e.g. "index" kernels) is refused cleanly."""
+    from bench.workloads import WORKLOADS
+
+    WORKLOADS[workload].save(tmp_path / "orig")
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda")
+    errors = [c.error for c in report.clusters if c.error]
+    assert all(e.startswith("CudaCodegenError") for e in errors), errors
+    if workload != "fastspeech_conv":  # its cluster gathers through an "index" kernel
+        assert report.compiled and not errors

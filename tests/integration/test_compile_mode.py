@@ -1,0 +1,50 @@
+"""DISC_TF_COMPILE_MODE parsing and the background compile queue, in-process."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+from disc_tf.background import CompileQueue, cluster_key
+from disc_tf.enable import compile_mode
+
+
+def test_compile_mode_defaults_to_async(monkeypatch):
+    monkeypatch.delenv("DISC_TF_COMPILE_MODE", raising=False)
+    assert compile_mode() == "async"
+    monkeypatch.setenv("DISC_TF_COMPILE_MODE", "SYNC")
+    assert compile_mode() == "sync"
+    monkeypatch.setenv("DISC_TF_COMPILE_MODE", "later")
+    assert compile_mode() == "async"  # unknown values warn and keep the default
+
+
+def test_cluster_key_depends_on_ops_and_target():
+    assert cluster_key(b"ops", "cpu") == cluster_key(b"ops", "cpu")
+    assert cluster_key(b"ops", "cpu") != cluster_key(b"ops", "cuda")
+    assert cluster_key(b"ops", "cpu") != cluster_key(b"other", "cpu")
+
+
+def test_queue_compiles_each_key_once_and_reports_failures(monkeypatch):
+    calls: list[str] = []
+    published: list[tuple[str, object, object]] = []
+    gate = threading.Event()
+
+    def fake_compile(spec, target):
+        gate.wait(10)
+        calls.append(spec.name)
+        raise RuntimeError(f"cannot compile {spec.name}")
+
+    monkeypatch.setattr("disc_tf.pipeline.compile_cluster", fake_compile)
+    queue = CompileQueue()
+    publish = lambda key, art, err: published.append((key, art, err))  # noqa: E731
+    a, b = types.SimpleNamespace(name="a"), types.SimpleNamespace(name="b")
+    queue.submit("k1", a, "cpu", publish)
+    queue.submit("k1", a, "cpu", publish)  # same key: not compiled again
+    queue.submit("k2", b, "cpu", publish)
+    assert not queue.wait(0.2)  # still blocked in the first compile
+    gate.set()
+    assert queue.wait(30)
+    assert calls == ["a", "b"]
+    assert [(k, a) for k, a, _ in published] == [("k1", None), ("k2", None)]
+    assert all("cannot compile" in e for _, _, e in published)
+    queue.close()
