@@ -80,3 +80,11 @@ def assert_matches_tf(tf_fn, jitted, args, rtol: float, atol: float) -> None:
         e, g = np.asarray(e), np.asarray(g)
         assert e.shape == g.shape and e.dtype == g.dtype
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+
+
+def run_in_session(graph_def, fetch: str, feeds: dict) -> np.ndarray:
+    """Imports ``graph_def`` into a fresh graph and runs ``fetch`` in a TF1 Session."""
+    with tf.Graph().as_default() as fresh:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=fresh) as sess:
+            return sess.run(fetch, feeds)

@@ -57,12 +57,7 @@ class KernelEmitter:
     @property
     def host_scalars(self) -> list:
         """Distinct host-computed scalars the kernel's ops read, in first-use order."""
-        seen: list = []
-        for op in self.k.ops:
-            for kind, ref in op.operands:
-                if kind == "host" and ref not in seen:
-                    seen.append(ref)
-        return seen
+        return self.k.host_scalars
 
     def ref(self, kind: str, ref: object, elem: str, names: dict[str, str], inputs: str) -> str:
         """The C++ expression of one operand reference."""
@@ -385,12 +380,8 @@ class KernelEmitter:
             f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
             "  for (int64_t o = begin; o < end; ++o) {",
-            "    int64_t rem = o;",
-            "    int64_t base = 0;",
+            *self._output_base(kept),
         ]
-        for d in reversed(kept):
-            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"    rem /= a.dims[{d}];")
         lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
         lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
         lines.append("      int64_t rq = q;")
@@ -405,6 +396,15 @@ class KernelEmitter:
         del elem
         return "\n".join(lines)
 
+    @staticmethod
+    def _output_base(kept: list[int]) -> list[str]:
+        """Lines computing ``base``: the input offset of output element ``o``."""
+        lines = ["    int64_t rem = o;", "    int64_t base = 0;"]
+        for d in reversed(kept):
+            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
+            lines.append(f"    rem /= a.dims[{d}];")
+        return lines
+
     def arg_reduce(self, kept: list[int]) -> str:
         """ArgMax/ArgMin over one dim: the position of the first extreme value."""
         k = self.k
@@ -418,13 +418,7 @@ class KernelEmitter:
             f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
             "  for (int64_t o = begin; o < end; ++o) {",
-            "    int64_t rem = o;",
-            "    int64_t base = 0;",
-        ]
-        for d in reversed(kept):
-            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"    rem /= a.dims[{d}];")
-        lines += [
+            *self._output_base(kept),
             f"    {vt} best = ({vt})a.in0[base];",
             "    int64_t at = 0;",
             "    for (int64_t q = 1; q < a.reduced; ++q) {",

@@ -106,12 +106,7 @@ class CudaKernelEmitter:
     @property
     def host_scalars(self) -> list:
         """Distinct host-computed scalars the kernel's ops read, in first-use order."""
-        seen: list = []
-        for op in self.k.ops:
-            for kind, ref in op.operands:
-                if kind == "host" and ref not in seen:
-                    seen.append(ref)
-        return seen
+        return self.k.host_scalars
 
     def ref(self, kind: str, ref: object, elem: str, names: dict[str, str], inputs: str) -> str:
         """The device expression of one operand reference."""

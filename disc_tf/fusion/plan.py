@@ -130,6 +130,16 @@ class Kernel:
         return seen
 
     @property
+    def host_scalars(self) -> list:
+        """Distinct host-computed scalars the kernel's ops read, in first-use order."""
+        seen: list = []
+        for op in self.ops:
+            for kind, ref in op.operands:
+                if kind == "host" and ref not in seen:
+                    seen.append(ref)
+        return seen
+
+    @property
     def needs_broadcast_version(self) -> bool:
         """True if some input may be broadcast at run time (speculation)."""
         return any(not a.is_identity for a in self.inputs)

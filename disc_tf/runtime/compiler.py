@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 
 from disc_tf.runtime import cache, native
 
@@ -168,7 +169,17 @@ def build(source: str, name: str, num_kernels: int, target: str = "cpu") -> Arti
     Counts ``compilations`` or ``cache_hits`` in ``disc_tf.stats()``; a failed
     compile counts neither and raises CompileError.
     """
-    key = cache_key(source, target)
+    return cached_build(cache_key(source, target), name, num_kernels, target,
+                        lambda: _run_compiler(source, name))
+
+
+def cached_build(key: str, name: str, num_kernels: int, target: str,
+                 compile_fn: Callable[[], bytes]) -> Artifact:
+    """The artifact stored under ``key``, or ``compile_fn()``'s bytes stored there.
+
+    Holds the key's lock, so concurrent processes compile once; counts
+    ``compilations`` or ``cache_hits``.
+    """
     stats = native.load().py
     start = time.perf_counter()
     with cache.key_lock(key):
@@ -176,13 +187,14 @@ def build(source: str, name: str, num_kernels: int, target: str = "cpu") -> Arti
         if hit is not None:
             data, info = hit
             stats.add_stat("cache_hits", 1)
-            log.info("cluster %s: artifact %s from cache", name, key[:12])
+            log.info("cluster %s: %s artifact %s from cache", name, target, key[:12])
             return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
-        data = _run_compiler(source, name)
+        data = compile_fn()
         seconds = time.perf_counter() - start
         sha = hashlib.sha256(data).hexdigest()
         cache.store(key, data, {"sha256": sha, "num_kernels": num_kernels, "name": name,
                                 "compile_seconds": seconds, "target": target})
     stats.add_stat("compilations", 1)
-    log.info("cluster %s: compiled in %.2fs (%d kernels)", name, seconds, num_kernels)
+    log.info("cluster %s: %s artifact compiled in %.2fs (%d kernels)", name, target, seconds,
+             num_kernels)
     return Artifact(data, sha, num_kernels, key, False, seconds)

@@ -19,10 +19,9 @@ import pathlib
 import shutil
 import struct
 import tempfile
-import time
 
 from disc_tf.codegen.cuda import split_source
-from disc_tf.runtime import cache, compiler, native
+from disc_tf.runtime import compiler, native
 from disc_tf.runtime.compiler import Artifact, CompileError
 
 log = logging.getLogger("disc_tf.runtime")
@@ -150,24 +149,8 @@ def _run_compilers(source: str, name: str) -> bytes:
 
 def build(source: str, name: str, num_kernels: int) -> Artifact:
     """The artifact of a CUDA source (``emit_cuda``'s text), compiling unless cached."""
-    key = cache_key(source)
-    stats = native.load().py
-    start = time.perf_counter()
-    with cache.key_lock(key):
-        hit = cache.lookup(key)
-        if hit is not None:
-            data, info = hit
-            stats.add_stat("cache_hits", 1)
-            log.info("cluster %s: CUDA artifact %s from cache", name, key[:12])
-            return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
-        data = _run_compilers(source, name)
-        seconds = time.perf_counter() - start
-        sha = hashlib.sha256(data).hexdigest()
-        cache.store(key, data, {"sha256": sha, "num_kernels": num_kernels, "name": name,
-                                "compile_seconds": seconds, "target": "cuda"})
-    stats.add_stat("compilations", 1)
-    log.info("cluster %s: CUDA artifact compiled in %.2fs (%d kernels)", name, seconds, num_kernels)
-    return Artifact(data, sha, num_kernels, key, False, seconds)
+    return compiler.cached_build(cache_key(source), name, num_kernels, "cuda",
+                                 lambda: _run_compilers(source, name))
 
 
 def embedded_fatbin(artifact: bytes) -> bytes:

@@ -10,6 +10,7 @@ import tensorflow as tf
 from disc_tf.cluster import clustering
 from disc_tf.cluster.graph_view import view_of_graph_def
 from disc_tf.optimizer import BodyOptimizer
+from tests.harness import run_in_session
 
 
 def _v1_graph() -> tf.compat.v1.GraphDef:
@@ -57,13 +58,9 @@ def test_rewritten_v1_control_flow_graph_runs_like_tf_in_a_session():
     rng = np.random.default_rng(0)
     for rows, cols, steps in [(2, 3, 1), (1, 5, 4), (3, 1, 0), (4, 4, 3), (2, 2, 6)]:
         value = rng.normal(size=(rows, cols)).astype(np.float32)
-        results = []
-        for g in (gd, optimized):
-            with tf.Graph().as_default() as fresh:
-                tf.graph_util.import_graph_def(g, name="")
-                with tf.compat.v1.Session(graph=fresh) as sess:
-                    results.append(sess.run("out:0", {"x:0": value, "n:0": steps}))
-        np.testing.assert_allclose(results[1], results[0], rtol=1e-4, atol=1e-4)
+        feeds = {"x:0": value, "n:0": steps}
+        np.testing.assert_allclose(run_in_session(optimized, "out:0", feeds),
+                                   run_in_session(gd, "out:0", feeds), rtol=1e-4, atol=1e-4)
 
 
 def test_colocated_nodes_keep_their_placement():

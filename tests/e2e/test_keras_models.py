@@ -18,6 +18,7 @@ from keras import layers
 import disc_tf
 from disc_tf import cli
 from disc_tf.optimizer import BodyOptimizer
+from tests.harness import run_in_session
 
 SHAPES = [(1, 5), (3, 9), (2, 17), (4, 1), (6, 12)]
 
@@ -147,10 +148,6 @@ def test_tf1_placeholder_graph_in_a_session():
     rng = np.random.default_rng(1)
     for rows, cols in [(2, 3), (1, 6), (4, 9), (3, 2), (6, 1)]:
         value = rng.normal(size=(rows, cols)).astype(np.float32)
-        results = []
-        for g in (gd, optimized):
-            with tf.Graph().as_default() as fresh:
-                tf.graph_util.import_graph_def(g, name="")
-                with tf.compat.v1.Session(graph=fresh) as sess:
-                    results.append(sess.run("out:0", {"x:0": value}))
-        np.testing.assert_allclose(results[1], results[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(run_in_session(optimized, "out:0", {"x:0": value}),
+                                   run_in_session(gd, "out:0", {"x:0": value}),
+                                   rtol=1e-4, atol=1e-5)
