@@ -4,7 +4,7 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install native demo test test-all bench lint clean
+.PHONY: install native demo test test-all bench bench-deps lint clean bazel-build
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,26 @@ test: install
 test-all: install
 	$(VPY) -m pytest -q -m ''
 
-bench: install
+# Bench peers: matplotlib in the main venv, ONNX Runtime + tf2onnx in their own venv.
+ORT_VENV  := bench/.venv-ort
+ORT_STAMP := $(ORT_VENV)/.installed
+
+$(ORT_STAMP): bench/requirements-ort.txt
+	$(PY) -m venv $(ORT_VENV)
+	$(ORT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ORT_VENV)/bin/python -m pip install --quiet -r bench/requirements-ort.txt
+	touch $(ORT_STAMP)
+
+bench-deps: $(STAMP) $(ORT_STAMP)
+	$(VPY) -m pip install --quiet -r bench/requirements.txt
+
+bench: install bench-deps
 	$(VPY) -m bench.run
+
+# The serving library with Bazel, offline, against the venv's TensorFlow
+# (docs/serving.md). Outputs: `bazel info -c opt bazel-bin`/cc/.
+bazel-build: $(STAMP)
+	DISC_TF_PYTHON_BIN=$(abspath $(VPY)) bazel build //cc:disc_tf_ops //cc:libdisc_tf_ops_bazel.so
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

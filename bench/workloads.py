@@ -3,8 +3,9 @@
 Each workload is a ``tf.Module`` whose ``__call__`` is a ``tf.function`` with an
 ``input_signature`` of unknown dims, saved as a SavedModel, plus a seeded
 stream of mostly-distinct input shapes (the traffic a serving process sees).
-The modules are elementwise-heavy so that disc_tf has clusters to compile;
-MatMul (float32) now joins clusters as a library GEMM call.
+The model-sized workloads (BERT encoders, a FastSpeech2-like conv stack, a
+recommender tower, a Keras encoder block) live in ``bench.models`` and run by
+default; the three elementwise micro-workloads here run when named.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
+
+from bench import models
 
 #: Number of shapes in the full and the ``--quick`` streams.
 FULL_STREAM = 48
@@ -113,6 +116,7 @@ class Workload:
     make_module: Callable[[], tf.Module]
     shape_sampler: Callable[[np.random.Generator], tuple[int, ...]]
     value_sampler: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+    default: bool = True  # part of a plain ``bench.run``
 
     def save(self, directory: str | pathlib.Path) -> pathlib.Path:
         """Saves the module (with its serving signature) as a SavedModel."""
@@ -153,6 +157,7 @@ WORKLOADS: dict[str, Workload] = {
             GeluBias,
             lambda rng: (int(rng.integers(1, 5)), int(rng.integers(8, 257)), GeluBias.HIDDEN),
             _normal,
+            default=False,
         ),
         Workload(
             "swish_layer_stack",
@@ -160,6 +165,7 @@ WORKLOADS: dict[str, Workload] = {
             SwishLayerStack,
             lambda rng: (int(rng.integers(1, 2049)), SwishLayerStack.WIDTH),
             _normal,
+            default=False,
         ),
         Workload(
             "feature_normalizer",
@@ -167,6 +173,48 @@ WORKLOADS: dict[str, Workload] = {
             FeatureNormalizer,
             lambda rng: (int(rng.integers(1, 4097)), FeatureNormalizer.FEATURES),
             _features,
+            default=False,
+        ),
+        Workload(
+            "bert_base",
+            "x[batch 1-4, seq 8-256, 768]: 2 BERT-base encoder layers (12 heads, FFN 3072, erf GELU)",
+            models.BertBase,
+            lambda rng: (int(rng.integers(1, 5)), int(rng.integers(8, 257)), models.BertBase.HIDDEN),
+            _normal,
+        ),
+        Workload(
+            "bert_small",
+            "x[batch 1-8, seq 8-128, 256]: 4 small BERT encoder layers (4 heads, FFN 1024, tanh GELU)",
+            models.BertSmall,
+            lambda rng: (int(rng.integers(1, 9)), int(rng.integers(8, 129)), models.BertSmall.HIDDEN),
+            _normal,
+        ),
+        Workload(
+            "fastspeech_conv",
+            "x[1, T 16-800, 256]: FastSpeech2-like 2 x (Conv1D k9 to 1024, ReLU, Conv1D k1, "
+            "residual, LayerNorm) + variance predictor (2 x Conv1D k3, ReLU, LayerNorm; linear)",
+            models.FastSpeechConvStack,
+            lambda rng: (1, int(rng.integers(16, 801)), models.FastSpeechConvStack.HIDDEN),
+            _normal,
+        ),
+        Workload(
+            "recommender_tower",
+            "x[batch 1-2048, 64]: feature normalisation (log(|x|+1), clamp, standardize, fill), "
+            "MLP 64-512-256-64 (ReLU), L2 normalise",
+            models.RecommenderTower,
+            lambda rng: (int(rng.integers(1, 2049)), models.RecommenderTower.FEATURES),
+            _features,
+        ),
+        Workload(
+            "keras_encoder",
+            "x[batch 1-8, seq 8-128, 128]: Keras functional model, MultiHeadAttention (4 x 32) + "
+            "LayerNormalization + Dense FFN 512 (tanh GELU)",
+            models.KerasEncoderBlock,
+            lambda rng: (int(rng.integers(1, 9)), int(rng.integers(8, 129)), models.KerasEncoderBlock.HIDDEN),
+            _normal,
         ),
     )
 }
+
+#: The workloads a plain ``bench.run`` measures.
+DEFAULT_WORKLOADS = [name for name, w in WORKLOADS.items() if w.default]

@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark: one workload, quick stream, peers tf and disc."""
+"""Smoke tests of the benchmark: quick streams, peers tf and disc, and tf and ort."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -15,7 +17,7 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--workloads", "feature_normalizer", "--quick",
          "--peers", "tf,disc", "--out-dir", str(tmp_path), "--report", str(report),
-         "--timeout", "80"],
+         "--timeout", "80", "--skip-compile-time"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=85,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -33,3 +35,22 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
                 "peak_rss_mb"):
         assert tf_rec[key] > 0 and disc[key] > 0, key
     assert "| disc |" in report.read_text()
+
+
+ORT_PYTHON = REPO_ROOT / "bench" / ".venv-ort" / "bin" / "python"
+
+
+@pytest.mark.skipif(not ORT_PYTHON.exists(), reason="no bench/.venv-ort (make bench-deps)")
+def test_quick_ort_peer_in_its_own_venv(tmp_path: pathlib.Path) -> None:
+    report = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--workloads", "recommender_tower", "--count", "4",
+         "--peers", "tf,ort", "--out-dir", str(tmp_path), "--report", str(report),
+         "--timeout", "80", "--skip-compile-time"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=85,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ort = json.loads((tmp_path / "results.json").read_text())["results"]["recommender_tower"]["ort"]
+    assert ort["status"] == "ok", ort
+    assert ort["max_abs_err"] is not None and ort["max_abs_err"] < 1e-4
+    assert ort["ort_versions"]["tf2onnx"] and ort["convert_s"] > 0

@@ -1,0 +1,252 @@
+"""The benchmark report: speedups, markdown tables, target checks and the PNG plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from typing import Any
+
+from bench.peer import PEERS
+
+Record = dict[str, Any]
+
+#: Issue targets (2-core CPU, fp32) checked per workload.
+HOT_VS_TF = 1.3
+FIRST_VS_TF = 1.3
+FIRST_VS_XLA = 5.0
+
+
+def add_speedups(records: dict[str, Record]) -> None:
+    """Adds speedup ratios vs the tf peer (tf seconds / peer seconds; > 1 is faster)."""
+    base = records.get("tf")
+    if not base or base.get("status") != "ok":
+        return
+    for rec in records.values():
+        if rec.get("status") != "ok":
+            continue
+        for key, name in (("first_pass_s", "speedup_first"), ("hot_pass_s", "speedup_hot")):
+            if rec.get(key):
+                rec[name] = base[key] / rec[key]
+        if rec.get("first_pass_s"):
+            rec["speedup_setup_first"] = (
+                (base["setup_s"] + base["first_pass_s"]) / (rec["setup_s"] + rec["first_pass_s"])
+            )
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+COLUMNS = (
+    ("peer", "peer", None),
+    ("setup s", "setup_s", ".3f"),
+    ("first pass s", "first_pass_s", ".3f"),
+    ("hot pass s", "hot_pass_s", ".3f"),
+    ("hot p50 ms", "hot_p50_ms", ".2f"),
+    ("hot p99 ms", "hot_p99_ms", ".2f"),
+    ("compiles", "compiles", "d"),
+    ("peak RSS MiB", "peak_rss_mb", ".0f"),
+    ("max abs err", "max_abs_err", ".2e"),
+    ("x TF first", "speedup_first", ".2f"),
+    ("x TF hot", "speedup_hot", ".2f"),
+    ("x TF setup+first", "speedup_setup_first", ".2f"),
+)
+
+
+def markdown_table(records: dict[str, Record]) -> str:
+    """One workload's peers as a markdown table."""
+    lines = ["| " + " | ".join(c[0] for c in COLUMNS) + " |",
+             "|" + "|".join("---" if c[2] is None else "---:" for c in COLUMNS) + "|"]
+    for peer, rec in records.items():
+        if rec.get("status") != "ok":
+            lines.append(f"| {peer} | {rec.get('status')} |" + " |" * (len(COLUMNS) - 2))
+            continue
+        cells = [peer] + [_num(rec.get(key), fmt) for _, key, fmt in COLUMNS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(records: dict[str, Record], peer: str, other: str, key: str) -> float | None:
+    """``other``'s ``key`` over ``peer``'s (how many times faster ``peer`` is)."""
+    a, b = records.get(peer, {}), records.get(other, {})
+    if a.get("status") != "ok" or b.get("status") != "ok" or not a.get(key) or not b.get(key):
+        return None
+    return b[key] / a[key]
+
+
+def target_rows(results: dict[str, Any]) -> list[str]:
+    """Markdown table of disc against the issue's targets, one row per workload."""
+    def cell(value: float | None, target: float | None) -> str:
+        if value is None:
+            return "n/a"
+        mark = "" if target is None else (" ok" if value >= target else " **miss**")
+        return f"{value:.2f}x{mark}"
+
+    lines = [f"| workload | hot vs TF (>= {HOT_VS_TF}) | hot vs ORT (> 1) | first pass vs TF "
+             f"(>= {FIRST_VS_TF}) | first pass vs XLA (>= {FIRST_VS_XLA:g}) | setup+first vs TF | "
+             "clusters in TF |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, records in results["results"].items():
+        disc = records.get("disc", {})
+        if disc.get("status") != "ok":
+            lines.append(f"| {name} | disc: {disc.get('status', 'not run')} | | | | | |")
+            continue
+        in_tf = disc.get("failed_clusters") or []
+        fallback = (f"{len(in_tf)} failed to compile" if in_tf else "none")
+        if disc.get("optimize_error"):
+            fallback = "all (optimize failed)"
+        lines.append(" | ".join([
+            f"| {name}",
+            cell(_ratio(records, "disc", "tf", "hot_pass_s"), HOT_VS_TF),
+            cell(_ratio(records, "disc", "ort", "hot_pass_s"), 1.0 + 1e-9),
+            cell(_ratio(records, "disc", "tf", "first_pass_s"), FIRST_VS_TF),
+            cell(_ratio(records, "disc", "xla", "first_pass_s"), FIRST_VS_XLA),
+            cell(disc.get("speedup_setup_first"), None),
+            fallback + " |",
+        ]))
+    return lines
+
+
+def findings(records: dict[str, Record]) -> list[str]:
+    """Plain-language flags: peers slower than TF, errors, fallbacks, disc amortisation."""
+    notes: list[str] = []
+    base = records.get("tf", {})
+    for peer, rec in records.items():
+        if peer == "tf" or rec.get("status") != "ok":
+            continue
+        for key, label in (("speedup_first", "first pass"), ("speedup_hot", "hot pass")):
+            ratio = rec.get(key)
+            if ratio is not None and ratio < 1.0:
+                slower = (f"{100.0 * (1.0 / ratio - 1.0):.0f}% slower" if ratio > 0.5
+                          else f"{1.0 / ratio:.1f}x slower")
+                notes.append(f"{peer} {label} is {slower} than TF.")
+        err = rec.get("max_abs_err")
+        if err is not None and err > 1e-4:
+            notes.append(f"{peer} max abs error {err:.2e} exceeds 1e-4.")
+        stats = rec.get("disc_stats") or {}
+        if stats.get("fallbacks"):
+            notes.append(f"{peer}: {stats['fallbacks']} cluster fallback(s) to TF ops at run time.")
+        if rec.get("optimize_error"):
+            notes.append(f"{peer}: optimize failed ({rec['optimize_error'][:200]}); "
+                         "the original TF ops ran.")
+        for name, why in zip(rec.get("failed_clusters") or [], rec.get("failed_cluster_errors") or []):
+            notes.append(f"{peer}: cluster {name} left as TF ops: {why[:200]}")
+        # Only disc compiles once for all shapes; XLA pays again for every new shape.
+        if (peer == "disc" and base.get("status") == "ok" and rec.get("hot_pass_s")
+                and rec.get("num_calls")):
+            saved = (base["hot_pass_s"] - rec["hot_pass_s"]) / rec["num_calls"]
+            extra = rec["setup_s"] + rec["first_pass_s"] - base["setup_s"] - base["first_pass_s"]
+            if saved > 0 and extra > 0:
+                notes.append(f"{peer} pays back its extra setup + first pass ({extra:.2f} s) "
+                             f"after ~{extra / saved:.0f} hot calls "
+                             f"({saved * 1e3:.3f} ms saved per call).")
+    return notes
+
+
+def _header(results: dict[str, Any]) -> list[str]:
+    m = results["machine"]
+    cfg = results["config"]
+    ort = next((r.get("ort_versions") for recs in results["results"].values()
+                for r in recs.values() if r.get("ort_versions")), None)
+    lines = [
+        "# disc_tf benchmark results",
+        "",
+        f"- CPU: {m['cpu']} ({m['cores']} cores, {m.get('memory_gib')} GiB); {m.get('platform')}",
+        f"- TensorFlow {m['tensorflow']}, numpy {m['numpy']}, Python {m['python']}; "
+        f"disc_tf commit {m.get('commit')}",
+    ]
+    if ort:
+        lines.append(f"- ORT peer (bench/.venv-ort): onnxruntime {ort['onnxruntime']}, tf2onnx "
+                     f"{ort['tf2onnx']} on TensorFlow {ort['tensorflow']}, opset {ort['opset']}")
+    lines += [
+        f"- Date: {m['date']}",
+        f"- 1-min load average at start / end: {m.get('loadavg_start')} / "
+        f"{m.get('loadavg_end')} (other work shared the 2 cores when > ~0.3 at start)",
+        f"- Stream: {cfg['count']} calls per pass, seed {cfg['seed']}"
+        + (" (quick)" if cfg["quick"] else "")
+        + f"; hot pass: best of {cfg.get('hot_repeats', 1)}",
+        "",
+        "Times are sums of per-call wall time over the stream. Setup is load (tf, xla), "
+        "optimize + load with an empty artifact cache (disc: every cluster compile is here, "
+        "so its first pass runs with a warm cache), or tf2onnx conversion + session creation "
+        "(ort). The first pass includes every lazy compile (XLA compiles once per distinct "
+        "shape). The hot pass repeats the stream; its total is the best repeat's and p50/p99 "
+        "are over each call's fastest time. `x TF` columns are TF time / peer time "
+        "(> 1 = faster than TF). `compiles`: "
+        "XLA traces or disc cluster compilations. Peak RSS is the peer process's (includes "
+        "TF itself; the ort process imports TF for the conversion).",
+    ]
+    return lines
+
+
+def markdown_report(results: dict[str, Any], plot_name: str | None = None) -> str:
+    """The full report: machine, targets, compile time, one table per workload."""
+    from bench import compile_time
+    from bench.workloads import WORKLOADS
+
+    out = _header(results)
+    out += ["", "## disc_tf against the targets", "", *target_rows(results)]
+    if results.get("compile_time"):
+        out += ["", compile_time.target_line(results["compile_time"])]
+    if results.get("notes"):
+        out += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
+    if plot_name:
+        out += ["", f"![speedups over TF]({plot_name})"]
+    if results.get("compile_time"):
+        out += ["", "## Compile time of a BERT encoder layer cluster", "",
+                *compile_time.summary(results["compile_time"])]
+    for name, records in results["results"].items():
+        any_rec = next((r for r in records.values() if "distinct_shapes" in r), {})
+        out += ["", f"## {name}", "", WORKLOADS[name].description + ".", ""]
+        if any_rec:
+            out += [f"{any_rec['num_calls']} calls, {any_rec['distinct_shapes']} distinct "
+                    "shapes.", ""]
+        disc = records.get("disc", {})
+        if disc.get("status") == "ok":
+            out += [f"disc: {disc['clusters']} cluster(s) of {disc.get('cluster_ops')} ops; "
+                    f"optimize {disc['optimize_s']:.2f} s (again with the warm cache: "
+                    f"{_num(disc.get('optimize_warm_cache_s'), '.2f')} s); first call "
+                    f"{disc['first_call_s'] * 1e3:.1f} ms; stats {disc.get('disc_stats')}.", ""]
+        out.append(markdown_table(records))
+        notes = findings(records)
+        if notes:
+            out += [""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def plot(results: dict[str, Any], path: pathlib.Path) -> bool:
+    """Speedup over TF (hot pass; first pass, log scale) per workload and peer.
+
+    Returns False without matplotlib.
+    """
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(results["results"])
+    peers = [p for p in PEERS
+             if any(results["results"][w].get(p, {}).get("status") == "ok" for w in workloads)]
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(workloads), 4.5))
+    width = 0.8 / max(len(peers), 1)
+    panels = (("speedup_hot", "hot pass: x faster than TF", False),
+              ("speedup_first", "first pass (incl. lazy compiles): x faster than TF", True))
+    for ax, (key, title, log) in zip(axes, panels):
+        for i, peer in enumerate(peers):
+            values = [results["results"][w].get(peer, {}).get(key) or 0.0 for w in workloads]
+            ax.bar([k + i * width for k in range(len(workloads))], values, width, label=peer)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        if key == "speedup_hot":
+            ax.axhline(HOT_VS_TF, color="gray", linestyle="--", linewidth=0.8)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xticks([k + width * (len(peers) - 1) / 2 for k in range(len(workloads))])
+        ax.set_xticklabels(workloads, rotation=20, ha="right")
+        ax.set_title(title, fontsize=10)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
