@@ -195,10 +195,11 @@ def _static_window(node) -> str | None:
     return None
 
 
-for _op in ("Conv2D", "DepthwiseConv2dNative"):
-    _register(_op, frozenset({tf.float32}), check=_nhwc_check, shape_check=_static_window)
-for _op in ("MaxPool", "AvgPool"):
-    _register(_op, frozenset({tf.float32}), check=_nhwc_check)
+for _op in ("Conv2D", "DepthwiseConv2dNative"):  # f16 multiplied in f32
+    _register(_op, frozenset({tf.float32, tf.float16}), check=_nhwc_check,
+              shape_check=_static_window)
+_register("MaxPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
+_register("AvgPool", frozenset({tf.float32}), check=_nhwc_check)
 _register("MirrorPad", MOVE_TYPES, shape_inputs=(1,))
 _register("GatherNd", MOVE_TYPES, dtype_attr="Tparams", shape_check=lambda n: None if (
     n.inputs[1].dims and n.inputs[1].dims[-1] is not None) else "index depth must be static")

@@ -264,7 +264,46 @@ class IndexKernelEmitter(KernelEmitter):
                   f"// TF ops: {comment(', '.join(k.tf_ops))}")
         return "\n\n".join([header, self.struct(), "\n".join(lines)])
 
+    def _im2col_source(self) -> str:
+        """One task per output pixel: for each window tap, the pixel's C input channels
+        are copied as one contiguous run (zeros where the tap falls in the padding)."""
+        k, op = self.k, self.op
+        attrs = op.attrs
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        (_, bname), = k.outputs
+        st = STORAGE[self.plan.buffers[bname].elem]
+        lines = [
+            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t channels = {self._p('sizes', 0)};",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    const int64_t ow = row % a.dims[2];",
+            "    const int64_t oh = (row / a.dims[2]) % a.dims[1];",
+            "    const int64_t n = row / (a.dims[2] * a.dims[1]);",
+            f"    {st}* __restrict w = a.out0 + row * a.dims[3];",
+            f"    for (int64_t ky = 0; ky < {attrs['kh']}; ++ky) {{",
+            f"      const int64_t ih = oh * {sh} - {self._p('low', 0)} + ky * {dh};",
+            f"      for (int64_t kx = 0; kx < {attrs['kw']}; ++kx, w += channels) {{",
+            f"        const int64_t iw = ow * {sw} - {self._p('low', 1)} + kx * {dw};",
+            "        if (ih < 0 || ih >= a.in0_dims[1] || iw < 0 || iw >= a.in0_dims[2]) {",
+            f"          for (int64_t ci = 0; ci < channels; ++ci) w[ci] = ({st})0;",
+            "          continue;",
+            "        }",
+            "        const auto* __restrict r = a.in0 + n * a.in0_strides[0] + "
+            "ih * a.in0_strides[1] + iw * a.in0_strides[2];",
+            "        for (int64_t ci = 0; ci < channels; ++ci) w[ci] = r[ci];",
+            "      }",
+            "    }",
+            "  }",
+            "}",
+        ]
+        header = (f"// ---- {k.name}: im2col patches of {comment(op.tf_node)}\n"
+                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
+        return "\n\n".join([header, self.struct(), "\n".join(lines)])
+
     def source(self) -> str:
+        if self.op.op == "im2col":
+            return self._im2col_source()
         if self.op.op == "scan":
             return self._scan_source()
         k, r = self.k, self.rank

@@ -93,3 +93,17 @@ def test_f16_products_and_softmax_match_tf(name):
         w = rng.normal(size=w_shape).astype(np.float16)
         np.testing.assert_allclose(jitted(x, w).numpy().astype(np.float32),
                                    tf_fn(x, w).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("op", ["conv", "maxpool"])
+def test_f16_conv_and_maxpool_match_tf(op):
+    w = np.random.default_rng(0).normal(scale=0.3, size=(3, 3, 3, 4)).astype(np.float16)
+    fn = (lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME") + 0.5)) if op == "conv" else (
+        lambda x: tf.nn.max_pool2d(x * 2.0, 3, 2, "SAME") + 1.0)
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None, None, None, 3], tf.float16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(1)
+    for shape in [(1, 5, 7, 3), (2, 8, 8, 3), (1, 1, 1, 3)]:
+        x = rng.normal(size=shape).astype(np.float16)
+        np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
+                                   tf_fn(x).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)
