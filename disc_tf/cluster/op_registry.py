@@ -130,9 +130,9 @@ for _op in ("All", "Any"):
     _register(_op, frozenset({tf.bool}), dtype_attr="", const_inputs=(1,))
 for _op in ("Softmax", "LogSoftmax"):
     _register(_op, frozenset({tf.float32, tf.float16}))
-# Matrix products: one library (GEMM) call per product (f16 multiplied in f32).
+# Matrix products: one library (GEMM) call per product (f16/bf16 multiplied in f32).
 for _op in ("MatMul", "BatchMatMulV2"):
-    _register(_op, frozenset({tf.float32, tf.float16}))
+    _register(_op, FLOAT_TYPES)
 # Layout ops: shape/permutation operands must be constants. Reshape-like ops
 # move no data (a view of a dense buffer), so they do not count as work.
 LAYOUT_TYPES = frozenset({tf.float32, tf.int32, tf.bool})
@@ -140,7 +140,7 @@ _register("Transpose", LAYOUT_TYPES, const_inputs=(1,))
 _register("Reshape", LAYOUT_TYPES, trivial=True, shape_inputs=(1,))
 _register("ExpandDims", LAYOUT_TYPES, trivial=True, const_inputs=(1,))
 _register("Squeeze", LAYOUT_TYPES, trivial=True)
-_register("Einsum", frozenset({tf.float32, tf.float16}), check=_einsum_check)
+_register("Einsum", FLOAT_TYPES, check=_einsum_check)
 _register("Select", ALL_TYPES)
 _register("SelectV2", ALL_TYPES)
 _register("Cast", ALL_TYPES, dtype_attr="SrcT")
@@ -195,8 +195,8 @@ def _static_window(node) -> str | None:
     return None
 
 
-for _op in ("Conv2D", "DepthwiseConv2dNative"):  # f16 multiplied in f32
-    _register(_op, frozenset({tf.float32, tf.float16}), check=_nhwc_check,
+for _op in ("Conv2D", "DepthwiseConv2dNative"):  # f16/bf16 multiplied in f32
+    _register(_op, FLOAT_TYPES, check=_nhwc_check,
               shape_check=_static_window)
 _register("MaxPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
 _register("AvgPool", frozenset({tf.float32}), check=_nhwc_check)

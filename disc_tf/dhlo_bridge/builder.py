@@ -169,13 +169,13 @@ class DhloBuilder:
     def dot_general(self, lhs: TValue, rhs: TValue, batch: int, lhs_contract: int,
                     rhs_contract: int) -> TValue:
         """``stablehlo.dot_general`` with leading batch dims [0, batch) on both sides and
-        one contracting dim each; result dims: batch, lhs free, rhs free. f16 operands
-        are multiplied in f32 (converts that fuse into neighbouring kernels)."""
-        if lhs.elem == "f16":
+        one contracting dim each; result dims: batch, lhs free, rhs free. f16/bf16
+        operands are multiplied in f32 (converts that fuse into neighbouring kernels)."""
+        if lhs.elem in ("f16", "bf16"):
             wide = self.dot_general(self.op("convert", [lhs], "f32", lhs.dims),
                                     self.op("convert", [rhs], "f32", rhs.dims),
                                     batch, lhs_contract, rhs_contract)
-            return self.op("convert", [wide], "f16", wide.dims)
+            return self.op("convert", [wide], lhs.elem, wide.dims)
         bdims = list(range(batch))
         lhs_free = [d for i, d in enumerate(lhs.dims) if i >= batch and i != lhs_contract]
         rhs_free = [d for i, d in enumerate(rhs.dims) if i >= batch and i != rhs_contract]

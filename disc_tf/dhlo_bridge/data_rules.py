@@ -429,10 +429,10 @@ def _nhwc(node: node_def_pb2.NodeDef) -> None:
 def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, w = xs
     _nhwc(node)
-    if x.elem == "f16":  # multiplied in f32, like f16 MatMul
+    if x.elem in ("f16", "bf16"):  # multiplied in f32, like f16/bf16 MatMul
         wide = _conv2d(b, node, [b.op("convert", [x], "f32", x.dims),
                                  b.op("convert", [w], "f32", w.dims)])[0]
-        return [b.op("convert", [wide], "f16", wide.dims)]
+        return [b.op("convert", [wide], x.elem, wide.dims)]
     if x.rank != 4 or w.rank != 4 or None in w.dims[:2]:
         raise LoweringError(f"{node.op} {node.name}: needs rank-4 operands and a static window")
     strides = _ints(node, "strides", [1, 1, 1, 1])

@@ -117,7 +117,10 @@ def read_module(text: str) -> DFunc:
             if o.name == "stablehlo.constant":
                 elem, dims = rec.result_types[0]
                 if elem == "bf16":  # numpy has no bfloat16: read the attribute's text
-                    rec.const_value = np.broadcast_to(_bf16_values(attrs["value"]), dims).copy()
+                    values = _bf16_values(attrs["value"])
+                    if values.size == int(np.prod(dims)) and values.size > 1:
+                        values = values.reshape(dims)
+                    rec.const_value = np.broadcast_to(values, dims).copy()
                 else:
                     dense = ir.DenseElementsAttr(o.attributes["value"])
                     rec.const_value = np.broadcast_to(np.array(dense), dims).copy()

@@ -107,3 +107,21 @@ def test_f16_conv_and_maxpool_match_tf(op):
         x = rng.normal(size=shape).astype(np.float16)
         np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
                                    tf_fn(x).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("op", ["matmul", "conv"])
+def test_bf16_matmul_and_conv_match_tf(op):
+    rng = np.random.default_rng(2)
+    if op == "matmul":
+        w = tf.constant(rng.normal(scale=0.3, size=(8, 6)).astype(np.float32), BF16)
+        fn, spec = (lambda x: tf.nn.relu(tf.matmul(x, w) + 0.5)), [None, 8]
+    else:
+        w = tf.constant(rng.normal(scale=0.3, size=(3, 3, 3, 4)).astype(np.float32), BF16)
+        fn, spec = (lambda x: tf.nn.conv2d(x, w, 1, "SAME") + 0.5), [None, None, None, 3]
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec(spec, BF16)])
+    jitted = compiled(tf_fn)
+    for n in [1, 3, 6]:
+        shape = (n, 8) if op == "matmul" else (1, n + 2, n + 4, 3)
+        x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
+        np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
+                                   tf_fn(x).numpy().astype(np.float32), rtol=2e-2, atol=2e-2)
