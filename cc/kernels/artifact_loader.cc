@@ -219,10 +219,11 @@ absl::Status OpenAndResolve(const std::string& path, LoadedArtifact* art) {
         absl::StrCat("artifact does not export:", missing));
   }
   const int32_t abi = art->abi_version();
-  if (abi != DISC_RAL_ABI_VERSION) {
+  // The RAL table only grows: an artifact of an older ABI (>= 2) still runs.
+  if (abi < 2 || abi > DISC_RAL_ABI_VERSION) {
     return absl::InternalError(
-        absl::StrCat("artifact ABI version ", abi,
-                     " does not match the runtime's ", DISC_RAL_ABI_VERSION));
+        absl::StrCat("artifact ABI version ", abi, " is not supported by the runtime's ",
+                     DISC_RAL_ABI_VERSION));
   }
   return absl::OkStatus();
 }

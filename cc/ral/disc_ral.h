@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 2
+#define DISC_RAL_ABI_VERSION 3
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -93,6 +93,17 @@ struct disc_ral {
                         int64_t stride_a, int transpose_a, const float* b,
                         int64_t ldb, int64_t stride_b, int transpose_b,
                         float* c, int64_t ldc, int64_t stride_c);
+
+  /* ABI 3. sgemm_batched with a two-level batch, so that operands read through a
+   * transpose need no copy: product q = qo * batch_inner + qi (qo < batch_outer)
+   * reads A at a + qo * stride_a_outer + qi * stride_a_inner, and likewise B and
+   * C. Artifacts of ABI 2 (which never call it) still run. */
+  void (*sgemm_strided)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                        int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                        int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                        const float* b, int64_t ldb, int64_t stride_b_outer,
+                        int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                        int64_t stride_c_outer, int64_t stride_c_inner);
 };
 
 #ifdef __cplusplus

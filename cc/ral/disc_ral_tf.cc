@@ -269,12 +269,18 @@ tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
   return workers->workers;
 }
 
-void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
-                     int64_t k, const float* a, int64_t lda, int64_t stride_a,
-                     int transpose_a, const float* b, int64_t ldb,
-                     int64_t stride_b, int transpose_b, float* c, int64_t ldc,
-                     int64_t stride_c) {
-  TfRal* r = TfRal::From(ral);
+// Where product q's operand starts: q = outer * inner_count + inner.
+struct BatchStrides {
+  int64_t inner_count, outer, inner;
+  int64_t operator()(int64_t q) const {
+    return (q / inner_count) * outer + (q % inner_count) * inner;
+  }
+};
+
+void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
+               const float* a, int64_t lda, BatchStrides stride_a, int transpose_a,
+               const float* b, int64_t ldb, BatchStrides stride_b, int transpose_b,
+               float* c, int64_t ldc, BatchStrides stride_c) {
   if (batch < 0 || m < 0 || n < 0 || k < 0) {
     r->SetError(DISC_INTERNAL,
                 absl::StrCat("sgemm_batched: negative size: batch ", batch,
@@ -286,7 +292,7 @@ void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
   if (k == 0) {
     for (int64_t q = 0; q < batch; ++q)
       for (int64_t i = 0; i < m; ++i)
-        std::fill_n(c + q * stride_c + i * ldc, n, 0.0f);
+        std::fill_n(c + stride_c(q) + i * ldc, n, 0.0f);
     return;
   }
   tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
@@ -307,9 +313,9 @@ void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
       const int64_t q = t / blocks;
       const int64_t i0 = (t % blocks) * rows;
       const int64_t i1 = std::min(m, i0 + rows);
-      const float* aq = a + q * stride_a + (ta ? i0 : i0 * lda);
-      block(i1 - i0, n, k, aq, lda, ta, b + q * stride_b, ldb, tb,
-            c + q * stride_c + i0 * ldc, ldc);
+      const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
+      block(i1 - i0, n, k, aq, lda, ta, b + stride_b(q), ldb, tb,
+            c + stride_c(q) + i0 * ldc, ldc);
     };
     const int64_t tasks = batch * blocks;
     if (pool == nullptr || tasks == 1 || work * batch < kSmallGemm) {
@@ -326,9 +332,9 @@ void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
   auto one = [=](int64_t q, bool threaded, const Eigen::ThreadPoolDevice* d) {
-    const float* aq = a + q * stride_a;
-    const float* bq = b + q * stride_b;
-    float* cq = c + q * stride_c;
+    const float* aq = a + stride_a(q);
+    const float* bq = b + stride_b(q);
+    float* cq = c + stride_c(q);
     if (!packed) {
       ContractStrided(m, n, k, aq, lda, ta, bq, ldb, tb, cq, ldc);
     } else if (threaded) {
@@ -348,6 +354,34 @@ void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
   pool->ParallelFor(batch, cost, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q) one(q, false, device);
   });
+}
+
+void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
+                     int64_t k, const float* a, int64_t lda, int64_t stride_a,
+                     int transpose_a, const float* b, int64_t ldb,
+                     int64_t stride_b, int transpose_b, float* c, int64_t ldc,
+                     int64_t stride_c) {
+  SgemmImpl(TfRal::From(ral), batch, m, n, k, a, lda, {1, stride_a, 0}, transpose_a, b,
+            ldb, {1, stride_b, 0}, transpose_b, c, ldc, {1, stride_c, 0});
+}
+
+void RalSgemmStrided(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                     int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                     const float* b, int64_t ldb, int64_t stride_b_outer,
+                     int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                     int64_t stride_c_outer, int64_t stride_c_inner) {
+  TfRal* r = TfRal::From(ral);
+  if (batch_outer < 0 || batch_inner < 0) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_strided: negative batch ", batch_outer,
+                                            " x ", batch_inner));
+    return;
+  }
+  if (batch_inner == 0) return;
+  SgemmImpl(r, batch_outer * batch_inner, m, n, k, a, lda,
+            {batch_inner, stride_a_outer, stride_a_inner}, transpose_a, b, ldb,
+            {batch_inner, stride_b_outer, stride_b_inner}, transpose_b, c, ldc,
+            {batch_inner, stride_c_outer, stride_c_inner});
 }
 
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {
@@ -383,6 +417,7 @@ TfRal::TfRal(OpKernelContext* c) : ctx(c) {
   parallel_for = &RalParallelFor;
   set_error = &RalSetError;
   sgemm_batched = &RalSgemmBatched;
+  sgemm_strided = &RalSgemmStrided;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

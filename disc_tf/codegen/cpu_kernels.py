@@ -436,6 +436,8 @@ class KernelEmitter:
         plan, k = self.plan, self.k
         (op,) = k.ops
         lhs, rhs = (self.buf(a) for a in k.inputs)
+        if "strided" in op.attrs:
+            return self.strided_launch(buffer_ptr)
         form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
         if form is None:
             raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
@@ -456,6 +458,39 @@ class KernelEmitter:
             f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
             f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
             f"                         {buffer_ptr[out_name]}, n, m * n);",
+            "    }",
+            "  }",
+        ]
+
+    def strided_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines of a GEMM reading transposed operands in place."""
+        plan, k = self.plan, self.k
+        (op,) = k.ops
+        f = op.attrs["strided"]
+        lhs, rhs = (self.buf(a) for a in k.inputs)
+
+        def stride(buf: Buffer, d: int) -> str:
+            return product(buf.dims[d + 1:], plan)
+
+        batch = f["batch"] + [None] * (2 - len(f["batch"]))
+        sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
+        a_strides = [stride(lhs, b[0]) if b else "0" for b in batch]
+        b_strides = [stride(rhs, b[1]) if b else "0" for b in batch]
+        lda = stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"])
+        ldb = stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"])
+        (_, out_name), = k.outputs
+        return [
+            f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, operands read in place",
+            f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
+            f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
+            f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
+            f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};",
+            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+            f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
+            f"{a_strides[0]}, {a_strides[1]}, {int(f['transpose_a'])},",
+            f"                         {buffer_ptr[rhs.name]}, {ldb}, {b_strides[0]}, "
+            f"{b_strides[1]}, {int(f['transpose_b'])},",
+            f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
             "    }",
             "  }",
         ]

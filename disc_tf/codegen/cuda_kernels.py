@@ -562,6 +562,9 @@ class CudaKernelEmitter:
         (op,) = self.k.ops
         if op.op != "dot_general" or len(self.k.inputs) != 2:
             raise CudaCodegenError(f"CUDA codegen: library kernel {self.k.name} is not a dot_general")
+        if "strided" in op.attrs:
+            raise CudaCodegenError(f"CUDA codegen: {self.k.name} reads transposed GEMM operands "
+                                   "in place (not emitted for CUDA yet)")
         lhs, rhs = (self.buf(a) for a in self.k.inputs)
         if not (lhs.elem == rhs.elem == self.out_elem(0)) or lhs.elem not in ("f32", "f16", "bf16"):
             raise CudaCodegenError(f"CUDA codegen: GEMM {self.k.name} on {lhs.elem} x {rhs.elem}")

@@ -197,6 +197,33 @@ def gemm_form(lhs_rank: int, rhs_rank: int, dot_dims: dict) -> GemmForm | None:
                     [nb, nb + 1])
 
 
+def strided_gemm(dot_dims: dict, lhs_perm: list[int], rhs_perm: list[int]) -> dict | None:
+    """A dot_general whose operands are dense buffers read through transposes, as one
+    two-level-batched GEMM over the buffers' own memory; None if it is not one.
+
+    ``*_perm[i]``: the buffer dim holding the operand's logical dim i. The result holds
+    buffer dims: ``batch`` ([(lhs dim, rhs dim)], at most 2), ``m``, ``k_lhs``, ``k_rhs``,
+    ``n`` and whether A/B are read transposed (their contiguous dim, the buffer's last,
+    must be one of the matrix dims).
+    """
+    if len(dot_dims["lhs_contract"]) != 1 or len(dot_dims["rhs_contract"]) != 1:
+        return None
+    batch = list(zip(dot_dims["lhs_batch"], dot_dims["rhs_batch"]))
+    used_l = set(dot_dims["lhs_batch"]) | set(dot_dims["lhs_contract"])
+    used_r = set(dot_dims["rhs_batch"]) | set(dot_dims["rhs_contract"])
+    free_l = [i for i in range(len(lhs_perm)) if i not in used_l]
+    free_r = [i for i in range(len(rhs_perm)) if i not in used_r]
+    if len(batch) > 2 or len(free_l) != 1 or len(free_r) != 1:
+        return None
+    m, kl = lhs_perm[free_l[0]], lhs_perm[dot_dims["lhs_contract"][0]]
+    n, kr = rhs_perm[free_r[0]], rhs_perm[dot_dims["rhs_contract"][0]]
+    last_l, last_r = len(lhs_perm) - 1, len(rhs_perm) - 1
+    if last_l not in (m, kl) or last_r not in (n, kr):
+        return None
+    return {"batch": [(lhs_perm[i], rhs_perm[j]) for i, j in batch], "m": m, "k_lhs": kl,
+            "k_rhs": kr, "n": n, "transpose_a": m == last_l, "transpose_b": kr == last_r}
+
+
 @dataclasses.dataclass
 class FusionPlan:
     """Everything codegen needs for one cluster."""

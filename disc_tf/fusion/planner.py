@@ -16,7 +16,15 @@ import logging
 
 from disc_tf.fusion.dce import eliminate_dead_code
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp, gemm_form
+from disc_tf.fusion.plan import (
+    Access,
+    Buffer,
+    FusionPlan,
+    Kernel,
+    KernelOp,
+    gemm_form,
+    strided_gemm,
+)
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
 
 log = logging.getLogger("disc_tf.fusion")
@@ -487,10 +495,21 @@ class _Planner:
         if gemm_form(len(self.a.value_dims[lhs]), len(self.a.value_dims[rhs]), op.dot_dims) is None:
             raise ShapeError(f"dot_general of {op.tf_node}: layout {op.dot_dims} is not a GEMM")
         target = self._new_kernel("library", self.a.shape_class(op.results[0]))
+        # Operands read through a transpose of a dense buffer go to the GEMM as they
+        # are stored (leading dims and two-level batch strides) instead of a copy.
+        perms = [self._transpose_perm(v) for v in (lhs, rhs)]
+        attrs = dict(op.dot_dims)
+        if perms != [None, None]:
+            identity = [list(range(len(self.a.value_dims[v]))) for v in (lhs, rhs)]
+            form = strided_gemm(op.dot_dims, perms[0] or identity[0], perms[1] or identity[1])
+            if form is not None:
+                attrs["strided"] = form
+            else:
+                perms = [None, None]
         refs = []
-        for v in (lhs, rhs):
+        for v, perm in zip((lhs, rhs), perms):
             base, dims, _ = self.resolve(v)
-            if dims is not None:
+            if dims is not None and perm is None:
                 base = self._materialize(v)
             src = self._src(base)
             if src is not None:
@@ -500,9 +519,21 @@ class _Planner:
         self.kernels[target].ops.append(
             KernelOp(value=op.results[0], op="dot_general", operands=refs,
                      elem=op.result_types[0][0], operand_elems=[self._elem(lhs), self._elem(rhs)],
-                     tf_node=op.tf_node, attrs=dict(op.dot_dims))
+                     tf_node=op.tf_node, attrs=attrs)
         )
         self.kernel_of[op.results[0]] = target
+
+    def _transpose_perm(self, value: str) -> list[int] | None:
+        """For a read of a dense buffer through a pure transpose: the buffer dim holding
+        each of the value's dims. None for any other read."""
+        base, dims, expand = self.resolve(value)
+        if dims is None or self.window_of(value) is not None or any(e != "no" for e in expand):
+            return None
+        if sorted(dims) != list(range(len(self.a.value_dims[value]))):
+            return None
+        if base in self.a.host_values or base in self.a.host_arrays:
+            return None
+        return [dims.index(i) for i in range(len(dims))]
 
     def _materialize(self, value: str, buffer: str | None = None) -> str:
         """A loop kernel writing ``value`` (read through an index map or a view)

@@ -112,3 +112,35 @@ def test_buffer_planner_reuses_dead_temps_and_reports_peak_bytes():
         if op.type not in ("Placeholder", "Const", "Identity") for t in op.outputs
         if t.dtype == tf.float32)
     assert 0 < peak < all_intermediates
+
+
+PERM_CASES = {  # (perm of x giving A, perm of x giving B, transpose_b): A @ op(B) is valid
+    "scores": ([0, 2, 1, 3], [0, 2, 3, 1], False),
+    "scores_transpose_b": ([0, 2, 1, 3], [0, 2, 1, 3], True),
+    "heads_outer": ([2, 0, 1, 3], [2, 0, 3, 1], False),
+    "contract_strided": ([0, 2, 3, 1], [0, 2, 1, 3], False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PERM_CASES))
+def test_transposed_gemm_operands_are_read_in_place(name):
+    """Attention-style products of transposed operands ([b, s, h, d] activations): the
+    GEMM reads them where they are, so the cluster is the GEMM and its epilogue."""
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of, dyn
+
+    pa, pb, tb = PERM_CASES[name]
+
+    def fn(x):
+        return tf.matmul(tf.transpose(x, pa), tf.transpose(x * 0.5, pb), transpose_b=tb) + 1.0
+
+    plan = pipeline.front_end(cluster_of(fn, dyn(4))).plan
+    gemms = [k for k in plan.kernels if k.kind == "library"]
+    assert len(gemms) == 1 and "strided" in gemms[0].ops[0].attrs, plan.describe()
+    assert len(plan.kernels) == 3, plan.describe()  # x * 0.5, the GEMM, its epilogue
+    tf_fn = tf.function(fn, input_signature=[dyn(4)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(5)
+    for shape in [(2, 5, 3, 4), (1, 1, 1, 1), (0, 3, 2, 4), (3, 7, 2, 1), (2, 4, 4, 4)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
