@@ -105,7 +105,6 @@ def test_compile_time_target_line() -> None:
 
 
 def test_plot_writes_png(tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("matplotlib")
     png = tmp_path / "r.png"
     assert report.plot(_results(), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

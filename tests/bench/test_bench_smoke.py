@@ -40,8 +40,11 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
 ORT_PYTHON = REPO_ROOT / "bench" / ".venv-ort" / "bin" / "python"
 
 
-@pytest.mark.skipif(not ORT_PYTHON.exists(), reason="no bench/.venv-ort (make bench-deps)")
+@pytest.mark.slow
 def test_quick_ort_peer_in_its_own_venv(tmp_path: pathlib.Path) -> None:
+    """Needs the ONNX Runtime venv that ``make bench-deps`` builds (run on demand)."""
+    if not ORT_PYTHON.exists():
+        pytest.fail("no bench/.venv-ort: run `make bench-deps` first")
     report = tmp_path / "RESULTS.md"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--workloads", "recommender_tower", "--count", "4",
