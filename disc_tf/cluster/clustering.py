@@ -102,6 +102,9 @@ class HostValues:
     def _node_known(self, node: NodeInfo, static: bool) -> bool:
         if node.control_inputs and node.op != "Const":
             return False
+        if static and node.op == "Const" and node.outputs[0].dtype.is_floating \
+                and node.outputs[0].dims == ():
+            return True  # a float scalar known when compiling (a float Range's bounds)
         max_rank = 2 if node.op == "Const" else 1  # a Const may be a [rank, 2] paddings
         if any(t.dtype not in (tf.int32, tf.int64) or t.dims is None or len(t.dims) > max_rank
                or None in t.dims or int(np.prod(t.dims)) > op_registry.MAX_HOST_ELEMENTS
@@ -141,9 +144,12 @@ def _why_not_host_known(host: HostValues, node: NodeInfo) -> str | None:
     for i in support.const_inputs:
         if i >= len(node.inputs) or not host.known(node.inputs[i].name, static=True):
             return f"input {i} of {node.op} must be a constant"
+    # A float Range's length is computed when lowering: its bounds must be constants.
+    static = node.op == "Range" and node.outputs[0].dtype.is_floating
     for i in support.shape_inputs:
-        if i >= len(node.inputs) or not host.known(node.inputs[i].name):
-            return f"input {i} of {node.op} must be computable from constants and dims"
+        if i >= len(node.inputs) or not host.known(node.inputs[i].name, static=static):
+            what = "a constant" if static else "computable from constants and dims"
+            return f"input {i} of {node.op} must be {what}"
     return None
 
 

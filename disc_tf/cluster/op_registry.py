@@ -122,10 +122,11 @@ for _op in ("Identity", "StopGradient", "Snapshot"):
     _register(_op, ALL_TYPES, trivial=True)  # free inside a cluster, no reason to make one
 for _op in ("ZerosLike", "OnesLike"):
     _register(_op, ALL_TYPES)
-# bf16 stays in TF: its reductions accumulate in bf16, ours in float (too far apart).
-REDUCE_TYPES = frozenset({tf.float32, tf.float16, tf.int32, tf.int64})
-for _op in ("Sum", "Mean", "Max", "Min", "Prod"):
+# Reductions accumulate in float and round once (f16/bf16 included), as TF's do.
+REDUCE_TYPES = frozenset({tf.float32, tf.float16, tf.bfloat16, tf.int32, tf.int64})
+for _op in ("Sum", "Mean", "Max", "Min"):
     _register(_op, REDUCE_TYPES, const_inputs=(1,))
+_register("Prod", REDUCE_TYPES - {tf.bfloat16}, const_inputs=(1,))
 for _op in ("All", "Any"):
     _register(_op, frozenset({tf.bool}), dtype_attr="", const_inputs=(1,))
 for _op in ("Softmax", "LogSoftmax"):
@@ -165,7 +166,8 @@ _register("SplitV", MOVE_TYPES, const_inputs=(1, 2))
 _register("Pad", MOVE_TYPES, shape_inputs=(1,))
 _register("PadV2", MOVE_TYPES, shape_inputs=(1,))
 _register("Tile", MOVE_TYPES, shape_inputs=(1,))
-_register("Range", INT_TYPES, dtype_attr="Tidx", shape_inputs=(0, 1), const_inputs=(2,))
+_register("Range", INT_TYPES | {tf.float32}, dtype_attr="Tidx", shape_inputs=(0, 1),
+          const_inputs=(2,))
 _register("OneHot", MOVE_TYPES, shape_inputs=(1,), check=lambda n: None if n.attr["TI"].type in (
     tf.int32.as_datatype_enum, tf.int64.as_datatype_enum) else "OneHot indices must be integers")
 _register("GatherV2", MOVE_TYPES, dtype_attr="Tparams", const_inputs=(2,))
@@ -199,7 +201,7 @@ for _op in ("Conv2D", "DepthwiseConv2dNative"):  # f16/bf16 multiplied in f32
     _register(_op, FLOAT_TYPES, check=_nhwc_check,
               shape_check=_static_window)
 _register("MaxPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
-_register("AvgPool", frozenset({tf.float32}), check=_nhwc_check)
+_register("AvgPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
 _register("MirrorPad", MOVE_TYPES, shape_inputs=(1,))
 _register("GatherNd", MOVE_TYPES, dtype_attr="Tparams", shape_check=lambda n: None if (
     n.inputs[1].dims and n.inputs[1].dims[-1] is not None) else "index depth must be static")

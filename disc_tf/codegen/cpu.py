@@ -21,7 +21,7 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.fusion.plan import Buffer, FusionPlan
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-9"
+CODEGEN_VERSION = "cpu-10"
 
 
 _ARITH_CXX = {

@@ -387,7 +387,7 @@ class DhloBuilder:
         wide = self._fresh("n")
         self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
         scalar = wide
-        if elem.startswith("f"):
+        if elem.startswith(("f", "bf")):
             scalar = self._fresh("n")
             self.lines.append(f'{scalar} = "arith.sitofp"({wide}) : (i64) -> {elem} {self._loc()}')
         elif elem != "i64":

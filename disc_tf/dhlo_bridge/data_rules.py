@@ -287,8 +287,30 @@ def iota(b: DhloBuilder, extents: list[str], dim: int, elem: str) -> TValue:
                             f"iota_dimension = {dim} : i64")
 
 
+def _float_range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """A float Range of constant bounds: its length is known when lowering."""
+    from disc_tf.dhlo_bridge.rules import _scalar
+
+    bounds = [b.const_values.get(v.ssa) for v in xs]
+    if any(v is None for v in bounds):
+        raise LoweringError(f"Range {node.name}: float bounds must be constants")
+    start, limit, delta = (float(np.asarray(v).reshape(())) for v in bounds)
+    if delta == 0 or (limit - start) * delta < 0:
+        raise LoweringError(f"Range {node.name}: bounds TF rejects")
+    elem = MLIR_TYPE[tf.as_dtype(node.attr["Tidx"].type)]
+    count = int(np.ceil(abs((limit - start) / delta)))
+    ramp = b.op("convert", [iota(b, [b.index_const(count)], 0, "i64")], elem, (count,))
+    shape = b.shape_of(ramp)
+    scaled = b.op("multiply", [ramp, b.broadcast_to(_scalar(b, delta, elem), shape, 1, [])],
+                  elem, ramp.dims)
+    return [b.op("add", [scaled, b.broadcast_to(_scalar(b, start, elem), shape, 1, [])], elem,
+                 ramp.dims)]
+
+
 @register("Range")
 def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    if tf.as_dtype(node.attr["Tidx"].type).is_floating:
+        return _float_range(b, node, xs)
     start, limit, delta = (host_shape(b, node, v, "bounds") for v in xs)
     if len(start) != 1 or len(limit) != 1 or len(delta) != 1:
         raise LoweringError(f"Range {node.name}: bounds must be scalars")

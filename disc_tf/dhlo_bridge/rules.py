@@ -320,8 +320,8 @@ def _init(op: str, elem: str) -> float:
         return 0
     if op in ("Prod", "All"):
         return 1
-    big = {"f32": np.inf, "f16": np.inf, "i32": 2**31 - 1, "i64": 2**63 - 1}[elem]
-    return -big - (0 if elem.startswith("f") else 1) if op == "Max" else big
+    big = {"f32": np.inf, "f16": np.inf, "bf16": np.inf, "i32": 2**31 - 1, "i64": 2**63 - 1}[elem]
+    return -big - (0 if elem.startswith(("f", "bf")) else 1) if op == "Max" else big
 
 
 def _keep_dims(b: DhloBuilder, x: TValue, reduced: TValue, axes: list[int]) -> TValue:

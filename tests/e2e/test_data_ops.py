@@ -249,3 +249,24 @@ def test_gather_nd_matches_tf_and_reports_bad_indices():
         assert_same(tf_fn(params, ids.astype(np.int32)), jitted(params, ids.astype(np.int32)), F32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="GatherNd"):
         jitted(np.ones((2, 2, 2), np.float32), np.array([[0, 5]], np.int32))
+
+
+def test_float_range_with_constant_bounds_matches_tf():
+    tf_fn = tf.function(lambda x: x * tf.range(0.5, 3.0, 0.25)[: tf.shape(x)[1]] + 1.0,
+                        input_signature=[dyn(2)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(12)
+    for shape in [(2, 10), (1, 1), (3, 4), (0, 10)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        assert_same(tf_fn(x), jitted(x), F32)
+
+
+def test_float_range_with_computed_bounds_stays_in_tf_with_a_reason():
+    from disc_tf.cluster import clustering
+    from disc_tf.cluster.graph_view import view_of_graph_def
+
+    fn = tf.function(lambda x: tf.range(0.0, tf.cast(tf.shape(x)[0], tf.float32), 0.5) + 1.0,
+                     input_signature=[dyn(1)])
+    gd = fn.get_concrete_function().graph.as_graph_def()
+    reasons = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1).reasons
+    assert reasons["range"] == "input 1 of Range must be a constant"

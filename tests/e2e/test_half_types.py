@@ -95,11 +95,12 @@ def test_f16_products_and_softmax_match_tf(name):
                                    tf_fn(x, w).numpy().astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("op", ["conv", "maxpool"])
-def test_f16_conv_and_maxpool_match_tf(op):
+@pytest.mark.parametrize("op", ["conv", "maxpool", "avgpool"])
+def test_f16_conv_and_pooling_match_tf(op):
     w = np.random.default_rng(0).normal(scale=0.3, size=(3, 3, 3, 4)).astype(np.float16)
-    fn = (lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME") + 0.5)) if op == "conv" else (
-        lambda x: tf.nn.max_pool2d(x * 2.0, 3, 2, "SAME") + 1.0)
+    fn = {"conv": lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME") + 0.5),
+          "maxpool": lambda x: tf.nn.max_pool2d(x * 2.0, 3, 2, "SAME") + 1.0,
+          "avgpool": lambda x: tf.nn.avg_pool2d(x * 2.0, 3, 2, "SAME") + 1.0}[op]
     tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None, None, None, 3], tf.float16)])
     jitted = compiled(tf_fn)
     rng = np.random.default_rng(1)
@@ -125,3 +126,16 @@ def test_bf16_matmul_and_conv_match_tf(op):
         x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
         np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
                                    tf_fn(x).numpy().astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["sum_rows", "mean_cols", "max_keepdims"])
+def test_bf16_reductions_accumulate_like_tf(name):
+    """Float accumulation, one rounding at the end: TF's result up to one bf16 ulp,
+    even over long rows (a per-step bf16 accumulator would drift far from it)."""
+    tf_fn = tf.function(F16_REDUCTIONS[name], input_signature=[tf.TensorSpec([None, None], BF16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(11)
+    for shape in [(3, 5), (1, 1), (4, 300), (2, 2000), (0, 3)]:
+        x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
+        np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
+                                   tf_fn(x).numpy().astype(np.float32), rtol=2.0**-7, atol=1e-6)
