@@ -29,7 +29,7 @@ def product(syms: list[int], plan: FusionPlan) -> str:
     return " * ".join(sym(s, plan) for s in syms) if syms else "1"
 
 
-def _acc(elem: str) -> str:
+def accumulator_elem(elem: str) -> str:
     """Element type reductions accumulate in: f32 for f16/bf16 (rounded once at the end)."""
     return "f32" if elem in ("f16", "bf16") else elem
 
@@ -321,8 +321,8 @@ class KernelEmitter:
                     kind, ref = op.operands[0]
                     val = self.ref(kind, ref, op.elem, names, "x")
                     acc = f"acc_{names[op.value]}[{lane}]"
-                    comb = expression(op.attrs["combiner"], [acc, val], _acc(op.elem),
-                                      [_acc(op.elem)] * 2, {})
+                    comb = expression(op.attrs["combiner"], [acc, val], accumulator_elem(op.elem),
+                                      [accumulator_elem(op.elem)] * 2, {})
                     out.append(f"{indent}{acc} = {comb};")
                 return out
 
@@ -337,10 +337,10 @@ class KernelEmitter:
             for op in reduces:
                 v, ct = names[op.value], COMPUTE[op.elem]
                 lines.append(f"  {ct} {v} = acc_{v}[0];")
-                comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"], _acc(op.elem),
-                                  [_acc(op.elem)] * 2, {})
+                comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"], accumulator_elem(op.elem),
+                                  [accumulator_elem(op.elem)] * 2, {})
                 lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {comment(op.tf_node)}")
-                if _acc(op.elem) != op.elem:  # accumulated in float, rounded once
+                if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
                     lines.append(f"  {v} = disc_round_{op.elem}({v});")
                 emitted_rows.add(op.value)
             for op in k.ops:
@@ -383,8 +383,8 @@ class KernelEmitter:
         ct = COMPUTE[op.elem]
         elem = self.buf(k.inputs[0]).elem
         out_elem = self.plan.buffers[k.outputs[0][1]].elem
-        comb = expression(op.attrs["combiner"], ["acc", f"({ct})a.in0[off]"], _acc(op.elem),
-                          [_acc(op.elem)] * 2, {})
+        comb = expression(op.attrs["combiner"], ["acc", f"({ct})a.in0[off]"], accumulator_elem(op.elem),
+                          [accumulator_elem(op.elem)] * 2, {})
         lines = [
             f"// {comment(op.tf_node)}: reduce dims {k.reduce_dims} of [{r} dims] by {op.attrs['combiner']}",
             f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",

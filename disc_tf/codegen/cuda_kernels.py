@@ -21,7 +21,7 @@ no CUDA headers) and nvcc lay them out identically.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_kernels import comment, host_expr, product, sym
+from disc_tf.codegen.cpu_kernels import accumulator_elem, comment, host_expr, product, sym
 from disc_tf.codegen.cuda_ops import (
     COMPUTE,
     ITEMSIZE,
@@ -354,7 +354,8 @@ class CudaKernelEmitter:
     def _group_reduce(self, op: KernelOp, var: str) -> list[str]:
         """All-reduce of ``var`` over the GROUP threads of a row."""
         ct = COMPUTE[op.elem]
-        comb = cuda_expression(op.attrs["combiner"], [var, "peer"], op.elem, [op.elem] * 2, {})
+        acc = accumulator_elem(op.elem)  # halves accumulate in float
+        comb = cuda_expression(op.attrs["combiner"], [var, "peer"], acc, [acc] * 2, {})
         lines = [
             f"  for (int m = 16; m > 0; m >>= 1) {{ const {ct} peer = disc_shfl_xor({var}, m); "
             f"{var} = {comb}; }}",
@@ -414,12 +415,15 @@ class CudaKernelEmitter:
             for op in reduces:
                 kind, ref = op.operands[0]
                 val = self.ref(kind, ref, op.elem, names, "x")
-                comb = cuda_expression(op.attrs["combiner"], [names[op.value], val], op.elem,
-                                       [op.elem] * 2, {})
+                acc = accumulator_elem(op.elem)
+                comb = cuda_expression(op.attrs["combiner"], [names[op.value], val], acc,
+                                       [acc] * 2, {})
                 lines.append(f"    {names[op.value]} = {comb};")
             lines.append("  }")
             for op in reduces:
                 lines += self._group_reduce(op, names[op.value])
+                if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
+                    lines.append(f"  {names[op.value]} = disc_round_{op.elem}({names[op.value]});")
             for op in k.ops:
                 if op.row and op.op != "reduce" and ready[op.value] == p:
                     lines.append(self.op_line(op, names[op.value], names, "x", "  ") + " (per row)")
@@ -496,7 +500,8 @@ class CudaKernelEmitter:
         (op,) = k.ops
         kept = [d for d in range(r) if d not in k.reduce_dims]
         ct, in_elem, out_elem = COMPUTE[op.elem], self.buf(k.inputs[0]).elem, self.out_elem(0)
-        comb = cuda_expression(op.attrs["combiner"], ["acc", "x"], op.elem, [op.elem] * 2, {})
+        acc_elem = accumulator_elem(op.elem)
+        comb = cuda_expression(op.attrs["combiner"], ["acc", "x"], acc_elem, [acc_elem] * 2, {})
         init = cuda_literal(op.attrs["init"], op.elem)
         base = ["  int64_t rem = o;", "  int64_t base = 0;"]
         for d in reversed(kept):
