@@ -130,7 +130,7 @@ _register("Prod", REDUCE_TYPES - {tf.bfloat16}, const_inputs=(1,))
 for _op in ("All", "Any"):
     _register(_op, frozenset({tf.bool}), dtype_attr="", const_inputs=(1,))
 for _op in ("Softmax", "LogSoftmax"):
-    _register(_op, frozenset({tf.float32, tf.float16}))
+    _register(_op, FLOAT_TYPES)
 # Matrix products: one library (GEMM) call per product (f16/bf16 multiplied in f32).
 for _op in ("MatMul", "BatchMatMulV2"):
     _register(_op, FLOAT_TYPES)
@@ -200,8 +200,8 @@ def _static_window(node) -> str | None:
 for _op in ("Conv2D", "DepthwiseConv2dNative"):  # f16/bf16 multiplied in f32
     _register(_op, FLOAT_TYPES, check=_nhwc_check,
               shape_check=_static_window)
-_register("MaxPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
-_register("AvgPool", frozenset({tf.float32, tf.float16}), check=_nhwc_check)
+for _op in ("MaxPool", "AvgPool"):
+    _register(_op, FLOAT_TYPES, check=_nhwc_check)
 _register("MirrorPad", MOVE_TYPES, shape_inputs=(1,))
 _register("GatherNd", MOVE_TYPES, dtype_attr="Tparams", shape_check=lambda n: None if (
     n.inputs[1].dims and n.inputs[1].dims[-1] is not None) else "index depth must be static")

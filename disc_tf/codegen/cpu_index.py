@@ -10,7 +10,14 @@ TF's InvalidArgument after the launch.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_kernels import KernelEmitter, comment, host_expr, product, sym
+from disc_tf.codegen.cpu_kernels import (
+    KernelEmitter,
+    accumulator_elem,
+    comment,
+    host_expr,
+    product,
+    sym,
+)
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
 from disc_tf.fusion.plan import FusionPlan, Kernel
 
@@ -218,11 +225,14 @@ class IndexKernelEmitter(KernelEmitter):
         coord = [f"c[{d}] * {s} + w{d}" if k > 1 else f"c[{d}] * {s}"
                  for d, (k, s) in enumerate(zip(window, strides))]
         read = f"({ct})a.in0[{self._offset(0, coord)}]"
-        comb = expression(attrs["combiner"], ["v", read], self.op.elem, [self.op.elem] * 2, {})
+        acc = accumulator_elem(self.op.elem)  # halves accumulate in float
+        comb = expression(attrs["combiner"], ["v", read], acc, [acc] * 2, {})
         lines.append(f"{indent}v = {comb};")
         for _ in [k for k in window if k > 1]:
             indent = indent[:-2]
             lines.append(f"{indent}}}")
+        if acc != self.op.elem:
+            lines.append(f"v = disc_round_{self.op.elem}(v);")
         return lines
 
     def _scan_source(self) -> str:

@@ -139,3 +139,20 @@ def test_bf16_reductions_accumulate_like_tf(name):
         x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
         np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
                                    tf_fn(x).numpy().astype(np.float32), rtol=2.0**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["softmax", "maxpool", "avgpool"])
+def test_bf16_softmax_and_pooling_match_tf(op):
+    fn = {"softmax": lambda x: tf.nn.softmax(x * 2.0, axis=-1),
+          "maxpool": lambda x: tf.nn.max_pool2d(x * 2.0, 3, 2, "SAME") + 1.0,
+          "avgpool": lambda x: tf.nn.avg_pool2d(x * 2.0, 3, 2, "SAME") + 1.0}[op]
+    spec = [None, None] if op == "softmax" else [None, None, None, 3]
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec(spec, BF16)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(13)
+    shapes = [(3, 5), (1, 1), (4, 300)] if op == "softmax" else [(1, 5, 7, 3), (2, 8, 8, 3)]
+    for shape in shapes:
+        x = tf.constant(rng.normal(size=shape).astype(np.float32), BF16)
+        np.testing.assert_allclose(jitted(x).numpy().astype(np.float32),
+                                   tf_fn(x).numpy().astype(np.float32), rtol=2.0**-6,
+                                   atol=2.0**-6)  # one ulp of the ~1-sized intermediates
