@@ -567,10 +567,9 @@ class CudaKernelEmitter:
         (op,) = self.k.ops
         if op.op != "dot_general" or len(self.k.inputs) != 2:
             raise CudaCodegenError(f"CUDA codegen: library kernel {self.k.name} is not a dot_general")
-        if "strided" in op.attrs:
-            raise CudaCodegenError(f"CUDA codegen: {self.k.name} reads transposed GEMM operands "
-                                   "in place (not emitted for CUDA yet)")
         lhs, rhs = (self.buf(a) for a in self.k.inputs)
+        if "strided" in op.attrs:
+            return op.attrs["strided"]
         if not (lhs.elem == rhs.elem == self.out_elem(0)) or lhs.elem not in ("f32", "f16", "bf16"):
             raise CudaCodegenError(f"CUDA codegen: GEMM {self.k.name} on {lhs.elem} x {rhs.elem}")
         form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
@@ -578,10 +577,49 @@ class CudaKernelEmitter:
             raise CudaCodegenError(f"CUDA codegen: dot_general {op.attrs} is not a GEMM")
         return form
 
+    def strided_launch(self, ptr: dict[str, str], f: dict) -> list[str]:
+        """A GEMM reading transposed operands in place: one strided-batched GEMM per
+        outer batch index (the inner batch is cuBLAS's own)."""
+        plan, k = self.plan, self.k
+        lhs, rhs = (self.buf(a) for a in k.inputs)
+        if not (lhs.elem == rhs.elem == self.out_elem(0)) or lhs.elem not in ("f32", "f16", "bf16"):
+            raise CudaCodegenError(f"CUDA codegen: GEMM {k.name} on {lhs.elem} x {rhs.elem}")
+        (_, out_name), = k.outputs
+        size = ITEMSIZE[lhs.elem]
+
+        def stride(buf: Buffer, d: int) -> str:
+            return product(buf.dims[d + 1:], plan)
+
+        batch = f["batch"] + [None] * (2 - len(f["batch"]))
+        sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
+        sa = [stride(lhs, b[0]) if b else "0" for b in batch]
+        sb = [stride(rhs, b[1]) if b else "0" for b in batch]
+        lda = stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"])
+        ldb = stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"])
+        return [
+            f"  {{  // {k.name}: library GEMM for {comment(k.ops[0].tf_node)}, operands in place",
+            f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
+            f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
+            f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
+            f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};",
+            "    for (int64_t qo = 0; qo < outer && inner > 0 && m > 0 && n > 0; ++qo) {",
+            f"      const char* a = static_cast<const char*>({ptr[lhs.name]}) + qo * ({sa[0]}) * {size};",
+            f"      const char* b = static_cast<const char*>({ptr[rhs.name]}) + qo * ({sb[0]}) * {size};",
+            f"      char* c = static_cast<char*>({ptr[out_name]}) + qo * inner * m * n * {size};",
+            f"      if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, inner, m, n, kk, a, {lda}, {sa[1]}, "
+            f"{int(f['transpose_a'])},",
+            f"                            b, {ldb}, {sb[1]}, {int(f['transpose_b'])}, c, n, m * n)) "
+            "return 1;",
+            "    }",
+            "  }",
+        ]
+
     def library_launch(self, ptr: dict[str, str]) -> list[str]:
         """Host-runner lines of a library kernel: one batched GEMM on the stream."""
         plan, k = self.plan, self.k
         form = self._gemm_form()
+        if isinstance(form, dict):
+            return self.strided_launch(ptr, form)
         lhs, rhs = (self.buf(a) for a in k.inputs)
         (_, out_name), = k.outputs
 

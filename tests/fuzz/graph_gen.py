@@ -185,7 +185,7 @@ def shape_sets(draw, program: Program, count: int = 3) -> list[list[tuple]]:
 
 
 @st.composite
-def programs(draw, max_ops: int = 8, matmul: bool = True) -> Program:
+def programs(draw, max_ops: int = 8, matmul: bool = True, moves: bool = True) -> Program:
     n_inputs = draw(st.integers(1, 3))
     values: list[Value] = []
     input_shapes = []
@@ -213,8 +213,9 @@ def programs(draw, max_ops: int = 8, matmul: bool = True) -> Program:
         cands = [v for v in values if cond(v)]
         return draw(st.sampled_from(cands)) if cands else None
 
-    kinds = ["unary", "binary", "const_binary", "select", "reduce", "softmax", "transpose",
-             "move"]
+    kinds = ["unary", "binary", "const_binary", "select", "reduce", "softmax", "transpose"]
+    if moves:
+        kinds.append("move")
     if matmul:
         kinds.append("matmul")
     n_ops = draw(st.integers(1, max_ops))
