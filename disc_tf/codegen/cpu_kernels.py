@@ -47,6 +47,27 @@ def host_expr(h, plan: FusionPlan) -> str:
 
 
 
+def strided_gemm_exprs(f: dict, lhs: Buffer, rhs: Buffer, plan: FusionPlan) -> dict:
+    """C++ expressions of a ``strided_gemm`` form: host lines defining outer, inner, m,
+    n and kk, the leading dims and the (outer, inner) batch strides of A and B."""
+
+    def stride(buf: Buffer, d: int) -> str:
+        return product(buf.dims[d + 1:], plan)
+
+    batch = f["batch"] + [None] * (2 - len(f["batch"]))
+    sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
+    return {
+        "lines": [f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
+                  f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
+                  f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
+                  f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};"],
+        "sa": [stride(lhs, b[0]) if b else "0" for b in batch],
+        "sb": [stride(rhs, b[1]) if b else "0" for b in batch],
+        "lda": stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"]),
+        "ldb": stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"]),
+    }
+
+
 class KernelEmitter:
     """Emits the C++ of one kernel and the host lines that launch it."""
 
@@ -474,32 +495,20 @@ class KernelEmitter:
 
     def strided_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
         """Host-runner lines of a GEMM reading transposed operands in place."""
-        plan, k = self.plan, self.k
+        k = self.k
         (op,) = k.ops
         f = op.attrs["strided"]
         lhs, rhs = (self.buf(a) for a in k.inputs)
-
-        def stride(buf: Buffer, d: int) -> str:
-            return product(buf.dims[d + 1:], plan)
-
-        batch = f["batch"] + [None] * (2 - len(f["batch"]))
-        sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
-        a_strides = [stride(lhs, b[0]) if b else "0" for b in batch]
-        b_strides = [stride(rhs, b[1]) if b else "0" for b in batch]
-        lda = stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"])
-        ldb = stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"])
+        g = strided_gemm_exprs(f, lhs, rhs, self.plan)
         (_, out_name), = k.outputs
         return [
             f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, operands read in place",
-            f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
-            f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
-            f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
-            f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};",
+            *g["lines"],
             "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
-            f"{a_strides[0]}, {a_strides[1]}, {int(f['transpose_a'])},",
-            f"                         {buffer_ptr[rhs.name]}, {ldb}, {b_strides[0]}, "
-            f"{b_strides[1]}, {int(f['transpose_b'])},",
+            f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {g['lda']}, "
+            f"{g['sa'][0]}, {g['sa'][1]}, {int(f['transpose_a'])},",
+            f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {g['sb'][0]}, "
+            f"{g['sb'][1]}, {int(f['transpose_b'])},",
             f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
             "    }",
             "  }",

@@ -21,7 +21,14 @@ no CUDA headers) and nvcc lay them out identically.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_kernels import accumulator_elem, comment, host_expr, product, sym
+from disc_tf.codegen.cpu_kernels import (
+    accumulator_elem,
+    comment,
+    host_expr,
+    product,
+    strided_gemm_exprs,
+    sym,
+)
 from disc_tf.codegen.cuda_ops import (
     COMPUTE,
     ITEMSIZE,
@@ -586,29 +593,18 @@ class CudaKernelEmitter:
             raise CudaCodegenError(f"CUDA codegen: GEMM {k.name} on {lhs.elem} x {rhs.elem}")
         (_, out_name), = k.outputs
         size = ITEMSIZE[lhs.elem]
-
-        def stride(buf: Buffer, d: int) -> str:
-            return product(buf.dims[d + 1:], plan)
-
-        batch = f["batch"] + [None] * (2 - len(f["batch"]))
-        sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
-        sa = [stride(lhs, b[0]) if b else "0" for b in batch]
-        sb = [stride(rhs, b[1]) if b else "0" for b in batch]
-        lda = stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"])
-        ldb = stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"])
+        g = strided_gemm_exprs(f, lhs, rhs, plan)
+        sa, sb = g["sa"], g["sb"]
         return [
             f"  {{  // {k.name}: library GEMM for {comment(k.ops[0].tf_node)}, operands in place",
-            f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
-            f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
-            f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
-            f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};",
+            *g["lines"],
             "    for (int64_t qo = 0; qo < outer && inner > 0 && m > 0 && n > 0; ++qo) {",
             f"      const char* a = static_cast<const char*>({ptr[lhs.name]}) + qo * ({sa[0]}) * {size};",
             f"      const char* b = static_cast<const char*>({ptr[rhs.name]}) + qo * ({sb[0]}) * {size};",
             f"      char* c = static_cast<char*>({ptr[out_name]}) + qo * inner * m * n * {size};",
-            f"      if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, inner, m, n, kk, a, {lda}, {sa[1]}, "
-            f"{int(f['transpose_a'])},",
-            f"                            b, {ldb}, {sb[1]}, {int(f['transpose_b'])}, c, n, m * n)) "
+            f"      if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, inner, m, n, kk, a, {g['lda']}, "
+            f"{sa[1]}, {int(f['transpose_a'])},",
+            f"                            b, {g['ldb']}, {sb[1]}, {int(f['transpose_b'])}, c, n, m * n)) "
             "return 1;",
             "    }",
             "  }",
