@@ -270,3 +270,14 @@ def test_float_range_with_computed_bounds_stays_in_tf_with_a_reason():
     gd = fn.get_concrete_function().graph.as_graph_def()
     reasons = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1).reasons
     assert reasons["range"] == "input 1 of Range must be a constant"
+
+
+def test_negative_computed_dims_are_invalid_argument_then_next_call_works():
+    tf_fn = tf.function(lambda x: tf.fill(tf.stack([tf.shape(x)[0] - 3]), 2.0) + x[0],
+                        input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf_fn(np.ones(1, np.float32))  # TF refuses the negative dim too
+    with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
+        jitted(np.ones(1, np.float32))
+    assert_same(tf_fn(np.ones(5, np.float32)), jitted(np.ones(5, np.float32)), F32)
