@@ -397,8 +397,10 @@ class KernelEmitter:
     def generic_reduce(self) -> str:
         """One task per output element; any reduced dims, read through strides."""
         k, r = self.k, self.rank
-        (op,) = k.ops
         kept = [d for d in range(r) if d not in k.reduce_dims]
+        if len(k.ops) > 1:
+            return self.fused_reduce(kept)
+        (op,) = k.ops
         if op.op == "arg_reduce":
             return self.arg_reduce(kept)
         ct = COMPUTE[op.elem]
@@ -425,6 +427,56 @@ class KernelEmitter:
         lines.append(f"    a.out0[o] = ({STORAGE[out_elem]})acc;")
         lines += ["  }", "}"]
         del elem
+        return "\n".join(lines)
+
+    def fused_reduce(self, kept: list[int]) -> str:
+        """A reduction with its producers: at each folded element, every input is read
+        through its strides and the producer ops are evaluated (input fusion)."""
+        k = self.k
+        *producers, op = k.ops
+        n_in = len(k.inputs)
+        names = {o.value: f"v{i}" for i, o in enumerate(k.ops)}
+        acc_elem = accumulator_elem(op.elem)
+        ct = COMPUTE[op.elem]
+        kind, ref = op.operands[0]
+        value = self.ref(kind, ref, op.elem, names, "x")
+        comb = expression(op.attrs["combiner"], ["acc", value], acc_elem, [acc_elem] * 2, {})
+        lines = [
+            f"// reduce dims {k.reduce_dims} by {op.attrs['combiner']} of "
+            f"{comment(', '.join(k.tf_ops))}, producers evaluated in place",
+            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "  for (int64_t o = begin; o < end; ++o) {",
+            "    int64_t rem = o;",
+            *[f"    int64_t base{i} = 0;" for i in range(n_in)],
+        ]
+        for d in reversed(kept):
+            lines.append(f"    {{ const int64_t idx = rem % a.dims[{d}]; rem /= a.dims[{d}];")
+            lines += [f"      base{i} += idx * a.in{i}_strides[{d}];" for i in range(n_in)]
+            lines.append("    }")
+        lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
+        lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
+        lines.append("      int64_t rq = q;")
+        lines += [f"      int64_t off{i} = base{i};" for i in range(n_in)]
+        for d in reversed(k.reduce_dims):
+            lines.append(f"      {{ const int64_t idx = rq % a.dims[{d}]; rq /= a.dims[{d}];")
+            lines += [f"        off{i} += idx * a.in{i}_strides[{d}];" for i in range(n_in)]
+            lines.append("      }")
+        for i, acc in enumerate(k.inputs):
+            elem = self.buf(acc).elem
+            lines.append(f"      const {COMPUTE[elem]} x{i} = ({COMPUTE[elem]})a.in{i}[off{i}];")
+        for o in producers:
+            args = [self.ref(kd, rf, e, names, "x") for (kd, rf), e in zip(o.operands, o.operand_elems)]
+            lines.append(f"      const {COMPUTE[o.elem]} {names[o.value]} = "
+                         f"{expression(o.op, args, o.elem, o.operand_elems, o.attrs)};"
+                         f"  // {comment(o.tf_node)}: {o.op}")
+        lines.append(f"      acc = {comb};")
+        lines.append("    }")
+        if acc_elem != op.elem:
+            lines.append(f"    acc = disc_round_{op.elem}(acc);")
+        (_, out_name), = k.outputs
+        lines.append(f"    a.out0[o] = ({STORAGE[self.plan.buffers[out_name].elem]})acc;")
+        lines += ["  }", "}"]
         return "\n".join(lines)
 
     @staticmethod

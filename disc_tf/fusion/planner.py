@@ -48,8 +48,9 @@ def _combine(a: str, b: str) -> str:
 
 class _Planner:
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
-                 prefix: str = "") -> None:
+                 prefix: str = "", input_fusion: bool = True) -> None:
         self.prefix = prefix
+        self.input_fusion = input_fusion
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
@@ -61,6 +62,10 @@ class _Planner:
         self.deps: list[set[int]] = []  # kernels each kernel reads directly
         self.row_values: set[str] = set()  # values computed once per stitch-kernel row
         self.view_base: dict[str, str] = {}  # reshape result -> value whose memory it views
+        self.users: dict[str, list[DOp]] = {}  # value -> the ops reading it
+        for op in func.ops:
+            for v in op.operands:
+                self.users.setdefault(v, []).append(op)
 
     def _src(self, base: str) -> int | None:
         """The kernel writing the memory of ``base`` (through views), if any."""
@@ -483,11 +488,49 @@ class _Planner:
             self._append(target, op, [operand], True, attrs)
             self.row_values.add(op.results[0])
         else:
+            target = self._input_fusion(op)
+            if target is not None:
+                # The producers run inside the reduction, at each element it folds.
+                self.kernels[target].kind = "reduce"
+                self.kernels[target].reduce_dims = list(op.reduce_dims)
+                self._append(target, op, [operand], False, attrs)
+                return
             target = self._new_kernel("reduce", shape)
             self.kernels[target].reduce_dims = list(op.reduce_dims)
             self._append(target, op, [operand], False, attrs)
             if self.kernels[target].ops[-1].operands[0][0] != "in":
                 raise ShapeError(f"reduction {op.tf_node} of a constant is not supported")
+
+    def _input_fusion(self, op: DOp) -> int | None:
+        """The loop kernel computing a (non-row) reduction's operand, if the reduction
+        may absorb it: same iteration space, and nothing it computes is read by any
+        other op or returned (so no full-shape value needs memory any more)."""
+        operand = op.operands[0]
+        base, dims, _ = self.resolve(operand)
+        k = self.kernel_of.get(base)
+        if not self.input_fusion or dims is not None or k is None or base in self.view_base:
+            return None
+        kernel = self.kernels[k]
+        if kernel.kind != "loop" or tuple(kernel.dims) != self.a.shape_class(operand):
+            return None
+        values = {o.value for o in kernel.ops}
+
+        def stays_inside(v: str) -> bool:
+            """Every read of ``v`` is by an op of the kernel or the reduction (through
+            broadcasts and transposes, which are index maps, not ops)."""
+            if v in self.func.returns:
+                return False
+            for user in self.users.get(v, []):
+                if user.name.startswith("shape.") or user is op:
+                    continue  # shape queries read dims only
+                if user.name in ("stablehlo.dynamic_broadcast_in_dim", "stablehlo.transpose"):
+                    if not stays_inside(user.results[0]):
+                        return False
+                elif not (user.results and user.results[0] in values):
+                    return False
+            return True
+
+        return k if all(stays_inside(v) for v in values) else None
 
     def place_library(self, op: DOp) -> None:
         """A dot_general: its own "library" kernel reading two dense buffers."""
@@ -716,20 +759,23 @@ class _Planner:
         )
 
 
-def plan_fusion(func: DFunc, cluster_name: str) -> tuple[FusionPlan, ShapeAnalysis]:
+def plan_fusion(func: DFunc, cluster_name: str,
+                input_fusion: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
     """Analyses shapes of ``func`` and plans its kernels.
 
     When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
     the plan also carries that speculative plan; the host runner checks the
-    assumption per call and runs whichever plan holds.
+    assumption per call and runs whichever plan holds. ``input_fusion``: whether
+    a column reduction may absorb its producers (the CPU backend emits that).
     """
     func = eliminate_dead_code(func)
     analysis = analyze(func)
-    plan = _Planner(func, analysis, cluster_name).run()
+    plan = _Planner(func, analysis, cluster_name, input_fusion=input_fusion).run()
     speculation = speculate_no_broadcast(analysis)
     if speculation is not None:
         spec_analysis, symbols = speculation
-        spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_").run()
+        spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_",
+                             input_fusion=input_fusion).run()
         if len(spec_plan.kernels) < len(plan.kernels):
             plan.speculative = spec_plan
             plan.speculated_symbols = symbols

@@ -144,3 +144,39 @@ def test_transposed_gemm_operands_are_read_in_place(name):
     for shape in [(2, 5, 3, 4), (1, 1, 1, 1), (0, 3, 2, 4), (3, 7, 2, 1), (2, 4, 4, 4)]:
         x = rng.normal(size=shape).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _sum_and_return_producer(x):
+    t = tf.tanh(x)
+    return tf.reduce_sum(t, axis=0), t * 2.0
+
+
+INPUT_FUSION = {
+    # name: (fn, rank, producers fused into the reduction)
+    "global_average_pool": (lambda x: tf.reduce_mean(tf.nn.relu(x * 2.0 + 1.0), axis=[1, 2]), 4,
+                            True),
+    "column_sum": (lambda x: tf.reduce_sum(tf.exp(x) * 0.5, axis=0), 2, True),
+    "middle_max": (lambda x: tf.reduce_max(tf.abs(x - 1.0), axis=1), 3, True),
+    "producer_also_used": (_sum_and_return_producer, 2, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPUT_FUSION))
+def test_column_reductions_absorb_their_producers(name):
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of, dyn
+
+    fn, rank, fused = INPUT_FUSION[name]
+    plan = pipeline.front_end(cluster_of(fn, dyn(rank))).plan
+    (reduce_kernel,) = [k for k in plan.kernels if k.kind == "reduce"]
+    assert (len(reduce_kernel.ops) > 1) == fused, plan.describe()
+    if fused:  # its producers' full-shape values never reach memory
+        assert all(plan.buffers[a.buffer].role == "input" for a in reduce_kernel.inputs)
+    tf_fn = tf.function(fn, input_signature=[dyn(rank)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(6)
+    for shape in [(2, 3, 4, 5)[:rank], (1,) * rank, (0,) + (3,) * (rank - 1), (5, 1, 3, 2)[:rank],
+                  (3, 4, 1, 6)[:rank]]:
+        x = rng.normal(size=shape).astype(np.float32)
+        for e, a in zip(tf.nest.flatten(tf_fn(x)), tf.nest.flatten(jitted(x))):
+            np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
