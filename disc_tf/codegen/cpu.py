@@ -245,6 +245,41 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     return out
 
 
+def signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -> None:
+    """Host-runner lines checking input count, ranks, dtypes and static dims, then
+    defining the symbols read from input dims (shared by the CPU and CUDA runners)."""
+    n_in, n_out = len(plan.arg_elems), len(plan.result_buffers)
+    out.append("  // ---- signature checks")
+    out.append(f"  if (ral->num_inputs != {n_in} || ral->num_outputs != {n_out})")
+    out.append(f'    return disc_fail(ral, DISC_INTERNAL, "cluster {comment(plan.cluster_name)}: '
+               f'expected {n_in} inputs and {n_out} outputs");')
+    out.append("  char msg[256];")
+    for i, (elem, rank) in enumerate(zip(plan.arg_elems, plan.arg_ranks)):
+        name = input_names[i].replace('"', "'") if i < len(input_names) else f"arg{i}"
+        out.append(f"  if (ral->input_rank(ral, {i}) != {rank} || "
+                   f"ral->input_dtype(ral, {i}) != {RAL_DTYPE[elem]}) {{")
+        out.append(f'    snprintf(msg, sizeof(msg), "input {i} ({comment(name)}): expected rank {rank} '
+                   f'{elem}, got rank %d dtype %d", (int)ral->input_rank(ral, {i}), '
+                   f"(int)ral->input_dtype(ral, {i}));")
+        out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+        out.append("  }")
+    out.append("  // ---- input dims (host metadata)")
+    for i, rank in enumerate(plan.arg_ranks):
+        if rank:
+            out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
+    for i, dims in enumerate(plan.arg_dims):
+        for d, size in enumerate(dims):
+            if size is not None:
+                out.append(f"  if (arg{i}_dims[{d}] != {size}) {{")
+                out.append(f'    snprintf(msg, sizeof(msg), "input {i}: dim {d} is %lld, the graph says '
+                           f'{size}", (long long)arg{i}_dims[{d}]);')
+                out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+                out.append("  }")
+    for s, d in enumerate(plan.symbols):
+        if d.kind == "arg":
+            out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
+
+
 def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
     """The complete C++ source (kernels + ``disc_entry``) of one cluster."""
     emitters = [emitter_for(k, plan) for k in plan.kernels]
@@ -279,42 +314,7 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
     out.append(f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}')
     out.append("")
     out.append('extern "C" int32_t disc_entry(disc_ral* ral) {')
-    n_in, n_out = len(plan.arg_elems), len(plan.result_buffers)
-    out.append("  // ---- signature checks")
-    out.append(f"  if (ral->num_inputs != {n_in} || ral->num_outputs != {n_out})")
-    out.append(
-        f'    return disc_fail(ral, DISC_INTERNAL, "cluster {plan.cluster_name}: '
-        f'expected {n_in} inputs and {n_out} outputs");'
-    )
-    out.append("  char msg[256];")
-    for i, (elem, rank) in enumerate(zip(plan.arg_elems, plan.arg_ranks)):
-        name = input_names[i].replace('"', "'") if i < len(input_names) else f"arg{i}"
-        out.append(f"  if (ral->input_rank(ral, {i}) != {rank} || "
-                   f"ral->input_dtype(ral, {i}) != {RAL_DTYPE[elem]}) {{")
-        out.append(
-            f'    snprintf(msg, sizeof(msg), "input {i} ({name}): expected rank {rank} {elem}, '
-            f'got rank %d dtype %d", (int)ral->input_rank(ral, {i}), (int)ral->input_dtype(ral, {i}));'
-        )
-        out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
-        out.append("  }")
-    out.append("  // ---- input dims")
-    for i, rank in enumerate(plan.arg_ranks):
-        if rank:
-            out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
-    for i, dims in enumerate(plan.arg_dims):
-        for d, size in enumerate(dims):
-            if size is None:
-                continue
-            out.append(f"  if (arg{i}_dims[{d}] != {size}) {{")
-            out.append(
-                f'    snprintf(msg, sizeof(msg), "input {i}: dim {d} is %lld, the graph says {size}",'
-                f" (long long)arg{i}_dims[{d}]);"
-            )
-            out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
-            out.append("  }")
-    for s, d in enumerate(plan.symbols):
-        if d.kind == "arg":
-            out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
+    signature_checks(plan, input_names, out)
     out.append("  // ---- shape computation and checks")
     host_checks(plan, out)
     plans = [plan] + ([plan.speculative] if plan.speculative else [])

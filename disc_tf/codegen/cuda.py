@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from disc_tf.codegen.cpu import host_checks
+from disc_tf.codegen.cpu import host_checks, signature_checks
 from disc_tf.codegen.cpu_kernels import comment, product, sym
 from disc_tf.codegen.cpu_ops import PRELUDE
 from disc_tf.codegen.cuda_kernels import CudaKernelEmitter
@@ -22,7 +22,6 @@ from disc_tf.codegen.cuda_ops import (
     DEVICE_PRELUDE,
     HOST_PRELUDE,
     ITEMSIZE,
-    RAL_DTYPE,
     STORAGE,
     CudaCodegenError,
     check_elem,
@@ -85,39 +84,6 @@ def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> lis
             if last == n and plan.buffers[bname].role == "temp":
                 out.append(f"  ral->free_temp(ral, {bname});")
     return out
-
-
-def _signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -> None:
-    n_in, n_out = len(plan.arg_elems), len(plan.result_buffers)
-    out.append("  // ---- signature checks")
-    out.append(f"  if (ral->num_inputs != {n_in} || ral->num_outputs != {n_out})")
-    out.append(f'    return disc_fail(ral, DISC_INTERNAL, "cluster {comment(plan.cluster_name)}: '
-               f'expected {n_in} inputs and {n_out} outputs");')
-    out.append("  char msg[256];")
-    for i, (elem, rank) in enumerate(zip(plan.arg_elems, plan.arg_ranks)):
-        name = input_names[i].replace('"', "'") if i < len(input_names) else f"arg{i}"
-        out.append(f"  if (ral->input_rank(ral, {i}) != {rank} || "
-                   f"ral->input_dtype(ral, {i}) != {RAL_DTYPE[elem]}) {{")
-        out.append(f'    snprintf(msg, sizeof(msg), "input {i} ({comment(name)}): expected rank {rank} '
-                   f'{elem}, got rank %d dtype %d", (int)ral->input_rank(ral, {i}), '
-                   f"(int)ral->input_dtype(ral, {i}));")
-        out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
-        out.append("  }")
-    out.append("  // ---- input dims (host metadata: no device read)")
-    for i, rank in enumerate(plan.arg_ranks):
-        if rank:
-            out.append(f"  const int64_t* arg{i}_dims = ral->input_dims(ral, {i});")
-    for i, dims in enumerate(plan.arg_dims):
-        for d, size in enumerate(dims):
-            if size is not None:
-                out.append(f"  if (arg{i}_dims[{d}] != {size}) {{")
-                out.append(f'    snprintf(msg, sizeof(msg), "input {i}: dim {d} is %lld, the graph says '
-                           f'{size}", (long long)arg{i}_dims[{d}]);')
-                out.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
-                out.append("  }")
-    for s, d in enumerate(plan.symbols):
-        if d.kind == "arg":
-            out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
 
 
 def _buffers(plans: list[FusionPlan], out: list[str]) -> None:
@@ -193,7 +159,7 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         '    return disc_fail(ral, DISC_INTERNAL, "CUDA RAL ABI version mismatch");',
     ]
     body: list[str] = []
-    _signature_checks(plan, input_names, body)
+    signature_checks(plan, input_names, body)
     body.append("  // ---- shape computation and checks")
     host_checks(plan, body)
     body.append("  // ---- buffers (device memory)")
