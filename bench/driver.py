@@ -5,6 +5,10 @@ setup and first pass alone; it then waits on stdin. The hot passes go round the
 peers (tf, xla, disc, ort, tf, xla, ...) for ``hot_repeats`` rounds, so that load
 from other work on a shared machine spreads over all peers instead of landing on
 one; each peer reports its best round. Only one peer computes at any time.
+
+Then each peer of ``MEMORY_PEERS`` that succeeded runs once more, alone, in a
+fresh process that times nothing (``bench.peer --measure-memory``): its peak
+allocator bytes per call are added to its record.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from bench.peer import MEMORY_PEERS
 from bench.progress import ProgressBar
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
@@ -36,13 +41,44 @@ def peer_python(peer: str) -> str | None:
     return str(python) if python.exists() else None
 
 
+def peer_env() -> dict[str, str]:
+    """The environment of a peer process: quiet TF logs, the repository on the path."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                         os.environ.get("PYTHONPATH")])))
+
+
+#: Fields of a ``--measure-memory`` record that go into the peer's timed record.
+MEMORY_FIELDS = ("peak_act_mb", "peak_act_shape", "alloc_peak_mb")
+
+
+def measure_memory(peer: str, workload: str, model_dir: pathlib.Path, work: pathlib.Path,
+                   count: int, seed: int, timeout: float) -> Record:
+    """Runs ``peer`` with ``--measure-memory`` alone; returns ``MEMORY_FIELDS`` or ``memory_status``."""
+    out = work / f"{workload}.{peer}.memory.json"
+    stderr_path = work / f"{workload}.{peer}.memory.stderr"
+    cmd = [sys.executable, "-m", "bench.peer", "--peer", peer, "--workload", workload,
+           "--model-dir", str(model_dir), "--out", str(out), "--seed", str(seed),
+           "--count", str(count), "--measure-memory"]
+    with open(stderr_path, "w") as stderr:
+        try:
+            subprocess.run(cmd, cwd=REPO_ROOT, env=peer_env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=stderr, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"memory_status": f"error: timeout after {timeout:.0f}s"}
+    record = json.loads(out.read_text()) if out.exists() else {"status": "error: no record"}
+    if record.get("status") != "ok":
+        print(f"[bench] {workload}/{peer} memory pass failed:\n"
+              f"{stderr_path.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+        return {"memory_status": record.get("status")}
+    return {key: record.get(key) for key in MEMORY_FIELDS}
+
+
 class PeerProcess:
     """One peer's process: progress lines feed the bar, ``@ready``/``@hotdone`` are events."""
 
     def __init__(self, cmd: list[str], stderr_path: pathlib.Path, bar: ProgressBar | None) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                            os.environ.get("PYTHONPATH")])))
+        env = peer_env()
         self.stderr_path = stderr_path
         self._stderr: TextIO = open(stderr_path, "w")  # closed in finish()
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
@@ -172,4 +208,14 @@ def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pat
     for peer in list(live):
         live[peer][0].send("stop")
         close(peer)
+    for peer in (p for p in peers if p in MEMORY_PEERS):  # one progress step each
+        if bar is not None:
+            bar.start(f"{name}/{peer} memory")
+        if records.get(peer, {}).get("status") != "ok":
+            if bar is not None:
+                bar.finish("skipped (no timed record)")
+            continue
+        records[peer].update(measure_memory(peer, name, model_dir, work, count, seed, timeout))
+        if bar is not None:
+            bar.finish(records[peer].get("memory_status", "done"))
     return {peer: records[peer] for peer in peers if peer in records}

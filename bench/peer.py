@@ -20,6 +20,10 @@ Peers:
 Every call is timed from the input tensor to the output as a numpy array. The
 first pass over the stream includes whatever the peer compiles lazily; the hot
 pass repeats the same stream.
+
+With ``--measure-memory`` (peers tf, xla, disc) the process times nothing: it
+sets up, runs the stream once to warm up, then once more reading TF's CPU
+allocator statistics around each call (see ``measure_activations``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ from typing import Any
 import numpy as np
 
 PEERS = ("tf", "xla", "disc", "ort")
+#: Peers that allocate their tensors through TF's CPU allocator (``--measure-memory``).
+MEMORY_PEERS = ("tf", "xla", "disc")
+
+#: Makes the CPU device allocate through a BFC allocator, whose statistics count
+#: every allocation. The default oneDNN CPU allocator leaves small ones out of them.
+BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+
+MIB = float(2**20)
 
 #: ONNX opset tf2onnx converts to.
 ORT_OPSET = 17
@@ -272,11 +284,51 @@ def hot_passes(call: CallFn, inputs: list[np.ndarray], to_tensor: Callable[[np.n
     return runs, max_err
 
 
+def activation_summary(samples: list[tuple[tuple[int, ...], int, int]]) -> Result:
+    """Summarises ``(input shape, bytes held before the call, allocator peak during it)`` per call.
+
+    ``peak_act_mb``: the largest ``peak - before`` over the calls (MiB), with its input
+    shape; ``alloc_peak_mb``: the largest ``peak`` (weights, constants and the input included).
+    """
+    if not samples:
+        return {"peak_act_mb": None, "peak_act_shape": None, "alloc_peak_mb": None}
+    shape, before, peak = max(samples, key=lambda s: s[2] - s[1])
+    return {"peak_act_mb": (peak - before) / MIB, "peak_act_shape": list(shape),
+            "alloc_peak_mb": max(s[2] for s in samples) / MIB}
+
+
+def measure_activations(call: CallFn, inputs: list[np.ndarray],
+                        to_tensor: Callable[[np.ndarray], Any]) -> Result:
+    """Peak allocator bytes per call over the stream, after an untimed warm-up pass.
+
+    Before each call the input tensor exists and the allocator's peak is reset to
+    what it holds; the call's activation memory is the peak during the call (the
+    output included) minus that. Only meaningful with ``BFC_ENV`` set before TF
+    creates its devices (``main`` does that).
+    """
+    import tensorflow as tf
+
+    memory = tf.config.experimental
+    for x in inputs:
+        call(to_tensor(x))
+    gc.collect()
+    samples: list[tuple[tuple[int, ...], int, int]] = []
+    for x in inputs:
+        t = to_tensor(x)
+        memory.reset_memory_stats("CPU:0")
+        before = int(memory.get_memory_info("CPU:0")["current"])
+        call(t)
+        samples.append((tuple(x.shape), before, int(memory.get_memory_info("CPU:0")["peak"])))
+    return activation_summary(samples)
+
+
 def run_peer(args: argparse.Namespace) -> Result:
     """Sets up ``args.peer``, runs both passes and returns its record."""
     from bench.workloads import WORKLOADS
 
     result: Result = {"peer": args.peer, "workload": args.workload, "status": "ok"}
+    if args.measure_memory and args.peer not in MEMORY_PEERS:
+        raise ValueError(f"--measure-memory supports {', '.join(MEMORY_PEERS)}, not {args.peer}")
     if args.peer == "ort" and not ort_available():
         result["status"] = "not installed"
         return result
@@ -308,6 +360,13 @@ def run_peer(args: argparse.Namespace) -> Result:
             result["tf_version"] = tf.__version__
             to_tensor = tf.constant
 
+        if args.measure_memory:
+            result.update(measure_activations(call, inputs, to_tensor))
+            if args.peer == "disc":
+                import disc_tf
+
+                result["disc_stats"] = disc_tf.stats()
+            return result
         ref = np.load(args.ref) if args.ref and not args.write_ref else None
         writer = RefWriter(args.ref) if args.write_ref else None
         try:
@@ -370,12 +429,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after the first pass, run one hot pass per 'hot' line on stdin")
     p.add_argument("--progress", action="store_true",
                    help="print @progress lines on stdout after every call")
+    p.add_argument("--measure-memory", action="store_true",
+                   help=f"time nothing; record peak allocator bytes per call ({BFC_ENV}=true)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one peer; always writes a JSON record, with the error if it failed."""
     args = parse_args(argv)
+    if args.measure_memory:
+        os.environ[BFC_ENV] = "true"  # read when TF creates the CPU device, after this
     try:
         result = run_peer(args)
     except Exception as e:  # noqa: BLE001 - the record carries the failure

@@ -14,6 +14,8 @@ Record = dict[str, Any]
 HOT_VS_TF = 1.3
 FIRST_VS_TF = 1.3
 FIRST_VS_XLA = 5.0
+#: disc's peak activation memory per call at most TF's.
+ACT_VS_TF = 1.0
 
 
 def add_speedups(records: dict[str, Record]) -> None:
@@ -46,6 +48,8 @@ COLUMNS = (
     ("hot p99 ms", "hot_p99_ms", ".2f"),
     ("compiles", "compiles", "d"),
     ("peak RSS MiB", "peak_rss_mb", ".0f"),
+    ("peak act MiB", "peak_act_mb", ".1f"),
+    ("alloc peak MiB", "alloc_peak_mb", ".1f"),
     ("max abs err", "max_abs_err", ".2e"),
     ("x TF first", "speedup_first", ".2f"),
     ("x TF hot", "speedup_hot", ".2f"),
@@ -74,6 +78,16 @@ def _ratio(records: dict[str, Record], peer: str, other: str, key: str) -> float
     return b[key] / a[key]
 
 
+def activation_ratio(records: dict[str, Record]) -> float | None:
+    """disc's peak activation MiB over TF's (<= 1: disc needs no more than TF)."""
+    disc, tf = records.get("disc", {}), records.get("tf", {})
+    if disc.get("status") != "ok" or tf.get("status") != "ok":
+        return None
+    if disc.get("peak_act_mb") is None or not tf.get("peak_act_mb"):
+        return None
+    return disc["peak_act_mb"] / tf["peak_act_mb"]
+
+
 def target_rows(results: dict[str, Any]) -> list[str]:
     """Markdown table of disc against the issue's targets, one row per workload."""
     def cell(value: float | None, target: float | None) -> str:
@@ -84,17 +98,20 @@ def target_rows(results: dict[str, Any]) -> list[str]:
 
     lines = [f"| workload | hot vs TF (>= {HOT_VS_TF}) | hot vs ORT (> 1) | first pass vs TF "
              f"(>= {FIRST_VS_TF}) | first pass vs XLA (>= {FIRST_VS_XLA:g}) | setup+first vs TF | "
-             "clusters in TF |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             f"peak act / TF (<= {ACT_VS_TF:g}) | clusters in TF |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, records in results["results"].items():
         disc = records.get("disc", {})
         if disc.get("status") != "ok":
-            lines.append(f"| {name} | disc: {disc.get('status', 'not run')} | | | | | |")
+            lines.append(f"| {name} | disc: {disc.get('status', 'not run')} | | | | | | |")
             continue
         in_tf = disc.get("failed_clusters") or []
         fallback = (f"{len(in_tf)} failed to compile" if in_tf else "none")
         if disc.get("optimize_error"):
             fallback = "all (optimize failed)"
+        act = activation_ratio(records)
+        act_cell = ("n/a" if act is None
+                    else f"{act:.2f}x" + (" ok" if act <= ACT_VS_TF else " **miss**"))
         lines.append(" | ".join([
             f"| {name}",
             cell(_ratio(records, "disc", "tf", "hot_pass_s"), HOT_VS_TF),
@@ -102,6 +119,7 @@ def target_rows(results: dict[str, Any]) -> list[str]:
             cell(_ratio(records, "disc", "tf", "first_pass_s"), FIRST_VS_TF),
             cell(_ratio(records, "disc", "xla", "first_pass_s"), FIRST_VS_XLA),
             cell(disc.get("speedup_setup_first"), None),
+            act_cell,
             fallback + " |",
         ]))
     return lines
@@ -126,6 +144,13 @@ def findings(records: dict[str, Record]) -> list[str]:
         stats = rec.get("disc_stats") or {}
         if stats.get("fallbacks"):
             notes.append(f"{peer}: {stats['fallbacks']} cluster fallback(s) to TF ops at run time.")
+        if rec.get("memory_status"):
+            notes.append(f"{peer}: memory pass {rec['memory_status'][:200]}.")
+        act, act_tf = rec.get("peak_act_mb"), base.get("peak_act_mb")
+        if act is not None and act_tf and act > act_tf:
+            notes.append(f"{peer} peak activation memory is {act:.1f} MiB, "
+                         f"{act / act_tf:.2f}x TF's {act_tf:.1f} MiB "
+                         f"(at input {rec.get('peak_act_shape')}).")
         if rec.get("optimize_error"):
             notes.append(f"{peer}: optimize failed ({rec['optimize_error'][:200]}); "
                          "the original TF ops ran.")
@@ -174,7 +199,13 @@ def _header(results: dict[str, Any]) -> list[str]:
         "are over each call's fastest time. `x TF` columns are TF time / peer time "
         "(> 1 = faster than TF). `compiles`: "
         "XLA traces or disc cluster compilations. Peak RSS is the peer process's (includes "
-        "TF itself; the ort process imports TF for the conversion).",
+        "TF itself; the ort process imports TF for the conversion). `peak act MiB` (tf, xla, "
+        "disc): from a separate untimed process on the same stream, with TF's CPU device on "
+        "a BFC allocator, the largest over the calls of the bytes that allocator held at its "
+        "peak during one call minus what it held just before (weights, constants and the "
+        "input tensor excluded, the output included); `alloc peak MiB` is the largest peak "
+        "itself. Memory a peer takes from malloc directly (e.g. GEMM packing buffers) is not in "
+        "either.",
     ]
     return lines
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench import driver
 from bench import report as report_mod
-from bench.peer import PEERS
+from bench.peer import MEMORY_PEERS, PEERS
 from bench.progress import ProgressBar
 
 BENCH_DIR = driver.BENCH_DIR
@@ -146,7 +146,8 @@ def run_workloads(args: argparse.Namespace, count: int) -> tuple[dict[str, dict[
     out: dict[str, dict[str, Record]] = {}
     # The tf peer runs first: it writes the reference outputs the others compare to.
     order = sorted(args.peers, key=lambda x: x != "tf")
-    bar = ProgressBar((len(order) + 1) * len(args.workloads))
+    steps = len(order) + 1 + sum(p in MEMORY_PEERS for p in order)  # + the memory passes
+    bar = ProgressBar(steps * len(args.workloads))
     with tempfile.TemporaryDirectory(prefix="disc_bench_") as tmp:
         work = pathlib.Path(tmp)
         for name in args.workloads:

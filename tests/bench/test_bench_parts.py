@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
 import pathlib
+import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from bench import compile_time, report
+from bench import compile_time, driver, peer, report
 from bench.progress import ProgressBar
 from bench.workloads import DEFAULT_WORKLOADS, FULL_STREAM, WORKLOADS
 
@@ -61,11 +63,12 @@ def _results() -> dict:
                 "distinct_shapes": 47, "first_call_s": 0.01, **extra}
 
     records = {
-        "tf": rec("tf", 1.0, 0.8),
-        "xla": rec("xla", 20.0, 0.7, compiles=47),
+        "tf": rec("tf", 1.0, 0.8, peak_act_mb=10.0, alloc_peak_mb=40.0),
+        "xla": rec("xla", 20.0, 0.7, compiles=47, memory_status="error: timeout after 9s"),
         "disc": rec("disc", 0.7, 0.5, compiles=1, clusters=1, cluster_ops=[40], optimize_s=2.0,
                     failed_clusters=["disc_cluster_1"], failed_cluster_errors=["boom"],
-                    disc_stats={"fallbacks": 0}),
+                    disc_stats={"fallbacks": 0}, peak_act_mb=15.0, alloc_peak_mb=30.25,
+                    peak_act_shape=[4, 256, 768]),
         "ort": {"peer": "ort", "status": "not installed"},
     }
     report.add_speedups(records)
@@ -92,6 +95,76 @@ def test_report_tables_targets_and_fallbacks() -> None:
     assert "| cached | c0 | 60 | 17 | True | 0.20 | 0.00 | 0.30 |" in text
     assert "| cold | error: x |" in text
     assert "BERT layer compile time: cold error: x, cached ok." in text
+
+
+def test_report_shows_peak_activation_memory() -> None:
+    text = report.markdown_report(_results())
+    assert "| peak RSS MiB | peak act MiB | alloc peak MiB |" in text
+    assert "| 500 | 10.0 | 40.0 |" in text  # tf
+    assert "| 500 | - | - |" in text  # xla: its memory pass failed
+    assert "| 500 | 15.0 | 30.2 |" in text  # disc
+    assert "peak act / TF (<= 1) |" in text and "| 1.50x **miss** | 1 failed" in text
+    assert ("disc peak activation memory is 15.0 MiB, 1.50x TF's 10.0 MiB "
+            "(at input [4, 256, 768]).") in text
+    assert "xla: memory pass error: timeout after 9s." in text
+    results = _results()
+    results["results"]["bert_base"]["disc"]["peak_act_mb"] = 9.0
+    assert report.activation_ratio(results["results"]["bert_base"]) == pytest.approx(0.9)
+    assert "| 0.90x ok |" in report.markdown_report(results)
+
+
+def test_activation_summary_takes_the_largest_increase() -> None:
+    mib = 2**20
+    samples = [((1, 8), 10 * mib, 13 * mib), ((2, 8), 12 * mib, 16 * mib), ((1, 9), 20 * mib,
+                                                                          21 * mib)]
+    assert peer.activation_summary(samples) == {
+        "peak_act_mb": 4.0, "peak_act_shape": [2, 8], "alloc_peak_mb": 21.0}
+    assert peer.activation_summary([])["peak_act_mb"] is None
+
+
+def test_measure_memory_runs_a_separate_bfc_process(tmp_path: pathlib.Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        out = pathlib.Path(cmd[cmd.index("--out") + 1])
+        record = {"status": "ok", "peak_act_mb": 3.5, "peak_act_shape": [1, 8],
+                  "alloc_peak_mb": 9.0, "setup_s": 1.0}
+        out.write_text(json.dumps(record))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(driver.subprocess, "run", fake_run)
+    fields = driver.measure_memory("disc", "w", tmp_path / "m", tmp_path, 4, 0, 10.0)
+    assert fields == {"peak_act_mb": 3.5, "peak_act_shape": [1, 8], "alloc_peak_mb": 9.0}
+    assert "--measure-memory" in seen[0] and "--interleave" not in seen[0]
+
+    def failing_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        out = pathlib.Path(cmd[cmd.index("--out") + 1])
+        out.write_text(json.dumps({"status": "error: ValueError: x"}))
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(driver.subprocess, "run", failing_run)
+    assert driver.measure_memory("tf", "w2", tmp_path / "m", tmp_path, 4, 0, 10.0) == {
+        "memory_status": "error: ValueError: x"}
+
+
+def test_measure_memory_flag_sets_the_bfc_allocator(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: pathlib.Path) -> None:
+    monkeypatch.setenv(peer.BFC_ENV, "false")  # restored after the test
+    seen: dict[str, str | None] = {}
+
+    def fake_run_peer(args: object) -> dict:
+        import os
+
+        seen["env"] = os.environ.get(peer.BFC_ENV)
+        return {"peer": "tf", "workload": "w", "status": "ok"}
+
+    monkeypatch.setattr(peer, "run_peer", fake_run_peer)
+    out = tmp_path / "r.json"
+    assert peer.main(["--peer", "tf", "--workload", "w", "--model-dir", "m", "--out", str(out),
+                      "--measure-memory"]) == 0
+    assert seen["env"] == "true"
 
 
 def test_compile_time_target_line() -> None:

@@ -34,6 +34,9 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
     for key in ("setup_s", "first_pass_s", "hot_pass_s", "hot_p50_ms", "hot_p99_ms",
                 "peak_rss_mb"):
         assert tf_rec[key] > 0 and disc[key] > 0, key
+    for rec in (tf_rec, disc):  # from the separate memory pass
+        assert "memory_status" not in rec, rec
+        assert rec["peak_act_mb"] > 0 and rec["alloc_peak_mb"] >= rec["peak_act_mb"], rec
     assert "| disc |" in report.read_text()
 
 
