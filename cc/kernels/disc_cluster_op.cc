@@ -183,7 +183,7 @@ class DiscClusterOp : public AsyncOpKernel {
   void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact) {
     absl::Status s;
     {
-      TfRal ral(ctx);
+      TfRal ral(ctx, cluster_name_);
       int32_t rc = 0;
       try {
         rc = artifact->entry(ral.ral());

@@ -3,6 +3,7 @@
 
 #include "cc/ral/disc_ral_tf.h"
 #include "cc/ral/gemm_kernels.h"
+#include "cc/ral/launch_profile.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -170,6 +171,8 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
                     disc_range_fn fn, void* closure) {
   if (total <= 0 || fn == nullptr) return;
   TfRal* r = TfRal::From(ral);
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "kernel");
+  if (r->profiling) timer.detail = absl::StrCat("n=", total, " cost=", cost_per_unit);
   tensorflow::thread::ThreadPool* pool = nullptr;
   if (r->ctx->device() != nullptr) {
     const tensorflow::DeviceBase::CpuWorkerThreads* workers =
@@ -261,6 +264,38 @@ void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
   }
 }
 
+// How one product is cut into blocks of C for the pool: every block packs its
+// rows of op(A) and its columns of op(B), so cutting rows re-packs B once per
+// row block and cutting columns re-packs A once per column block. Weights are
+// usually B and much larger than the activations when m is small.
+struct GemmSplit {
+  int64_t row_blocks = 1, col_blocks = 1;
+  int64_t rows(int64_t m) const { return (m + row_blocks - 1) / row_blocks; }
+  // Columns per block, a multiple of 16 floats (one 64-byte line).
+  int64_t cols(int64_t n) const {
+    const int64_t c = (n + col_blocks - 1) / col_blocks;
+    return col_blocks == 1 ? n : std::min(n, (c + 15) / 16 * 16);
+  }
+};
+
+// The split into at least `want` blocks (rows of 8 or more, columns of 16 or
+// more, where the product allows) that packs the fewest operand elements.
+GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want) {
+  GemmSplit best;
+  double best_packed = -1;
+  for (int64_t rb = 1; rb <= want; ++rb) {
+    const int64_t cb = (want + rb - 1) / rb;
+    if ((rb > 1 && m < 8 * rb) || (cb > 1 && n < 16 * cb)) continue;
+    const double packed = static_cast<double>(cb) * m * k + static_cast<double>(rb) * k * n;
+    if (best_packed < 0 || packed < best_packed) {
+      best_packed = packed;
+      best.row_blocks = rb;
+      best.col_blocks = cb;
+    }
+  }
+  return best;
+}
+
 tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
   if (r->ctx->device() == nullptr) return nullptr;
   const tensorflow::DeviceBase::CpuWorkerThreads* workers =
@@ -287,6 +322,11 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                              ", m ", m, ", n ", n, ", k ", k));
     return;
   }
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "gemm");
+  if (r->profiling) {
+    timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
+                                transpose_a ? " ta" : "", transpose_b ? " tb" : "");
+  }
   if (batch == 0 || m == 0 || n == 0) return;
   const bool ta = transpose_a != 0, tb = transpose_b != 0;
   if (k == 0) {
@@ -299,23 +339,25 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   const double work = static_cast<double>(m) * n * k;
   const disc_gemm_block_fn block = GemmBlock();
   if (block != nullptr) {
-    // Tasks: (product, block of rows of C). Split rows only when the
-    // products are big and too few to keep the pool busy.
+    // Tasks: (product, row block, column block) of C. A product is split only
+    // when it is big and the products are too few to keep the pool busy.
     const int64_t threads = pool ? pool->NumThreads() : 1;
-    int64_t blocks = 1;
-    if (pool != nullptr && work >= kSmallGemm && batch < 4 * threads) {
-      const int64_t want = (4 * threads + batch - 1) / batch;
-      blocks = std::max<int64_t>(1, std::min<int64_t>(want, (m + 15) / 16));
-    }
-    const int64_t rows = (m + blocks - 1) / blocks;
-    blocks = (m + rows - 1) / rows;
+    GemmSplit split;
+    if (pool != nullptr && work >= kSmallGemm && batch < threads)
+      split = ChooseGemmSplit(m, n, k, (threads + batch - 1) / batch);
+    const int64_t rows = split.rows(m), cols = split.cols(n);
+    const int64_t row_blocks = (m + rows - 1) / rows;
+    const int64_t col_blocks = (n + cols - 1) / cols;
+    const int64_t blocks = row_blocks * col_blocks;
     auto task = [=](int64_t t) {
       const int64_t q = t / blocks;
-      const int64_t i0 = (t % blocks) * rows;
-      const int64_t i1 = std::min(m, i0 + rows);
+      const int64_t i0 = (t % blocks) / col_blocks * rows;
+      const int64_t j0 = (t % blocks) % col_blocks * cols;
+      const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
       const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
-      block(i1 - i0, n, k, aq, lda, ta, b + stride_b(q), ldb, tb,
-            c + stride_c(q) + i0 * ldc, ldc);
+      const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
+      block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb,
+            c + stride_c(q) + i0 * ldc + j0, ldc);
     };
     const int64_t tasks = batch * blocks;
     if (pool == nullptr || tasks == 1 || work * batch < kSmallGemm) {
@@ -403,7 +445,9 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message) {
   }
 }
 
-TfRal::TfRal(OpKernelContext* c) : ctx(c) {
+TfRal::TfRal(OpKernelContext* c, std::string cluster) : ctx(c) {
+  profiling = profile::Enabled();
+  if (profiling) profile_cluster = std::move(cluster);
   abi_version = DISC_RAL_ABI_VERSION;
   num_inputs = ctx->num_inputs();
   num_outputs = ctx->num_outputs();

@@ -29,7 +29,8 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message);
 // A disc_ral bound to one OpKernelContext for the duration of one call.
 // Not copyable; must outlive the disc_entry call it is passed to.
 struct TfRal : public disc_ral {
-  explicit TfRal(tensorflow::OpKernelContext* ctx);
+  // `cluster` names the cluster in the launch profile (DISC_TF_PROFILE).
+  explicit TfRal(tensorflow::OpKernelContext* ctx, std::string cluster = "");
   ~TfRal();
 
   TfRal(const TfRal&) = delete;
@@ -64,6 +65,13 @@ struct TfRal : public disc_ral {
   mutable std::mutex mu;  // guards temps, outputs and the error fields
   int32_t error_code = DISC_OK;
   std::string error_message;
+
+  // Launch profiling (DISC_TF_PROFILE): the cluster's name when it is on, and
+  // the number of launches so far in this call.
+  std::string profile_cluster;
+  bool profiling = false;
+  int32_t launches = 0;
+  const std::string* profile_key() const { return profiling ? &profile_cluster : nullptr; }
 };
 
 }  // namespace disc_tf
