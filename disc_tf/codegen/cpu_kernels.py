@@ -29,6 +29,11 @@ def product(syms: list[int], plan: FusionPlan) -> str:
     return " * ".join(sym(s, plan) for s in syms) if syms else "1"
 
 
+#: Reduction combiners the stitch kernels fold with ``disc_f32x8`` vectors (the
+#: lanes keep the order of the scalar fold: lane l takes columns l, l + 8, ...).
+VECTOR_COMBINERS = ("add", "multiply", "maximum", "minimum")
+
+
 def accumulator_elem(elem: str) -> str:
     """Element type reductions accumulate in: f32 for f16/bf16 (rounded once at the end)."""
     return "f32" if elem in ("f16", "bf16") else elem
@@ -169,20 +174,42 @@ class KernelEmitter:
         lines += ["  }", "}"]
         return "\n".join(lines)
 
-    def broadcast(self) -> str:
-        r = self.rank
-        k = self.k.name
-        # Broadcast reads have an innermost stride of 0 or 1; transposed ones any.
+    def inner_index(self) -> tuple[dict[int, str], list[int], list[int], bool]:
+        """How each input is indexed along the innermost dim ``c`` of a row.
+
+        Identity reads are contiguous (``c``); broadcast reads have an innermost
+        stride of 0 or 1, a template flag ``Bi`` each when there are at most three
+        (so every case is a contiguous or constant loop the compiler vectorizes);
+        transposed and windowed reads, and further broadcasts, use their stride.
+        Returns (index per input, broadcast inputs, strided inputs, templated).
+        """
         bcast = [i for i, acc in enumerate(self.k.inputs)
                  if not acc.is_identity and not acc.permuted]
         strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
         templated = len(bcast) <= 3
-        flags = [f"B{i}" for i in bcast]
         if templated:
             index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
         else:
             index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
         index.update({i: f"c * st{i}" for i in strided})
+        return index, bcast, strided, templated
+
+    def flag_dispatch(self, fn: str, call_args: str, bcast: list[int]) -> list[str]:
+        """A switch calling the instance of template ``fn`` for this call's broadcasts."""
+        r = self.rank
+        mask = " | ".join(f"(a.in{i}_strides[{r - 1}] != 0) << {n}" for n, i in enumerate(bcast))
+        lines = [f"  switch ({mask}) {{"]
+        for m in range(1 << len(bcast)):
+            args = ", ".join("true" if m >> n & 1 else "false" for n in range(len(bcast)))
+            lines.append(f"    case {m}: {fn}<{args}>({call_args}); break;")
+        lines.append("  }")
+        return lines
+
+    def broadcast(self) -> str:
+        r = self.rank
+        k = self.k.name
+        index, bcast, strided, templated = self.inner_index()
+        flags = [f"B{i}" for i in bcast]
         head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
                 else "")
         lines = [
@@ -221,14 +248,7 @@ class KernelEmitter:
         if not (templated and flags):
             lines.append(f"  {k}_rows(a, begin, end);")
         else:
-            mask = " | ".join(
-                f"(a.in{i}_strides[{r - 1}] != 0) << {n}" for n, i in enumerate(bcast)
-            )
-            lines.append(f"  switch ({mask}) {{")
-            for m in range(1 << len(bcast)):
-                args = ", ".join("true" if m >> n & 1 else "false" for n in range(len(bcast)))
-                lines.append(f"    case {m}: {k}_rows<{args}>(a, begin, end); break;")
-            lines.append("  }")
+            lines += self.flag_dispatch(f"{k}_rows", "a, begin, end", bcast)
         lines.append("}")
         return "\n".join(lines)
 
@@ -253,16 +273,23 @@ class KernelEmitter:
         return "\n\n".join(parts)
 
     def _row_offsets(self, lines: list[str], indent: str) -> None:
-        """Offsets of every input at the start of ``row`` (dims before the last)."""
+        """Offsets of every input at the start of ``row`` (dims before the last).
+
+        An identity read starts at ``row * cols``; only the others walk the dims
+        (a division per dim)."""
         r = self.rank
-        lines.append(f"{indent}int64_t rem = row;")
+        dense = {i for i, acc in enumerate(self.k.inputs)
+                 if acc.is_identity and acc.window is None and r}
+        walk = [i for i in range(len(self.k.inputs)) if i not in dense]
         for i in range(len(self.k.inputs)):
-            lines.append(f"{indent}int64_t off{i} = 0;")
-        if r > 1:
+            start = f"row * a.dims[{r - 1}]" if i in dense else "0"
+            lines.append(f"{indent}int64_t off{i} = {start};")
+        if r > 1 and walk:
+            lines.append(f"{indent}int64_t rem = row;")
             lines.append(f"{indent}for (int d = {r - 2}; d >= 0; --d) {{")
             lines.append(f"{indent}  const int64_t idx = rem % a.dims[d];")
             lines.append(f"{indent}  rem /= a.dims[d];")
-            for i in range(len(self.k.inputs)):
+            for i in walk:
                 lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
             lines.append(f"{indent}}}")
 
@@ -300,13 +327,19 @@ class KernelEmitter:
                              if kind == "val" and ref not in ready)
             return [op for op in k.ops if op.value in wanted]
 
-        def body(full_ops: list, indent: str, readers: tuple = ()) -> list[str]:
+        index, bcast, strided, templated = self.inner_index()
+        flags = [f"B{i}" for i in bcast] if templated else []
+
+        def body(full_ops: list, indent: str, readers: tuple = (), guard: str = "") -> list[str]:
             out = []
             used = sorted({ref for op in list(full_ops) + list(readers)
                            for kind, ref in op.operands if kind == "in"})
             for i in used:
-                elem = self.buf(k.inputs[i]).elem
-                out.append(f"{indent}const {COMPUTE[elem]} x{i} = ({COMPUTE[elem]})r{i}[c * st{i}];")
+                ct = COMPUTE[self.buf(k.inputs[i]).elem]
+                load = f"({ct})r{i}[{index[i]}]"
+                if guard:  # a masked load: lanes past the row's end read nothing
+                    load = f"{guard} ? {load} : ({ct})0"
+                out.append(f"{indent}const {ct} x{i} = {load};")
             for op in full_ops:
                 args = [self.ref(kind, ref, elem, names, "x")
                         for (kind, ref), elem in zip(op.operands, op.operand_elems)]
@@ -315,52 +348,109 @@ class KernelEmitter:
                            f"  // {comment(op.tf_node)}: {op.op}")
             return out
 
+        head = f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if flags else ""
         lines = [
-            f"static inline __attribute__((always_inline)) void {k.name}_row("
+            "// One row. Identity reads are contiguous; flag Bi: broadcast input i runs",
+            "// along the row (else it is one value per row).",
+            f"{head}static inline __attribute__((always_inline)) void {k.name}_row("
             f"const {self.args}& a, int64_t row) {{",
             f"  const int64_t cols = a.dims[{r - 1}];",
         ]
         self._row_offsets(lines, "  ")
         for i, acc in enumerate(k.inputs):
             lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};")
-            lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
+            if "st" in index[i]:
+                lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         passes = max([ready[op.value] for op in k.ops if op.op == "reduce"] or [0])
+        full_outs = [(j, v) for j, (v, _) in enumerate(k.outputs) if v not in ready]
+        cached = self._row_cache(passes, ready, closure, full_outs)
+        for j, _ in full_outs:
+            elem = self.plan.buffers[k.outputs[j][1]].elem
+            lines.append(f"  {STORAGE[elem]}* __restrict w{j} = a.out{j} + row * cols;")
         emitted_rows: set[str] = set()
         for p in range(1, passes + 1):
             reduces = [op for op in k.ops if op.op == "reduce" and ready[op.value] == p]
             full = closure([ref for op in reduces for kind, ref in op.operands if kind == "val"])
             lines.append(f"  // pass {p}: {', '.join(comment(op.tf_node) for op in reduces)}")
+            keep = []
+            if cached is not None and p == passes:
+                j, v, _ = cached
+                keep = [f"w{j}[c] = {names[v]};  // kept for the final pass"]
+            vector = {op.value for op in reduces if accumulator_elem(op.elem) == "f32"
+                      and op.attrs["combiner"] in VECTOR_COMBINERS}
             for op in reduces:
                 ct = COMPUTE[op.elem]
                 init = literal(op.attrs["init"], op.elem)
-                lines.append(f"  {ct} acc_{names[op.value]}[8];")
-                lines.append(f"  for (int l = 0; l < 8; ++l) acc_{names[op.value]}[l] = {init};")
+                if op.value in vector:  # eight float lanes in one vector register
+                    lines.append(f"  disc_f32x8 acc_{names[op.value]} = disc_splat8({init});")
+                else:
+                    lines.append(f"  {ct} acc_{names[op.value]}[8];")
+                    lines.append(f"  for (int l = 0; l < 8; ++l) acc_{names[op.value]}[l] = {init};")
 
-            def fold(lane: str, indent: str, reduces: list = reduces) -> list[str]:
+            def fold(lane: str, indent: str, reduces: list = reduces, vector: set = vector,
+                     guard: str = "") -> list[str]:
                 out = []
                 for op in reduces:
                     kind, ref = op.operands[0]
                     val = self.ref(kind, ref, op.elem, names, "x")
+                    if lane == "l" and op.value in vector:  # combined after the lane loop
+                        if guard:  # lanes past the row's end hold the combiner's identity
+                            val = f"{guard} ? {val} : {literal(op.attrs['init'], op.elem)}"
+                        out.append(f"{indent}lane_{names[op.value]}[l] = {val};")
+                        continue
                     acc = f"acc_{names[op.value]}[{lane}]"
                     comb = expression(op.attrs["combiner"], [acc, val], accumulator_elem(op.elem),
                                       [accumulator_elem(op.elem)] * 2, {})
                     out.append(f"{indent}{acc} = {comb};")
                 return out
 
-            c0 = f"c{p}"  # lanes of 8 accumulators, then the tail
+            def lane_group(c0: str, last: bool, reduces: list = reduces, full: list = full,
+                           vector: set = vector, keep: list = keep) -> list[str]:
+                """Eight columns from c0 as eight independent lanes. In the last, partial
+                group, lanes past the row's end load and store nothing (masked)."""
+                out = [f"    float lane_{names[op.value]}[8];" for op in reduces if op.value in vector]
+                if vector:  # the lanes are independent: one vector op each (vector expf too)
+                    out.append("    #pragma omp simd")
+                out.append("    for (int l = 0; l < 8; ++l) {")
+                out.append(f"      const int64_t c = {c0} + l;")
+                guard = "c < cols" if last else ""
+                out += body(full, "      ", reduces, guard=guard)
+                out += fold("l", "      ", guard=guard)
+                out += [f"      {'if (c < cols) ' if last else ''}{x}" for x in keep]
+                out.append("    }")
+                for op in reduces:
+                    if op.value in vector:
+                        v = names[op.value]
+                        comb = expression(op.attrs["combiner"], [f"acc_{v}", f"disc_load8(lane_{v})"],
+                                          "f32", ["f32", "f32"], {})
+                        out.append(f"    acc_{v} = {comb};")
+                return out
+
+            c0 = f"c{p}"  # groups of 8 lanes, then the tail
             lines.append(f"  int64_t {c0} = 0;")
             lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
-            lines.append("    for (int l = 0; l < 8; ++l) {")
-            lines.append(f"      const int64_t c = {c0} + l;")
-            lines += body(full, "      ", reduces) + fold("l", "      ")
-            lines += ["    }", "  }", f"  for (; {c0} < cols; ++{c0}) {{", f"    const int64_t c = {c0};"]
-            lines += body(full, "    ", reduces) + fold("0", "    ") + ["  }"]
+            lines += lane_group(c0, last=False)
+            lines.append("  }")
+            if len(vector) == len(reduces):  # the tail as one more (partial) group
+                lines.append(f"  if ({c0} < cols) {{")
+                lines += lane_group(c0, last=True)
+                lines.append("  }")
+            else:
+                lines += [f"  for (; {c0} < cols; ++{c0}) {{", f"    const int64_t c = {c0};"]
+                lines += body(full, "    ", reduces) + fold("0", "    ")
+                lines += ["    " + x for x in keep] + ["  }"]
             for op in reduces:
                 v, ct = names[op.value], COMPUTE[op.elem]
-                lines.append(f"  {ct} {v} = acc_{v}[0];")
-                comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"], accumulator_elem(op.elem),
-                                  [accumulator_elem(op.elem)] * 2, {})
-                lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {comment(op.tf_node)}")
+                if op.value in vector:  # lanes combined as a tree of shuffles
+                    comb = expression(op.attrs["combiner"], [f"acc_{v}", f"disc_swap8(acc_{v}, k)"],
+                                      "f32", ["f32", "f32"], {})
+                    lines.append(f"  for (int k = 4; k > 0; k /= 2) acc_{v} = {comb};")
+                    lines.append(f"  {ct} {v} = acc_{v}[0];  // {comment(op.tf_node)}")
+                else:
+                    lines.append(f"  {ct} {v} = acc_{v}[0];")
+                    comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"],
+                                      accumulator_elem(op.elem), [accumulator_elem(op.elem)] * 2, {})
+                    lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {comment(op.tf_node)}")
                 if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
                     lines.append(f"  {v} = disc_round_{op.elem}({v});")
                 emitted_rows.add(op.value)
@@ -371,14 +461,15 @@ class KernelEmitter:
                     expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
                     lines.append(f"  const {COMPUTE[op.elem]} {names[op.value]} = {expr};"
                                  f"  // {comment(op.tf_node)}: {op.op} (per row)")
-        full_outs = [(j, v) for j, (v, _) in enumerate(k.outputs) if v not in ready]
         if full_outs:
             lines.append("  // final pass: full-shape outputs")
-            for j, _ in full_outs:
-                elem = self.plan.buffers[k.outputs[j][1]].elem
-                lines.append(f"  {STORAGE[elem]}* __restrict w{j} = a.out{j} + row * cols;")
             lines.append("  for (int64_t c = 0; c < cols; ++c) {")
-            lines += body(closure([v for _, v in full_outs]), "    ")
+            final = closure([v for _, v in full_outs])
+            if cached is not None:
+                j, v, shared = cached
+                lines.append(f"    const float {names[v]} = w{j}[c];  // kept by pass {passes}")
+                final = [op for op in final if op.value not in shared]
+            lines += body(final, "    ")
             for j, v in full_outs:
                 elem = self.plan.buffers[k.outputs[j][1]].elem
                 lines.append(f"    w{j}[c] = ({STORAGE[elem]}){names[v]};")
@@ -388,11 +479,60 @@ class KernelEmitter:
                 lines.append(f"  a.out{j}[row] = ({STORAGE[self.plan.buffers[b].elem]}){names[v]};")
         lines.append("}")
         lines.append("")
+        tmpl = f"<{', '.join(flags)}>" if flags else ""
+        lines.append(f"{head}static inline __attribute__((always_inline)) void {k.name}_row_range("
+                     f"const {self.args}& a, int64_t begin, int64_t end) {{")
+        lines.append(f"  for (int64_t row = begin; row < end; ++row) {k.name}_row{tmpl}(a, row);")
+        lines.append("}")
+        lines.append("")
         lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
-        lines.append(f"  for (int64_t row = begin; row < end; ++row) {k.name}_row(a, row);")
+        if flags:
+            lines += self.flag_dispatch(f"{k.name}_row_range", "a, begin, end", bcast)
+        else:
+            lines.append(f"  {k.name}_row_range(a, begin, end);")
         lines.append("}")
         return "\n".join(lines)
+
+    def _row_cache(self, passes: int, ready: dict, closure, full_outs: list) -> tuple | None:
+        """The value the last reduction pass keeps in the output row for the final pass.
+
+        When the final pass would recompute expensive per-element work of the last
+        pass (softmax's ``exp(x - max)``), that pass stores the one value the final
+        pass needs from it in the (f32) output row, and the final pass reads it back
+        instead. Returns (output index, value, values not recomputed) or None.
+        """
+        if passes == 0 or len(full_outs) != 1:
+            return None
+        j, out_value = full_outs[0]
+        if self.plan.buffers[self.k.outputs[j][1]].elem != "f32":
+            return None
+        last = [op for op in self.k.ops if op.op == "reduce" and ready[op.value] == passes]
+        computed = {op.value for op in closure(
+            [ref for op in last for kind, ref in op.operands if kind == "val"])}
+        final = closure([out_value])
+        shared = {op.value for op in final if op.value in computed}
+        if sum(COST.get(op.op, 1) for op in final if op.value in shared) < 20:
+            return None  # cheap to recompute
+        frontier = {ref for op in final if op.value not in shared
+                    for kind, ref in op.operands if kind == "val" and ref in shared}
+        if out_value in shared:
+            frontier.add(out_value)
+        ops = {op.value: op for op in self.k.ops}
+        if len(frontier) != 1 or ops[next(iter(frontier))].elem != "f32":
+            return None
+        # An output written in place of an input (the buffer planner's choice) must
+        # not be overwritten early when the final pass still reads that input.
+        def memory(name: str) -> str:
+            return self.plan.buffers[name].reuses or name
+
+        out_memory = memory(self.k.outputs[j][1])
+        aliased = {i for i, acc in enumerate(self.k.inputs)
+                   if memory(self.plan.root(acc.buffer)) == out_memory}
+        if any(kind == "in" and ref in aliased for op in final if op.value not in shared
+               for kind, ref in op.operands):
+            return None
+        return j, next(iter(frontier)), shared
 
     def generic_reduce(self) -> str:
         """One task per output element; any reduced dims, read through strides."""

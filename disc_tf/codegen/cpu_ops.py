@@ -53,6 +53,39 @@ def _round(expr: str, elem: str) -> str:
     return expr
 
 
+def _float_literal_value(text: str) -> float | None:
+    """The value of a float literal written by ``literal`` (None for any other text)."""
+    t = text.strip("()")
+    if not t.endswith("f"):
+        return None
+    try:
+        return float.fromhex(t[:-1])
+    except ValueError:
+        return None
+
+
+def _power(a: str, b: str) -> str:
+    """``pow(a, b)``; a constant exponent of -1, 1, 2, 3 or 4 becomes multiplies.
+
+    ``x * x * x`` is what XLA emits for ``x ** 3`` too: it keeps the loop
+    vectorized (a vector ``powf`` costs ~20x more) and differs from ``powf`` by at
+    most a rounding per multiply; NaN, infinities and signed zeros come out as
+    ``powf``'s.
+    """
+    e = _float_literal_value(b)
+    if e == 1.0:
+        return a
+    if e == 2.0:
+        return f"({a} * {a})"
+    if e == 3.0:
+        return f"({a} * {a} * {a})"
+    if e == 4.0:
+        return f"(({a} * {a}) * ({a} * {a}))"
+    if e == -1.0:
+        return f"(1.0f / {a})"
+    return f"powf({a}, {b})"
+
+
 def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
                attrs: dict[str, str]) -> str:
     """The C++ expression computing DHLO ``op`` on compute-type ``args``."""
@@ -101,7 +134,7 @@ def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
     if op == "logistic":
         return _round(f"1.0f / (1.0f + expf(-{a}))", elem)
     if op == "power":
-        return _round(f"powf({a}, {b})", elem)
+        return _round(_power(a, b), elem)
     if op == "compare":
         direction = attrs["comparison_direction"].split()[-1].rstrip(">")
         return f"({a} {_COMPARE[direction]} {b})"
@@ -162,6 +195,24 @@ static inline float disc_round_bf16(float x) { return (float)disc_bf16(x); }
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 static inline float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// Eight float lanes (a GCC vector): row accumulators of stitch kernels. The
+// scalar max/min above do not vectorize (the || is a branch); these select.
+typedef float disc_f32x8 __attribute__((vector_size(32)));
+static inline disc_f32x8 disc_max(disc_f32x8 a, disc_f32x8 b) { return ((a > b) | (a != a)) ? a : b; }
+static inline disc_f32x8 disc_min(disc_f32x8 a, disc_f32x8 b) { return ((a < b) | (a != a)) ? a : b; }
+static inline disc_f32x8 disc_splat8(float x) { return disc_f32x8{x, x, x, x, x, x, x, x}; }
+// Lanes i and i ^ k of v, swapped (k = 4, 2, 1: the steps of a tree reduction).
+typedef int32_t disc_i32x8 __attribute__((vector_size(32)));
+static inline disc_f32x8 disc_swap8(disc_f32x8 v, int k) {
+  if (k == 4) return __builtin_shuffle(v, disc_i32x8{4, 5, 6, 7, 0, 1, 2, 3});
+  if (k == 2) return __builtin_shuffle(v, disc_i32x8{2, 3, 0, 1, 6, 7, 4, 5});
+  return __builtin_shuffle(v, disc_i32x8{1, 0, 3, 2, 5, 4, 7, 6});
+}
+static inline disc_f32x8 disc_load8(const float* p) {
+  disc_f32x8 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
 // One numpy-broadcast step of a dimension; clears *ok if incompatible.
 static inline int64_t disc_bcast_dim(int64_t acc, int64_t d, bool* ok) {
   if (acc == d || d == 1) return acc;

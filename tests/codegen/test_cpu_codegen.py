@@ -34,3 +34,16 @@ def test_no_broadcast_version_when_shapes_are_proven_equal():
 def test_f16_rounds_after_every_op():
     src = _source(lambda x: tf.exp(x) * x, dyn(1, tf.float16))
     assert src.count("disc_round_f16(") >= 3  # exp, multiply, plus the helper itself
+
+
+def test_small_constant_powers_are_multiplies():
+    src = _source(lambda x: tf.pow(x, 3.0) + tf.pow(x, 2.0) - tf.pow(x, 1.5), dyn(2))
+    assert src.count("powf(") == 1 + src.count("float powf(")  # only x ** 1.5 calls it
+
+
+def test_softmax_keeps_exp_for_the_final_pass():
+    src = _source(lambda x: tf.nn.softmax(x * 0.5, axis=-1), dyn(3))
+    row = src[src.index("kernel0_row("):src.index("kernel0_row_range")]
+    assert row.count("expf(") == 2  # the 8-lane loop and its tail; not the final pass
+    assert "kept for the final pass" in row
+    assert "r0[c]" in row and "st0" not in row  # contiguous rows, no stride

@@ -170,3 +170,17 @@ def test_int64_arithmetic():
         return tf.maximum(x * y - x, -y) + tf.abs(x)
 
     _check(fn, [tf.int64, tf.int64], (2, 2), seed=29)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)
+def test_constant_exponent_pow_matches_tf(dtype):
+    """Exponents -1..4 become multiplies; special values must come out as TF's."""
+    def integer_powers(x):
+        return (tf.pow(x, 3.0) - tf.pow(x, 2.0), tf.pow(x, 4.0) + tf.pow(x, 1.0),
+                tf.pow(x, -1.0))
+
+    jitted = _check(integer_powers, [dtype], (2,), seed=31)
+    special = np.array([[0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e-30, 3.5, -2.5]],
+                       dtype.as_numpy_dtype)
+    assert_same(tf.function(integer_powers)(special), jitted(special), dtype)
+    _check(lambda x: tf.pow(x, 0.5) * tf.pow(x, 2.0), [dtype], (2,), seed=37, positive=True)
