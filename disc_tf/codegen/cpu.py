@@ -229,7 +229,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
             if b.reuses:
                 out.append(f"  {st}* {b.name} = reinterpret_cast<{st}*>({b.reuses});  "
-                           f"// same proven size, {b.reuses} is dead")
+                           f"// in place of {b.reuses}: same proven size, last read by this kernel")
                 continue
             size_of[b.name] = nbytes
             out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")

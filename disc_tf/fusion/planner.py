@@ -650,43 +650,56 @@ class _Planner:
             kernel.name = f"{self.prefix}kernel{i}"
         return order
 
+    #: Kernel kinds that read each input element at the index they write it
+    #: (after any earlier reads of the row), so an output may take over the memory
+    #: of an identity-read input that dies there.
+    IN_PLACE_KINDS = ("loop", "stitch")
+
     def _plan_reuse(self, order: list[Kernel]) -> None:
-        """Liveness-based reuse: a temp takes over the memory of an earlier temp of
-        proven equal byte size (same element size, same dim classes) whose last
-        reader ran before the temp's writer."""
+        """In-place reuse: a kernel's temp output takes over the memory of a temp
+        input of proven equal byte size (same element type, same constant factor,
+        same dim classes) that the kernel reads at its own index and that no later
+        kernel reads. No buffer lives longer than its last reader, so the peak is
+        at most what freeing every temp after its last reader gives (TF's own
+        policy), and one allocation serves both."""
         def root(name: str) -> str:
             while self.buffers[name].alias_of is not None:
                 name = self.buffers[name].alias_of
             return name
 
         last_use: dict[str, int] = {}
-        written: dict[str, int] = {}
         for n, k in enumerate(order):
             for a in k.inputs:
                 last_use[root(a.buffer)] = n
-            for _, b in k.outputs:
-                written.setdefault(b, n)
         const = self.a.symbols.constant_value
-        free: dict[tuple, list[str]] = {}
-        slot_end: dict[str, int] = {}
-        for name, n in sorted(written.items(), key=lambda item: item[1]):
-            b = self.buffers[name]
-            if b.role != "temp":
-                continue
+
+        def size_key(b: Buffer) -> tuple:  # equal keys: proven equal byte sizes
             factor = 1
             for d in b.dims:
                 factor *= const(d) if const(d) is not None else 1
-            key = (b.elem, factor, tuple(sorted(self.a.symbols.find(d) for d in b.dims
-                                                if const(d) is None)))
-            end = last_use.get(name, n)
-            for slot in free.get(key, []):
-                if slot_end[slot] < n:
-                    b.reuses = slot
-                    slot_end[slot] = max(end, n)
-                    break
-            else:
-                free.setdefault(key, []).append(name)
-                slot_end[name] = max(end, n)
+            return (b.elem, factor, tuple(sorted(self.a.symbols.find(d) for d in b.dims
+                                                 if const(d) is None)))
+
+        owner: dict[str, str] = {}  # a temp -> the allocation it lives in
+        for n, k in enumerate(order):
+            if k.kind not in self.IN_PLACE_KINDS:
+                continue
+            reads: dict[str, list[Access]] = {}
+            for a in k.inputs:
+                reads.setdefault(root(a.buffer), []).append(a)
+            donors = [name for name, accs in reads.items()
+                      if self.buffers[name].role == "temp" and last_use[name] == n
+                      and len(accs) == 1 and accs[0].is_identity and accs[0].window is None]
+            for _, out in k.outputs:
+                b = self.buffers[out]
+                if b.role != "temp" or b.reuses:
+                    continue
+                for d in donors:
+                    if size_key(self.buffers[d]) == size_key(b):
+                        b.reuses = owner.get(d, d)
+                        owner[out] = b.reuses
+                        donors.remove(d)
+                        break
 
     def _elem(self, value: str) -> str:
         if value.startswith("%arg"):
