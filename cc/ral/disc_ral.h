@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 3
+#define DISC_RAL_ABI_VERSION 4
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -45,6 +45,11 @@ enum {
 
 /* A [begin, end) slice of a parallel loop; `closure` is the caller's data. */
 typedef void (*disc_range_fn)(void* closure, int64_t begin, int64_t end);
+
+/* The epilogue of a GEMM: runs on rows [i0, i1) and columns [j0, j1) of product q
+ * of C once that block is final. */
+typedef void (*disc_gemm_epilogue_fn)(void* closure, int64_t q, int64_t i0,
+                                      int64_t i1, int64_t j0, int64_t j1);
 
 typedef struct disc_ral disc_ral;
 
@@ -104,6 +109,19 @@ struct disc_ral {
                         const float* b, int64_t ldb, int64_t stride_b_outer,
                         int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
                         int64_t stride_c_outer, int64_t stride_c_inner);
+
+  /* ABI 4. sgemm_strided, then `epilogue` on every block of C the host computes
+   * as one task, on the thread that computed it, right after (the consumer of C
+   * fused into the GEMM reads the block while it is in cache). Blocks of
+   * different tasks are disjoint; together they cover C once. With full_rows
+   * set every block spans all n columns (a row-wise consumer). */
+  void (*sgemm_epilogue)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                         int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                         int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                         const float* b, int64_t ldb, int64_t stride_b_outer,
+                         int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                         int64_t stride_c_outer, int64_t stride_c_inner,
+                         disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows);
 };
 
 #ifdef __cplusplus

@@ -279,9 +279,14 @@ struct GemmSplit {
 };
 
 // The split into at least `want` blocks (rows of 8 or more, columns of 16 or
-// more, where the product allows) that packs the fewest operand elements.
-GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want) {
+// more, where the product allows) that packs the fewest operand elements;
+// with full_rows, rows only.
+GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, bool full_rows) {
   GemmSplit best;
+  if (full_rows) {
+    best.row_blocks = std::max<int64_t>(1, std::min(want, m / 8));
+    return best;
+  }
   double best_packed = -1;
   for (int64_t rb = 1; rb <= want; ++rb) {
     const int64_t cb = (want + rb - 1) / rb;
@@ -312,10 +317,20 @@ struct BatchStrides {
   }
 };
 
+// The consumer fused into a GEMM (ABI 4): called on each finished block of C.
+struct GemmEpilogue {
+  disc_gemm_epilogue_fn fn = nullptr;
+  void* closure = nullptr;
+  bool full_rows = false;
+  void operator()(int64_t q, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (fn != nullptr) fn(closure, q, i0, i1, j0, j1);
+  }
+};
+
 void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                const float* a, int64_t lda, BatchStrides stride_a, int transpose_a,
                const float* b, int64_t ldb, BatchStrides stride_b, int transpose_b,
-               float* c, int64_t ldc, BatchStrides stride_c) {
+               float* c, int64_t ldc, BatchStrides stride_c, GemmEpilogue epilogue = {}) {
   if (batch < 0 || m < 0 || n < 0 || k < 0) {
     r->SetError(DISC_INTERNAL,
                 absl::StrCat("sgemm_batched: negative size: batch ", batch,
@@ -325,14 +340,16 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   profile::LaunchTimer timer(r->profile_key(), &r->launches, "gemm");
   if (r->profiling) {
     timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
-                                transpose_a ? " ta" : "", transpose_b ? " tb" : "");
+                                transpose_a ? " ta" : "", transpose_b ? " tb" : "",
+                                epilogue.fn ? " +epilogue" : "");
   }
   if (batch == 0 || m == 0 || n == 0) return;
   const bool ta = transpose_a != 0, tb = transpose_b != 0;
   if (k == 0) {
-    for (int64_t q = 0; q < batch; ++q)
-      for (int64_t i = 0; i < m; ++i)
-        std::fill_n(c + stride_c(q) + i * ldc, n, 0.0f);
+    for (int64_t q = 0; q < batch; ++q) {
+      for (int64_t i = 0; i < m; ++i) std::fill_n(c + stride_c(q) + i * ldc, n, 0.0f);
+      epilogue(q, 0, m, 0, n);
+    }
     return;
   }
   tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
@@ -344,7 +361,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const int64_t threads = pool ? pool->NumThreads() : 1;
     GemmSplit split;
     if (pool != nullptr && work >= kSmallGemm && batch < threads)
-      split = ChooseGemmSplit(m, n, k, (threads + batch - 1) / batch);
+      split = ChooseGemmSplit(m, n, k, (threads + batch - 1) / batch, epilogue.full_rows);
     const int64_t rows = split.rows(m), cols = split.cols(n);
     const int64_t row_blocks = (m + rows - 1) / rows;
     const int64_t col_blocks = (n + cols - 1) / cols;
@@ -358,6 +375,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
       block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb,
             c + stride_c(q) + i0 * ldc + j0, ldc);
+      epilogue(q, i0, i1, j0, j1);
     };
     const int64_t tasks = batch * blocks;
     if (pool == nullptr || tasks == 1 || work * batch < kSmallGemm) {
@@ -388,13 +406,19 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   const Eigen::ThreadPoolDevice* device = &r->ctx->eigen_cpu_device();
   if (batch == 1 || pool == nullptr ||
       (work >= kSmallGemm && batch < device->numThreads())) {
-    for (int64_t q = 0; q < batch; ++q) one(q, true, device);
+    for (int64_t q = 0; q < batch; ++q) {
+      one(q, true, device);
+      epilogue(q, 0, m, 0, n);
+    }
     return;
   }
   // Many (or small) products: one product per task on the intra-op pool.
   const int64_t cost = static_cast<int64_t>(std::min(work * 2.0, 1e15));
   pool->ParallelFor(batch, cost, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q) one(q, false, device);
+    for (int64_t q = begin; q < end; ++q) {
+      one(q, false, device);
+      epilogue(q, 0, m, 0, n);
+    }
   });
 }
 
@@ -426,6 +450,27 @@ void RalSgemmStrided(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
             {batch_inner, stride_c_outer, stride_c_inner});
 }
 
+void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
+                      int64_t n, int64_t k, const float* a, int64_t lda,
+                      int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                      const float* b, int64_t ldb, int64_t stride_b_outer,
+                      int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                      int64_t stride_c_outer, int64_t stride_c_inner,
+                      disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows) {
+  TfRal* r = TfRal::From(ral);
+  if (batch_outer < 0 || batch_inner < 0) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_epilogue: negative batch ", batch_outer,
+                                            " x ", batch_inner));
+    return;
+  }
+  if (batch_inner == 0) return;
+  SgemmImpl(r, batch_outer * batch_inner, m, n, k, a, lda,
+            {batch_inner, stride_a_outer, stride_a_inner}, transpose_a, b, ldb,
+            {batch_inner, stride_b_outer, stride_b_inner}, transpose_b, c, ldc,
+            {batch_inner, stride_c_outer, stride_c_inner},
+            GemmEpilogue{epilogue, closure, full_rows != 0});
+}
+
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {
   TfRal::From(ral)->SetError(code, message ? message : "");
 }
@@ -445,7 +490,7 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message) {
   }
 }
 
-TfRal::TfRal(OpKernelContext* c, std::string cluster) : ctx(c) {
+TfRal::TfRal(OpKernelContext* c, std::string cluster) : disc_ral{}, ctx(c) {
   profiling = profile::Enabled();
   if (profiling) profile_cluster = std::move(cluster);
   abi_version = DISC_RAL_ABI_VERSION;
@@ -462,6 +507,7 @@ TfRal::TfRal(OpKernelContext* c, std::string cluster) : ctx(c) {
   set_error = &RalSetError;
   sgemm_batched = &RalSgemmBatched;
   sgemm_strided = &RalSgemmStrided;
+  sgemm_epilogue = &RalSgemmEpilogue;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

@@ -220,8 +220,14 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             last_use[owner[plan.root(a.buffer)]] = n
     out.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;")
     size_of: dict[str, str] = {}
+    # A GEMM epilogue runs inside its GEMM's launch: its outputs are allocated there.
+    index = {k.name: n for n, k in enumerate(plan.kernels)}
+    epilogue_of = {index[k.epilogue]: n for n, k in enumerate(plan.kernels) if k.epilogue}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
-        for _, bname in k.outputs:
+        writers = [] if n in epilogue_of else [k]
+        if k.epilogue:
+            writers.append(plan.kernels[index[k.epilogue]])
+        for _, bname in [o for w in writers for o in w.outputs]:
             b = plan.buffers[bname]
             if b.role != "temp":
                 continue
@@ -236,7 +242,10 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
             out.append(f"  temp_bytes += {nbytes};")
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
-        out.extend(e.launch(ptr))
+        if k.epilogue:
+            out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]]))
+        elif n not in epilogue_of:
+            out.extend(e.launch(ptr))
         for bname, last in last_use.items():
             if last == n and plan.buffers[bname].role == "temp":
                 out.append(f"  ral->free_temp(ral, {bname});")

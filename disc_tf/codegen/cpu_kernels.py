@@ -8,6 +8,7 @@ library kernels are calls the host runner makes (see ``cpu.py``).
 
 from __future__ import annotations
 
+from disc_tf.codegen import cpu_gemm
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
     COST,
@@ -15,62 +16,16 @@ from disc_tf.codegen.cpu_ops import (
     expression,
     literal,
 )
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, gemm_form
-
-
-def sym(s: int, plan: FusionPlan) -> str:
-    """C++ for symbol ``s``: its literal if constant, else its host variable."""
-    d = plan.symbols[s]
-    return str(d.value) if d.kind == "const" else f"s{s}"
-
-
-def product(syms: list[int], plan: FusionPlan) -> str:
-    """C++ product of symbols ("1" for none)."""
-    return " * ".join(sym(s, plan) for s in syms) if syms else "1"
-
-
-#: Reduction combiners the stitch kernels fold with ``disc_f32x8`` vectors (the
-#: lanes keep the order of the scalar fold: lane l takes columns l, l + 8, ...).
-VECTOR_COMBINERS = ("add", "multiply", "maximum", "minimum")
-
-
-def accumulator_elem(elem: str) -> str:
-    """Element type reductions accumulate in: f32 for f16/bf16 (rounded once at the end)."""
-    return "f32" if elem in ("f16", "bf16") else elem
-
-
-def comment(text: str) -> str:
-    """``text`` made safe for a one-line C++ comment."""
-    return text.replace("*/", "* /").replace("\n", " ")
-
-
-def host_expr(h, plan: FusionPlan) -> str:
-    """C++ for a host scalar: factor times a product of symbols (over a divisor)."""
-    parts = [str(h.factor)] + [sym(s, plan) for s in h.symbols]
-    text = " * ".join(parts)
-    return f"({text}) / {h.divisor}" if h.divisor != 1 else text
-
-
-
-def strided_gemm_exprs(f: dict, lhs: Buffer, rhs: Buffer, plan: FusionPlan) -> dict:
-    """C++ expressions of a ``strided_gemm`` form: host lines defining outer, inner, m,
-    n and kk, the leading dims and the (outer, inner) batch strides of A and B."""
-
-    def stride(buf: Buffer, d: int) -> str:
-        return product(buf.dims[d + 1:], plan)
-
-    batch = f["batch"] + [None] * (2 - len(f["batch"]))
-    sizes = [sym(lhs.dims[b[0]], plan) if b else "1" for b in batch]
-    return {
-        "lines": [f"    const int64_t outer = {sizes[0]}, inner = {sizes[1]};",
-                  f"    const int64_t m = {sym(lhs.dims[f['m']], plan)};",
-                  f"    const int64_t n = {sym(rhs.dims[f['n']], plan)};",
-                  f"    const int64_t kk = {sym(lhs.dims[f['k_lhs']], plan)};"],
-        "sa": [stride(lhs, b[0]) if b else "0" for b in batch],
-        "sb": [stride(rhs, b[1]) if b else "0" for b in batch],
-        "lda": stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"]),
-        "ldb": stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"]),
-    }
+from disc_tf.codegen.cpu_text import (  # noqa: F401  (re-exported for the other emitters)
+    VECTOR_COMBINERS,
+    accumulator_elem,
+    comment,
+    host_expr,
+    product,
+    strided_gemm_exprs,
+    sym,
+)
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
 
 
 class KernelEmitter:
@@ -81,6 +36,8 @@ class KernelEmitter:
         self.plan = plan
         self.rank = len(kernel.dims)
         self.args = f"{kernel.name.capitalize()}Args"
+        #: the library kernel this one is the epilogue of (runs inside its GEMM)
+        self.epilogue_of = next((k.name for k in plan.kernels if k.epilogue == kernel.name), None)
 
     def buf(self, access: Access) -> Buffer:
         return self.plan.buffers[access.buffer]
@@ -206,6 +163,8 @@ class KernelEmitter:
         return lines
 
     def broadcast(self) -> str:
+        """Row-wise version: ``{k}_rows`` over rows [begin, end), columns [c0, c1)
+        (the host's broadcast version takes whole rows; a GEMM epilogue, a block)."""
         r = self.rank
         k = self.k.name
         index, bcast, strided, templated = self.inner_index()
@@ -213,23 +172,14 @@ class KernelEmitter:
         head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
                 else "")
         lines = [
-            "// Rows [begin, end) of the innermost dim; inputs read through strides",
-            "// (0 = broadcast). Flag Bi: input i runs along the innermost dim.",
+            "// Rows [begin, end) of the innermost dim, columns [c0, c1); inputs read",
+            "// through strides (0 = broadcast). Flag Bi: input i runs along the row.",
             f"{head}static inline __attribute__((always_inline)) void {k}_rows(",
-            f"    const {self.args}& a, int64_t begin, int64_t end) {{",
+            f"    const {self.args}& a, int64_t begin, int64_t end, int64_t c0, int64_t c1) {{",
             f"  const int64_t inner = a.dims[{r - 1}];",
             "  for (int64_t row = begin; row < end; ++row) {",
-            "    int64_t rem = row;",
         ]
-        for i in range(len(self.k.inputs)):
-            lines.append(f"    int64_t off{i} = 0;")
-        if r > 1:
-            lines.append(f"    for (int d = {r - 2}; d >= 0; --d) {{")
-            lines.append("      const int64_t idx = rem % a.dims[d];")
-            lines.append("      rem /= a.dims[d];")
-            for i in range(len(self.k.inputs)):
-                lines.append(f"      off{i} += idx * a.in{i}_strides[d];")
-            lines.append("    }")
+        self._row_offsets(lines, "    ")
         for i, acc in enumerate(self.k.inputs):
             lines.append(
                 f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
@@ -240,15 +190,49 @@ class KernelEmitter:
             lines.append(
                 f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
             )
-        lines.append("    for (int64_t c = 0; c < inner; ++c) {")
+        lines.append("    for (int64_t c = c0; c < c1; ++c) {")
         lines += ["  " + x for x in self._loop(index, "c")]
         lines += ["    }", "  }", "}", ""]
         lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
-        if not (templated and flags):
-            lines.append(f"  {k}_rows(a, begin, end);")
+        lines += self._rows_call("a", "begin", "end", "0", f"a.dims[{r - 1}]")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def _rows_call(self, a: str, begin: str, end: str, c0: str, c1: str) -> list[str]:
+        """Lines calling ``{k}_rows`` (through the broadcast-flag switch)."""
+        _, bcast, _, templated = self.inner_index()
+        call_args = f"{a}, {begin}, {end}, {c0}, {c1}"
+        if not (templated and bcast):
+            return [f"  {self.k.name}_rows({call_args});"]
+        return self.flag_dispatch(f"{self.k.name}_rows", call_args, bcast)
+
+    @property
+    def epilogue_struct(self) -> str:
+        return f"{self.k.name.capitalize()}Epilogue"
+
+    def epilogue(self) -> str:
+        """The kernel as a GEMM epilogue: rows [i0, i1), columns [j0, j1) of product
+        q of C, which are rows q * m + i of this kernel (C's shape is its own)."""
+        k, e = self.k.name, self.epilogue_struct
+        lines = [
+            f"// {k} as the epilogue of the GEMM writing its input: one block of C.",
+            f"struct {e} {{",
+            f"  const {self.args}* args;",
+            "  int64_t m;  // rows of C per product",
+            "};",
+            "",
+            f"DISC_CLONES static void {k}_epilogue(void* p, int64_t q, int64_t i0, int64_t i1,",
+            "                                     int64_t j0, int64_t j1) {",
+            f"  const {e}& e = *static_cast<const {e}*>(p);",
+            f"  const {self.args}& a = *e.args;",
+        ]
+        if self.k.kind == "stitch":  # blocks of whole rows (full_rows): j0 = 0, j1 = n
+            lines.append("  (void)j0;")
+            lines.append("  (void)j1;")
+            lines += self._row_range_call("a", "q * e.m + i0", "q * e.m + i1")
         else:
-            lines += self.flag_dispatch(f"{k}_rows", "a, begin, end", bcast)
+            lines += self._rows_call("a", "q * e.m + i0", "q * e.m + i1", "j0", "j1")
         lines.append("}")
         return "\n".join(lines)
 
@@ -264,12 +248,15 @@ class KernelEmitter:
         if self.k.kind == "library":
             return header + "\n// (a GEMM through ral->sgemm_batched; no generated code)"
         if self.k.kind == "stitch":
-            return "\n\n".join([header, self.struct(), self.stitch()])
+            parts = [header, self.struct(), self.stitch()]
+            return "\n\n".join(parts + ([self.epilogue()] if self.epilogue_of else []))
         if self.k.kind == "reduce":
             return "\n\n".join([header, self.struct(), self.generic_reduce()])
         parts = [header, self.struct(), self.compute(), self.flat()]
-        if self.k.needs_broadcast_version and self.rank:
+        if (self.k.needs_broadcast_version or self.epilogue_of) and self.rank:
             parts.append(self.broadcast())
+        if self.epilogue_of:
+            parts.append(self.epilogue())
         return "\n\n".join(parts)
 
     def _row_offsets(self, lines: list[str], indent: str) -> None:
@@ -487,12 +474,16 @@ class KernelEmitter:
         lines.append("")
         lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
-        if flags:
-            lines += self.flag_dispatch(f"{k.name}_row_range", "a, begin, end", bcast)
-        else:
-            lines.append(f"  {k.name}_row_range(a, begin, end);")
+        lines += self._row_range_call("a", "begin", "end")
         lines.append("}")
         return "\n".join(lines)
+
+    def _row_range_call(self, a: str, begin: str, end: str) -> list[str]:
+        """Lines calling a stitch kernel's ``{k}_row_range`` (through the flag switch)."""
+        _, bcast, _, templated = self.inner_index()
+        if not (templated and bcast):
+            return [f"  {self.k.name}_row_range({a}, {begin}, {end});"]
+        return self.flag_dispatch(f"{self.k.name}_row_range", f"{a}, {begin}, {end}", bcast)
 
     def _row_cache(self, passes: int, ready: dict, closure, full_outs: list) -> tuple | None:
         """The value the last reduction pass keeps in the output row for the final pass.
@@ -654,68 +645,32 @@ class KernelEmitter:
         ]
         return "\n".join(lines)
 
-    def library_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
-        """Host-runner lines of a library kernel: one batched GEMM call."""
-        plan, k = self.plan, self.k
-        (op,) = k.ops
-        lhs, rhs = (self.buf(a) for a in k.inputs)
-        if "strided" in op.attrs:
-            return self.strided_launch(buffer_ptr)
-        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
-        if form is None:
-            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
-
-        def of(buf: Buffer, positions: list[int]) -> str:
-            return product([buf.dims[p] for p in positions], plan)
-
-        (_, out_name), = k.outputs
-        return [
-            f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}",
-            f"    const int64_t batch = {of(lhs, form.batch)};",
-            f"    const int64_t m = {of(lhs, form.m)};",
-            f"    const int64_t n = {of(rhs, form.n)};",
-            f"    const int64_t kk = {of(lhs, form.k)};",
-            "    if (batch > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
-            f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
-            f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
-            f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
-            f"                         {buffer_ptr[out_name]}, n, m * n);",
-            "    }",
-            "  }",
-        ]
-
-    def strided_launch(self, buffer_ptr: dict[str, str]) -> list[str]:
-        """Host-runner lines of a GEMM reading transposed operands in place."""
-        k = self.k
-        (op,) = k.ops
-        f = op.attrs["strided"]
-        lhs, rhs = (self.buf(a) for a in k.inputs)
-        g = strided_gemm_exprs(f, lhs, rhs, self.plan)
-        (_, out_name), = k.outputs
-        return [
-            f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, operands read in place",
-            *g["lines"],
-            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {g['lda']}, "
-            f"{g['sa'][0]}, {g['sa'][1]}, {int(f['transpose_a'])},",
-            f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {g['sb'][0]}, "
-            f"{g['sb'][1]}, {int(f['transpose_b'])},",
-            f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
-            "    }",
-            "  }",
-        ]
+    def library_launch(self, buffer_ptr: dict[str, str],
+                       epilogue: KernelEmitter | None = None) -> list[str]:
+        """Host-runner lines of a library kernel (``cpu_gemm.py``)."""
+        return cpu_gemm.library_launch(self, buffer_ptr, epilogue)
 
     def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
         """Host-runner lines that fill the args and launch the kernel."""
-        plan, k, r = self.plan, self.k, self.rank
+        plan, k = self.plan, self.k
         if k.kind == "library":
             return self.library_launch(buffer_ptr)
-        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};"]
-        lines.append(f"    k.n = {product(k.dims, plan)};")
+        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}"]
+        lines += self.launch_args(buffer_ptr)
+        flat_conds = []
+        for acc in k.inputs:
+            if acc.permuted:
+                flat_conds.append("false")  # a transposed read is never flat
+            elif not acc.is_identity:
+                flat_conds.append(f"{product(self.buf(acc).dims, plan)} == k.n")
+        return lines + self._launch_lines(flat_conds)
+
+    def launch_args(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host-runner lines declaring ``k``, the kernel's args, and filling them."""
+        plan, k, r = self.plan, self.k, self.rank
+        lines = [f"    {self.args} k{{}};", f"    k.n = {product(k.dims, plan)};"]
         for d, s in enumerate(k.dims):
             lines.append(f"    k.dims[{d}] = {sym(s, plan)};")
-        flat_conds = []
         for i, acc in enumerate(k.inputs):
             b = self.buf(acc)
             if acc.window is None:
@@ -738,14 +693,16 @@ class KernelEmitter:
                     lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} == 1"
                                  f" ? 0 : {stride} * {steps[bd]};")
                 stride = f"{stride} * {size}" if stride != "1" else size
-            if acc.permuted:
-                flat_conds.append("false")  # a transposed read is never flat
-            elif not acc.is_identity:
-                flat_conds.append(f"{product(b.dims, plan)} == k.n")
         for j, (_, bname) in enumerate(k.outputs):
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        return lines
+
+    def _launch_lines(self, flat_conds: list[str]) -> list[str]:
+        """The parallel_for launching the kernel on filled args ``k``; closes the scope."""
+        plan, k, r = self.plan, self.k, self.rank
+        lines: list[str] = []
         cost = self.cost()
         if k.kind == "stitch":
             rows = product(k.dims[:-1], plan)

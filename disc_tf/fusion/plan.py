@@ -119,6 +119,9 @@ class Kernel:
     ops: list[KernelOp]
     outputs: list[tuple[str, str]]  # (value, buffer)
     reduce_dims: list[int] = dataclasses.field(default_factory=list)
+    #: library kernels: the loop kernel run on each finished block of C inside the
+    #: GEMM (``fusion/epilogue.py``) instead of being launched after it
+    epilogue: str | None = None
 
     @property
     def tf_ops(self) -> list[str]:
@@ -273,6 +276,8 @@ class FusionPlan:
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
             lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
+            if k.epilogue:
+                lines.append(f"  epilogue: {k.epilogue} runs on each block of the GEMM's result")
         if self.speculative is not None:
             cond = ", ".join(f"s{s} == {self.symbols[s]}" for s in self.speculated_symbols)
             lines.append(f"speculation: when {cond} (nothing broadcast in this call):")

@@ -16,6 +16,7 @@ import logging
 
 from disc_tf.fusion.dce import eliminate_dead_code
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
+from disc_tf.fusion.epilogue import plan_epilogues
 from disc_tf.fusion.plan import (
     Access,
     Buffer,
@@ -48,9 +49,11 @@ def _combine(a: str, b: str) -> str:
 
 class _Planner:
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
-                 prefix: str = "", input_fusion: bool = True) -> None:
+                 prefix: str = "", input_fusion: bool = True,
+                 gemm_epilogues: bool = True) -> None:
         self.prefix = prefix
         self.input_fusion = input_fusion
+        self.gemm_epilogues = gemm_epilogues
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
@@ -760,6 +763,9 @@ class _Planner:
                 self.kernels[k].outputs.append((value, buf))
         order = self._launch_order()
         self._plan_reuse(order)
+        if self.gemm_epilogues:
+            find = self.a.symbols.find
+            plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b))
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,
@@ -772,23 +778,25 @@ class _Planner:
         )
 
 
-def plan_fusion(func: DFunc, cluster_name: str,
-                input_fusion: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
+def plan_fusion(func: DFunc, cluster_name: str, input_fusion: bool = True,
+                gemm_epilogues: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
     """Analyses shapes of ``func`` and plans its kernels.
 
     When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
     the plan also carries that speculative plan; the host runner checks the
     assumption per call and runs whichever plan holds. ``input_fusion``: whether
-    a column reduction may absorb its producers (the CPU backend emits that).
+    a column reduction may absorb its producers; ``gemm_epilogues``: whether a
+    GEMM's consumer may run inside it (the CPU backend emits both).
     """
     func = eliminate_dead_code(func)
     analysis = analyze(func)
-    plan = _Planner(func, analysis, cluster_name, input_fusion=input_fusion).run()
+    plan = _Planner(func, analysis, cluster_name, input_fusion=input_fusion,
+                    gemm_epilogues=gemm_epilogues).run()
     speculation = speculate_no_broadcast(analysis)
     if speculation is not None:
         spec_analysis, symbols = speculation
         spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_",
-                             input_fusion=input_fusion).run()
+                             input_fusion=input_fusion, gemm_epilogues=gemm_epilogues).run()
         if len(spec_plan.kernels) < len(plan.kernels):
             plan.speculative = spec_plan
             plan.speculated_symbols = symbols

@@ -543,6 +543,10 @@ def _simplify(syms: SymbolTable, op: str, parts: list[int], values: list) -> int
         return b
     if op in ("maxsi", "minsi") and syms.same(a, b):
         return a
+    # A dim is never negative: max(d, 0) = d, min(d, 0) = 0 (TF's slice clamping).
+    for x, vy in ((a, vb), (b, va)):
+        if vy == 0 and _is_dim(syms, x):
+            return x if op == "maxsi" else syms.const(0) if op == "minsi" else None
     if op == "subi":
         if syms.same(a, b):
             return syms.const(0)
@@ -554,6 +558,11 @@ def _simplify(syms: SymbolTable, op: str, parts: list[int], values: list) -> int
             if syms.same(y, b):
                 return x
     return None
+
+
+def _is_dim(syms: SymbolTable, s: int) -> bool:
+    """True if ``s`` is a tensor dim (of an input, or a broadcast of dims): >= 0."""
+    return any(syms.defs[x].kind in ("arg", "broadcast") for x in (s, syms.find(s)))
 
 
 def _slice_proven(syms: SymbolTable, lo: int, hi: int, dim: int) -> bool:

@@ -102,3 +102,12 @@ def test_speculative_plan_fuses_when_nothing_is_broadcast():
     assert plan.speculative is not None and len(plan.speculative.kernels) == 1
     assert plan.num_kernels == 3
     assert "speculation: when" in plan.describe()
+
+
+def test_slice_to_the_end_keeps_the_dim_symbol():
+    """TF clamps slice bounds with max(d, 0); a dim is never negative, so the
+    slice x[:, :1] has x's own dim 0 and fuses with x-shaped work."""
+    plan, analysis = _plan(lambda x: tf.exp(x) * x[:, :1], dyn(2))
+    syms = analysis.symbols
+    result, arg = plan.buffers["result0"], plan.buffers["arg0"]
+    assert syms.same(result.dims[0], arg.dims[0]), plan.describe()

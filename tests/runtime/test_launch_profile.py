@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     w = tf.constant(np.ones((64, 32), np.float32))
     @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
     def f(x):
-        return tf.nn.softmax(tf.nn.relu(tf.matmul(x, w) + 1.0), axis=-1)
+        return tf.nn.softmax(tf.nn.relu(tf.matmul(tf.exp(x), w) + 1.0), axis=-1)
     g = disc_tf.jit(f)
     for rows in (3, 50, 7):
         x = np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
@@ -48,6 +48,7 @@ def test_profile_table_lists_every_launch_with_calls(tmp_path):
     gemm = next(r for r in rows if r[2] == "gemm")
     assert gemm[3] == "3"  # three calls
     assert "m=3 n=32 k=64" in " ".join(gemm)  # sizes of the first call
+    assert "+epilogue" in " ".join(gemm)  # bias + ReLU run inside the GEMM
     assert [int(r[1]) for r in rows] == sorted(int(r[1]) for r in rows) or len(rows) > 1
 
 

@@ -1,0 +1,118 @@
+"""Host-runner lines of library kernels: GEMMs through the RAL, batched
+(``sgemm_batched``), over operands read in place (``sgemm_strided``), or with a
+fused consumer run on each block of C (``sgemm_epilogue``, see
+``fusion/epilogue.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs
+from disc_tf.fusion.plan import Buffer, gemm_form
+
+if TYPE_CHECKING:
+    from disc_tf.codegen.cpu_kernels import KernelEmitter
+
+
+def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                   epilogue: KernelEmitter | None = None) -> list[str]:
+    """Host-runner lines of a library kernel: one batched GEMM call (with the
+    ``epilogue`` kernel run on each block of C, when the plan fused one)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    if epilogue is not None:
+        return epilogue_launch(em, buffer_ptr, epilogue)
+    if "strided" in op.attrs:
+        return strided_launch(em, buffer_ptr)
+    form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+    if form is None:
+        raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
+
+    def of(buf: Buffer, positions: list[int]) -> str:
+        return product([buf.dims[p] for p in positions], plan)
+
+    (_, out_name), = k.outputs
+    return [
+        f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}",
+        f"    const int64_t batch = {of(lhs, form.batch)};",
+        f"    const int64_t m = {of(lhs, form.m)};",
+        f"    const int64_t n = {of(rhs, form.n)};",
+        f"    const int64_t kk = {of(lhs, form.k)};",
+        "    if (batch > 0 && m > 0 && n > 0) {",
+        f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
+        f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
+        f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
+        f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
+        f"                         {buffer_ptr[out_name]}, n, m * n);",
+        "    }",
+        "  }",
+    ]
+
+def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                    epilogue: KernelEmitter) -> list[str]:
+    """The GEMM through ``sgemm_epilogue``: the epilogue kernel's args, then the
+    GEMM (a plain batched one as a two-level batch of batch x 1)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    e = epilogue.k.name
+    lines = [f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, "
+             f"{e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block"]
+    lines += epilogue.launch_args(buffer_ptr)
+    if "strided" in op.attrs:
+        f = op.attrs["strided"]
+        g = strided_gemm_exprs(f, lhs, rhs, plan)
+        lines += g["lines"]
+        sa, sb, ta, tb = g["sa"], g["sb"], int(f["transpose_a"]), int(f["transpose_b"])
+        lda, ldb, sc = g["lda"], g["ldb"], ["inner * m * n", "m * n"]
+    else:
+        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+        if form is None:
+            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
+
+        def of(buf: Buffer, positions: list[int]) -> str:
+            return product([buf.dims[p] for p in positions], plan)
+
+        lines += [f"    const int64_t outer = {of(lhs, form.batch)}, inner = 1;",
+                  f"    const int64_t m = {of(lhs, form.m)};",
+                  f"    const int64_t n = {of(rhs, form.n)};",
+                  f"    const int64_t kk = {of(lhs, form.k)};"]
+        sa, sb = [of(lhs, form.stride_a), "0"], [of(rhs, form.stride_b), "0"]
+        ta, tb = int(form.transpose_a), int(form.transpose_b)
+        lda, ldb, sc = of(lhs, form.lda), of(rhs, form.ldb), ["m * n", "0"]
+    lines += [
+        f"    const {epilogue.epilogue_struct} epi{{&k, m}};",
+        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+        f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
+        f"{sa[0]}, {sa[1]}, {ta},",
+        f"                          {buffer_ptr[rhs.name]}, {ldb}, {sb[0]}, {sb[1]}, {tb},",
+        f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
+        f"                          {e}_epilogue, const_cast<{epilogue.epilogue_struct}*>(&epi), "
+        f"{int(epilogue.k.kind == 'stitch')});",
+        "    }",
+        "  }",
+    ]
+    return lines
+
+def strided_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
+    """Host-runner lines of a GEMM reading transposed operands in place."""
+    k = em.k
+    (op,) = k.ops
+    f = op.attrs["strided"]
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    g = strided_gemm_exprs(f, lhs, rhs, em.plan)
+    (_, out_name), = k.outputs
+    return [
+        f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, operands read in place",
+        *g["lines"],
+        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+        f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {g['lda']}, "
+        f"{g['sa'][0]}, {g['sa'][1]}, {int(f['transpose_a'])},",
+        f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {g['sb'][0]}, "
+        f"{g['sb'][1]}, {int(f['transpose_b'])},",
+        f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
+        "    }",
+        "  }",
+    ]

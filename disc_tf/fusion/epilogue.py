@@ -1,0 +1,88 @@
+"""GEMM epilogues: a kernel reading a GEMM's result runs inside the GEMM.
+
+The RAL computes a GEMM as blocks of C, one task each; with an epilogue it runs
+the consumer kernel on each block right after computing it, on the same thread,
+while the block is still in cache (``sgemm_epilogue``, RAL ABI 4). The bias,
+activation and residual that follow a MatMul then cost no extra pass over C in
+memory and no extra launch.
+
+Legality only; the kernel stays a kernel of the plan (and is still counted),
+its launch moves into the GEMM's. A loop or stitch kernel E is the epilogue of
+library kernel L when:
+
+* E's iteration space is C's shape (dim classes equal), so E's row-major index
+  of element (q, i, j) of product q is C's, and E reads C once, at its own index;
+* every other buffer E reads is written before L starts (E now runs during L);
+* E's outputs do not live in memory that L reads (A or B of other blocks) or
+  that a kernel between L and E still reads (an in-place reuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from disc_tf.fusion.plan import Buffer, Kernel
+
+#: Kernels that can run on a block of C: loop kernels on any block, stitch kernels
+#: (a row-wise reduction and its consumers: layer norm, softmax) on blocks of whole
+#: rows, which the GEMM then only cuts by rows.
+EPILOGUE_KINDS = ("loop", "stitch")
+
+
+def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
+                   same_dim: Callable[[int, int], bool]) -> None:
+    """Sets ``epilogue`` on every library kernel of ``order`` that takes one."""
+    def root(name: str) -> str:
+        while buffers[name].alias_of is not None:
+            name = buffers[name].alias_of
+        return name
+
+    def memory(name: str) -> str:
+        name = root(name)
+        return buffers[name].reuses or name
+
+    first_write: dict[str, int] = {}
+    for n, k in enumerate(order):
+        for _, b in k.outputs:
+            first_write.setdefault(root(b), n)
+    taken: set[str] = set()
+    for li, lib in enumerate(order):
+        if lib.kind != "library":
+            continue
+        (_, c_name), = lib.outputs
+        c = buffers[c_name]
+        for ei in range(li + 1, len(order)):
+            e = order[ei]
+            if e.name in taken or e.kind not in EPILOGUE_KINDS or not _reads_c_in_place(
+                    e, c_name, root):
+                continue
+            if len(e.dims) != len(c.dims) or not all(
+                    same_dim(a, b) for a, b in zip(e.dims, c.dims)):
+                continue
+            if not _ready_before(e, c_name, li, first_write, root):
+                continue
+            between = {memory(a.buffer) for k in order[li + 1:ei] for a in k.inputs}
+            lib_reads = {memory(a.buffer) for a in lib.inputs}
+            if any(memory(b) in lib_reads or (buffers[b].reuses and memory(b) in between)
+                   for _, b in e.outputs):
+                continue
+            lib.epilogue = e.name
+            taken.add(e.name)
+            break
+
+
+def _reads_c_in_place(e: Kernel, c_name: str, root) -> bool:
+    """E reads C's memory through exactly one access, at E's own index."""
+    reads = [a for a in e.inputs if root(a.buffer) == c_name]
+    return (len(reads) == 1 and reads[0].buffer == c_name and reads[0].is_identity
+            and reads[0].window is None)
+
+
+def _ready_before(e: Kernel, c_name: str, li: int, first_write: dict[str, int],
+                  root) -> bool:
+    """Every buffer E reads, C aside, is written before kernel ``li`` runs."""
+    for a in e.inputs:
+        r = root(a.buffer)
+        if r != c_name and first_write.get(r, -1) >= li:
+            return False
+    return True
