@@ -229,6 +229,11 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             writers.append(plan.kernels[index[k.epilogue]])
         for _, bname in [o for w in writers for o in w.outputs]:
             b = plan.buffers[bname]
+            if b.role == "output":  # as late as TF would: no output held while others compute
+                st = STORAGE[b.elem]
+                out.append(f"  {b.name} = static_cast<{st}*>("
+                           f"ral->alloc_output(ral, {b.index}, {len(b.dims)}, {b.name}_dims));")
+                out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
             if b.role != "temp":
                 continue
             st = STORAGE[b.elem]
@@ -339,14 +344,10 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
             values = ", ".join(f"({st})({host_expr(h, owner)})" for h in b.host_elements) or "0"
             out.append(f"  const {st} {b.name}_data[] = {{{values}}};  // computed from dims")
             out.append(f"  const {st}* {b.name} = {b.name}_data;")
-        elif b.role == "output":
+        elif b.role == "output":  # allocated right before its writer (_launch_sequence)
             dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
             out.append(f"  const int64_t {b.name}_dims[] = {{{dims}}};")
-            out.append(
-                f"  {st}* {b.name} = static_cast<{st}*>("
-                f"ral->alloc_output(ral, {b.index}, {len(b.dims)}, {b.name}_dims));"
-            )
-            out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
+            out.append(f"  {st}* {b.name} = nullptr;")
     if plan.speculative is None:
         out.extend(_launch_sequence(plan, emitters))
     else:
