@@ -83,14 +83,15 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         ta, tb = int(form.transpose_a), int(form.transpose_b)
         lda, ldb, sc = of(lhs, form.lda), of(rhs, form.ldb), ["m * n", "0"]
     lines += [
-        f"    const {epilogue.epilogue_struct} epi{{&k, m}};",
+        f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
+        f"    const {epilogue.epilogue_struct} epi{{&k, m, inner_rows > 0 ? n / inner_rows : 1}};",
         "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
         f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
         f"{sa[0]}, {sa[1]}, {ta},",
         f"                          {buffer_ptr[rhs.name]}, {ldb}, {sb[0]}, {sb[1]}, {tb},",
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"                          {e}_epilogue, const_cast<{epilogue.epilogue_struct}*>(&epi), "
-        f"{int(epilogue.k.kind == 'stitch')});",
+        f"{int(k.epilogue_full_rows)});",
         "    }",
         "  }",
     ]

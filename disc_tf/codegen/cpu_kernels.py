@@ -220,6 +220,7 @@ class KernelEmitter:
             f"struct {e} {{",
             f"  const {self.args}* args;",
             "  int64_t m;  // rows of C per product",
+            "  int64_t t;  // rows of this kernel per row of C (1 unless it reads a view)",
             "};",
             "",
             f"DISC_CLONES static void {k}_epilogue(void* p, int64_t q, int64_t i0, int64_t i1,",
@@ -227,12 +228,14 @@ class KernelEmitter:
             f"  const {e}& e = *static_cast<const {e}*>(p);",
             f"  const {self.args}& a = *e.args;",
         ]
+        begin, end = "(q * e.m + i0) * e.t", "(q * e.m + i1) * e.t"
         if self.k.kind == "stitch":  # blocks of whole rows (full_rows): j0 = 0, j1 = n
-            lines.append("  (void)j0;")
-            lines.append("  (void)j1;")
-            lines += self._row_range_call("a", "q * e.m + i0", "q * e.m + i1")
-        else:
-            lines += self._rows_call("a", "q * e.m + i0", "q * e.m + i1", "j0", "j1")
+            lines += ["  (void)j0;", "  (void)j1;"]
+            lines += self._row_range_call("a", begin, end)
+        else:  # t > 1 comes with whole rows, so columns [0, n) are rows of t x inner
+            lines.append(f"  const int64_t c0 = e.t == 1 ? j0 : 0, "
+                         f"c1 = e.t == 1 ? j1 : a.dims[{self.rank - 1}];")
+            lines += self._rows_call("a", begin, end, "c0", "c1")
         lines.append("}")
         return "\n".join(lines)
 

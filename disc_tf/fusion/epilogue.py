@@ -10,8 +10,9 @@ Legality only; the kernel stays a kernel of the plan (and is still counted),
 its launch moves into the GEMM's. A loop or stitch kernel E is the epilogue of
 library kernel L when:
 
-* E's iteration space is C's shape (dim classes equal), so E's row-major index
-  of element (q, i, j) of product q is C's, and E reads C once, at its own index;
+* E's iteration space is C's shape (dim classes equal), or that of a view
+  (reshape) of C whose rows split C's evenly, so E's row-major index of element
+  (q, i, j) of product q is C's; and E reads C once, at its own index;
 * every other buffer E reads is written before L starts (E now runs during L);
 * E's outputs do not live in memory that L reads (A or B of other blocks) or
   that a kernel between L and E still reads (an in-place reuse).
@@ -30,8 +31,10 @@ EPILOGUE_KINDS = ("loop", "stitch")
 
 
 def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
-                   same_dim: Callable[[int, int], bool]) -> None:
-    """Sets ``epilogue`` on every library kernel of ``order`` that takes one."""
+                   same_dim: Callable[[int, int], bool],
+                   constant: Callable[[int], int | None]) -> None:
+    """Sets ``epilogue`` (and ``epilogue_full_rows``) on every library kernel of
+    ``order`` that takes one."""
     def root(name: str) -> str:
         while buffers[name].alias_of is not None:
             name = buffers[name].alias_of
@@ -53,11 +56,19 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
         c = buffers[c_name]
         for ei in range(li + 1, len(order)):
             e = order[ei]
-            if e.name in taken or e.kind not in EPILOGUE_KINDS or not _reads_c_in_place(
-                    e, c_name, root):
+            if e.name in taken or e.kind not in EPILOGUE_KINDS:
                 continue
-            if len(e.dims) != len(c.dims) or not all(
-                    same_dim(a, b) for a, b in zip(e.dims, c.dims)):
+            read = _read_of_c(e, c_name, root)
+            if read is None:
+                continue
+            seen = buffers[read]  # C, or a view (reshape) of it: the same flat order
+            if len(e.dims) != len(seen.dims) or not all(
+                    same_dim(a, b) for a, b in zip(e.dims, seen.dims)):
+                continue
+            # E's rows must not straddle C's: its row length divides C's.
+            split_rows = not same_dim(seen.dims[-1], c.dims[-1])
+            n, w = constant(c.dims[-1]), constant(seen.dims[-1])
+            if split_rows and not (n and w and n % w == 0):
                 continue
             if not _ready_before(e, c_name, li, first_write, root):
                 continue
@@ -67,15 +78,18 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
                    for _, b in e.outputs):
                 continue
             lib.epilogue = e.name
+            lib.epilogue_full_rows = e.kind == "stitch" or split_rows
             taken.add(e.name)
             break
 
 
-def _reads_c_in_place(e: Kernel, c_name: str, root) -> bool:
-    """E reads C's memory through exactly one access, at E's own index."""
+def _read_of_c(e: Kernel, c_name: str, root) -> str | None:
+    """The buffer (C or a view of C) through which E reads C's memory, if E reads it
+    through exactly one access, at E's own index."""
     reads = [a for a in e.inputs if root(a.buffer) == c_name]
-    return (len(reads) == 1 and reads[0].buffer == c_name and reads[0].is_identity
-            and reads[0].window is None)
+    if len(reads) == 1 and reads[0].is_identity and reads[0].window is None:
+        return reads[0].buffer
+    return None
 
 
 def _ready_before(e: Kernel, c_name: str, li: int, first_write: dict[str, int],

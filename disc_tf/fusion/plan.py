@@ -122,6 +122,9 @@ class Kernel:
     #: library kernels: the loop kernel run on each finished block of C inside the
     #: GEMM (``fusion/epilogue.py``) instead of being launched after it
     epilogue: str | None = None
+    #: the epilogue needs blocks of whole rows of C (a row reduction, or rows of a
+    #: view of C that split C's rows), so the GEMM is cut by rows only
+    epilogue_full_rows: bool = False
 
     @property
     def tf_ops(self) -> list[str]:

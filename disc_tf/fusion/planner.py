@@ -765,7 +765,8 @@ class _Planner:
         self._plan_reuse(order)
         if self.gemm_epilogues:
             find = self.a.symbols.find
-            plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b))
+            plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b),
+                           self.a.symbols.constant_value)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,

@@ -111,3 +111,21 @@ def test_epilogue_reading_a_second_input_and_broadcasts(transpose_b):
         return [(rows, 24), w, (rows if rows % 2 else 1, 40)]  # r broadcast on odd calls
 
     _check(fn, specs, shapes, seed=5)
+
+
+WQ = np.random.default_rng(3).standard_normal((64, 4, 16)).astype(np.float32) / 8
+BQ = np.random.default_rng(4).standard_normal((4, 16)).astype(np.float32)
+
+
+def head_projection(x):
+    """Einsum into heads, [b, s, 64] @ [64, 4 * 16] seen as [b, s, 4, 16], plus a bias:
+    the consumer reads a view of C whose rows (16) split C's rows (64) evenly."""
+    return tf.nn.relu(tf.einsum("bsh,hnd->bsnd", x, WQ) + BQ)
+
+
+def test_consumer_of_a_view_of_the_gemm_result():
+    plan = _plan(head_projection, dyn(3))
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert lib.epilogue and lib.epilogue_full_rows, plan.describe()
+    _check(head_projection, [tf.TensorSpec([None, None, 64], F32)],
+           lambda r: [(r % 3 + 1, r, 64)], seed=6)
