@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -210,6 +209,11 @@ def _compile_flags(config: BuildConfig) -> list[str]:
 def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
     if not config.ops_sources:
         raise RuntimeError(f"no native sources found under {CC_DIR}")
+    # What the outputs are built from, read before compiling: a source edited
+    # while the build runs then leaves a stamp that no longer matches it (so the
+    # next build runs again), never fresh-looking outputs of the old source.
+    stamp = config.stamp()
+    header = (CC_DIR / "ral" / RAL_HEADER_NAME).read_bytes()
     cflags = _compile_flags(config)
     py_cflags = cflags + [f"-I{p}" for p in config.py_includes]
     with tempfile.TemporaryDirectory(prefix=".build-", dir=native_dir) as tmp:
@@ -241,9 +245,9 @@ def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
         ])
         inc_tmp = tmp_dir / "include"
         inc_tmp.mkdir()
-        shutil.copy2(CC_DIR / "ral" / RAL_HEADER_NAME, inc_tmp / RAL_HEADER_NAME)
+        (inc_tmp / RAL_HEADER_NAME).write_bytes(header)
         stamp_tmp = tmp_dir / STAMP_NAME
-        stamp_tmp.write_text(config.stamp() + "\n")
+        stamp_tmp.write_text(stamp + "\n")
 
         # Move into place; the stamp goes last so an interrupted build is
         # never mistaken for a finished one.
