@@ -431,23 +431,34 @@ void RalSgemmBatched(disc_ral* ral, int64_t batch, int64_t m, int64_t n,
             ldb, {1, stride_b, 0}, transpose_b, c, ldc, {1, stride_c, 0});
 }
 
-void RalSgemmStrided(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
-                     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
-                     const float* b, int64_t ldb, int64_t stride_b_outer,
-                     int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
-                     int64_t stride_c_outer, int64_t stride_c_inner) {
-  TfRal* r = TfRal::From(ral);
+// sgemm_strided and sgemm_epilogue: products q = qo * batch_inner + qi.
+void SgemmTwoLevel(TfRal* r, const char* name, int64_t batch_outer, int64_t batch_inner,
+                   int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                   const float* b, int64_t ldb, int64_t stride_b_outer,
+                   int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                   int64_t stride_c_outer, int64_t stride_c_inner, GemmEpilogue epilogue) {
   if (batch_outer < 0 || batch_inner < 0) {
-    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_strided: negative batch ", batch_outer,
-                                            " x ", batch_inner));
+    r->SetError(DISC_INTERNAL,
+                absl::StrCat(name, ": negative batch ", batch_outer, " x ", batch_inner));
     return;
   }
   if (batch_inner == 0) return;
   SgemmImpl(r, batch_outer * batch_inner, m, n, k, a, lda,
             {batch_inner, stride_a_outer, stride_a_inner}, transpose_a, b, ldb,
             {batch_inner, stride_b_outer, stride_b_inner}, transpose_b, c, ldc,
-            {batch_inner, stride_c_outer, stride_c_inner});
+            {batch_inner, stride_c_outer, stride_c_inner}, epilogue);
+}
+
+void RalSgemmStrided(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                     int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                     const float* b, int64_t ldb, int64_t stride_b_outer,
+                     int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
+                     int64_t stride_c_outer, int64_t stride_c_inner) {
+  SgemmTwoLevel(TfRal::From(ral), "sgemm_strided", batch_outer, batch_inner, m, n, k, a, lda,
+                stride_a_outer, stride_a_inner, transpose_a, b, ldb, stride_b_outer,
+                stride_b_inner, transpose_b, c, ldc, stride_c_outer, stride_c_inner, {});
 }
 
 void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
@@ -457,18 +468,10 @@ void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
                       int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
                       int64_t stride_c_outer, int64_t stride_c_inner,
                       disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows) {
-  TfRal* r = TfRal::From(ral);
-  if (batch_outer < 0 || batch_inner < 0) {
-    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_epilogue: negative batch ", batch_outer,
-                                            " x ", batch_inner));
-    return;
-  }
-  if (batch_inner == 0) return;
-  SgemmImpl(r, batch_outer * batch_inner, m, n, k, a, lda,
-            {batch_inner, stride_a_outer, stride_a_inner}, transpose_a, b, ldb,
-            {batch_inner, stride_b_outer, stride_b_inner}, transpose_b, c, ldc,
-            {batch_inner, stride_c_outer, stride_c_inner},
-            GemmEpilogue{epilogue, closure, full_rows != 0});
+  SgemmTwoLevel(TfRal::From(ral), "sgemm_epilogue", batch_outer, batch_inner, m, n, k, a, lda,
+                stride_a_outer, stride_a_inner, transpose_a, b, ldb, stride_b_outer,
+                stride_b_inner, transpose_b, c, ldc, stride_c_outer, stride_c_inner,
+                GemmEpilogue{epilogue, closure, full_rows != 0});
 }
 
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {

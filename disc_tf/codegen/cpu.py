@@ -9,7 +9,7 @@ launches the kernels emitted by ``cpu_kernels.py`` (or the speculative plan's).
 from __future__ import annotations
 
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
-from disc_tf.codegen.cpu_kernels import KernelEmitter, comment, host_expr, product, sym
+from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (
     ITEMSIZE,
     PRELUDE,
@@ -18,6 +18,7 @@ from disc_tf.codegen.cpu_ops import (
     VECTOR_MATH,
     literal,
 )
+from disc_tf.codegen.cpu_text import comment, host_expr, product, sym
 from disc_tf.fusion.plan import Buffer, FusionPlan
 
 #: Bumped whenever generated code changes meaning; part of the cache key.

@@ -10,15 +10,9 @@ TF's InvalidArgument after the launch.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_kernels import (
-    KernelEmitter,
-    accumulator_elem,
-    comment,
-    host_expr,
-    product,
-    sym,
-)
+from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
+from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, sym
 from disc_tf.fusion.plan import FusionPlan, Kernel
 
 

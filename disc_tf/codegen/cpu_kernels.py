@@ -16,13 +16,12 @@ from disc_tf.codegen.cpu_ops import (
     expression,
     literal,
 )
-from disc_tf.codegen.cpu_text import (  # noqa: F401  (re-exported for the other emitters)
+from disc_tf.codegen.cpu_text import (
     VECTOR_COMBINERS,
     accumulator_elem,
     comment,
     host_expr,
     product,
-    strided_gemm_exprs,
     sym,
 )
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel

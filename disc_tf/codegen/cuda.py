@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from disc_tf.codegen.cpu import host_checks, signature_checks
-from disc_tf.codegen.cpu_kernels import comment, product, sym
 from disc_tf.codegen.cpu_ops import PRELUDE
+from disc_tf.codegen.cpu_text import comment, product, sym
 from disc_tf.codegen.cuda_kernels import CudaKernelEmitter
 from disc_tf.codegen.cuda_ops import (
     DEVICE_PRELUDE,

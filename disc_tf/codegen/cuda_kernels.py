@@ -21,7 +21,7 @@ no CUDA headers) and nvcc lay them out identically.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_kernels import (
+from disc_tf.codegen.cpu_text import (
     accumulator_elem,
     comment,
     host_expr,
