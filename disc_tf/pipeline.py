@@ -53,10 +53,11 @@ def front_end(spec: ClusterSpec, target: str = "cpu") -> FrontEnd:
     if target not in ("cpu", "cuda"):
         raise ValueError(f"target {target!r} has no code generator; use 'cpu' or 'cuda'")
     dhlo = lower_cluster(spec)
-    # Input fusion (a reduction absorbing its producers) and GEMM epilogues have
-    # no CUDA emitter yet.
+    # Input fusion (a reduction absorbing its producers), GEMM epilogues and
+    # convolutions by filter taps have no CUDA emitter yet.
+    cpu = target == "cpu"
     plan, analysis = plan_fusion(read_module(dhlo.text), spec.name,
-                                 input_fusion=target == "cpu", gemm_epilogues=target == "cpu")
+                                 input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu)
     emit = emit_cuda if target == "cuda" else emit_cpu
     source = emit(plan, dhlo.input_names, dhlo.output_names)
     return FrontEnd(dhlo, analysis.describe(), plan, source)

@@ -114,14 +114,16 @@ struct disc_ral {
    * as one task, on the thread that computed it, right after (the consumer of C
    * fused into the GEMM reads the block while it is in cache). Blocks of
    * different tasks are disjoint; together they cover C once. With full_rows
-   * set every block spans all n columns (a row-wise consumer). */
+   * set every block spans all n columns (a row-wise consumer). With accumulate,
+   * C += op(A) op(B) (a convolution's taps); epilogue may be NULL. */
   void (*sgemm_epilogue)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
                          int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                          int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
                          const float* b, int64_t ldb, int64_t stride_b_outer,
                          int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
                          int64_t stride_c_outer, int64_t stride_c_inner,
-                         disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows);
+                         disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows,
+                         int32_t accumulate);
 };
 
 #ifdef __cplusplus

@@ -238,19 +238,23 @@ disc_gemm_block_fn GemmBlock() {
 template <typename Device>
 void ContractPacked(const Device& d, int64_t m, int64_t n, int64_t k,
                     const float* a, bool ta, const float* b, bool tb,
-                    float* c) {
+                    float* c, bool accumulate) {
   ConstMatrix A(a, ta ? k : m, ta ? m : k);
   ConstMatrix B(b, tb ? n : k, tb ? k : n);
   Matrix C(c, m, n);
   Eigen::array<Eigen::IndexPair<Index>, 1> dims;
   dims[0] = Eigen::IndexPair<Index>(ta ? 0 : 1, tb ? 1 : 0);
-  C.device(d) = A.contract(B, dims);
+  if (accumulate) {
+    C.device(d) += A.contract(B, dims);
+  } else {
+    C.device(d) = A.contract(B, dims);
+  }
 }
 
 // The fallback with arbitrary row strides (not produced by generated code).
 void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
                      int64_t lda, bool ta, const float* b, int64_t ldb,
-                     bool tb, float* c, int64_t ldc) {
+                     bool tb, float* c, int64_t ldc, bool accumulate) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0;
@@ -259,7 +263,7 @@ void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
         const float y = tb ? b[j * ldb + p] : b[p * ldb + j];
         acc += static_cast<double>(x) * y;
       }
-      c[i * ldc + j] = static_cast<float>(acc);
+      c[i * ldc + j] = static_cast<float>(acc) + (accumulate ? c[i * ldc + j] : 0.0f);
     }
   }
 }
@@ -322,6 +326,7 @@ struct GemmEpilogue {
   disc_gemm_epilogue_fn fn = nullptr;
   void* closure = nullptr;
   bool full_rows = false;
+  bool accumulate = false;  // C += op(A) op(B) (ABI 4)
   void operator()(int64_t q, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
     if (fn != nullptr) fn(closure, q, i0, i1, j0, j1);
   }
@@ -347,7 +352,9 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   const bool ta = transpose_a != 0, tb = transpose_b != 0;
   if (k == 0) {
     for (int64_t q = 0; q < batch; ++q) {
-      for (int64_t i = 0; i < m; ++i) std::fill_n(c + stride_c(q) + i * ldc, n, 0.0f);
+      if (!epilogue.accumulate) {
+        for (int64_t i = 0; i < m; ++i) std::fill_n(c + stride_c(q) + i * ldc, n, 0.0f);
+      }
       epilogue(q, 0, m, 0, n);
     }
     return;
@@ -374,7 +381,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
       const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
       block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb,
-            c + stride_c(q) + i0 * ldc + j0, ldc);
+            c + stride_c(q) + i0 * ldc + j0, ldc, epilogue.accumulate);
       epilogue(q, i0, i1, j0, j1);
     };
     const int64_t tasks = batch * blocks;
@@ -395,12 +402,13 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const float* aq = a + stride_a(q);
     const float* bq = b + stride_b(q);
     float* cq = c + stride_c(q);
+    const bool acc = epilogue.accumulate;
     if (!packed) {
-      ContractStrided(m, n, k, aq, lda, ta, bq, ldb, tb, cq, ldc);
+      ContractStrided(m, n, k, aq, lda, ta, bq, ldb, tb, cq, ldc, acc);
     } else if (threaded) {
-      ContractPacked(*d, m, n, k, aq, ta, bq, tb, cq);
+      ContractPacked(*d, m, n, k, aq, ta, bq, tb, cq, acc);
     } else {
-      ContractPacked(Eigen::DefaultDevice(), m, n, k, aq, ta, bq, tb, cq);
+      ContractPacked(Eigen::DefaultDevice(), m, n, k, aq, ta, bq, tb, cq, acc);
     }
   };
   const Eigen::ThreadPoolDevice* device = &r->ctx->eigen_cpu_device();
@@ -467,11 +475,12 @@ void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
                       const float* b, int64_t ldb, int64_t stride_b_outer,
                       int64_t stride_b_inner, int transpose_b, float* c, int64_t ldc,
                       int64_t stride_c_outer, int64_t stride_c_inner,
-                      disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows) {
+                      disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows,
+                      int32_t accumulate) {
   SgemmTwoLevel(TfRal::From(ral), "sgemm_epilogue", batch_outer, batch_inner, m, n, k, a, lda,
                 stride_a_outer, stride_a_inner, transpose_a, b, ldb, stride_b_outer,
                 stride_b_inner, transpose_b, c, ldc, stride_c_outer, stride_c_inner,
-                GemmEpilogue{epilogue, closure, full_rows != 0});
+                GemmEpilogue{epilogue, closure, full_rows != 0, accumulate != 0});
 }
 
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {

@@ -28,15 +28,25 @@ using RowMajorMatrix = E::Matrix<float, E::Dynamic, E::Dynamic, E::RowMajor>;
 using ConstMap = E::Map<const RowMajorMatrix, 0, E::OuterStride<>>;
 using MutableMap = E::Map<RowMajorMatrix, 0, E::OuterStride<>>;
 
+// C = lhs * rhs, or C += lhs * rhs.
+template <typename Lhs, typename Rhs>
+void Product(MutableMap& C, const Lhs& lhs, const Rhs& rhs, int accumulate) {
+  if (accumulate) {
+    C.noalias() += lhs * rhs;
+  } else {
+    C.noalias() = lhs * rhs;
+  }
+}
+
 }  // namespace
 
 extern "C" void DISC_GEMM_FN(int64_t m, int64_t n, int64_t k, const float* a,
                              int64_t lda, int ta, const float* b, int64_t ldb,
-                             int tb, float* c, int64_t ldc) {
+                             int tb, float* c, int64_t ldc, int accumulate) {
   if (m <= 0 || n <= 0) return;
   MutableMap C(c, m, n, E::OuterStride<>(ldc));
   if (k <= 0) {
-    C.setZero();
+    if (!accumulate) C.setZero();
     return;
   }
   // op(A) and op(B) as (possibly transposed) views: Eigen's GEMM reads a
@@ -44,17 +54,17 @@ extern "C" void DISC_GEMM_FN(int64_t m, int64_t n, int64_t k, const float* a,
   if (!ta) {
     ConstMap A(a, m, k, E::OuterStride<>(lda));
     if (!tb) {
-      C.noalias() = A * ConstMap(b, k, n, E::OuterStride<>(ldb));
+      Product(C, A, ConstMap(b, k, n, E::OuterStride<>(ldb)), accumulate);
     } else {
-      C.noalias() = A * ConstMap(b, n, k, E::OuterStride<>(ldb)).transpose();
+      Product(C, A, ConstMap(b, n, k, E::OuterStride<>(ldb)).transpose(), accumulate);
     }
   } else {
     ConstMap At(a, k, m, E::OuterStride<>(lda));
     if (!tb) {
-      C.noalias() = At.transpose() * ConstMap(b, k, n, E::OuterStride<>(ldb));
+      Product(C, At.transpose(), ConstMap(b, k, n, E::OuterStride<>(ldb)), accumulate);
     } else {
-      C.noalias() =
-          At.transpose() * ConstMap(b, n, k, E::OuterStride<>(ldb)).transpose();
+      Product(C, At.transpose(), ConstMap(b, n, k, E::OuterStride<>(ldb)).transpose(),
+              accumulate);
     }
   }
 }

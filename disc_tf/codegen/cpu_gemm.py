@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs
+from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs, sym
 from disc_tf.fusion.plan import Buffer, gemm_form
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     plan, k = em.plan, em.k
     (op,) = k.ops
     lhs, rhs = (em.buf(a) for a in k.inputs)
+    if op.op == "conv_taps":
+        return conv_taps_launch(em, buffer_ptr)
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue)
     if "strided" in op.attrs:
@@ -91,7 +93,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"                          {buffer_ptr[rhs.name]}, {ldb}, {sb[0]}, {sb[1]}, {tb},",
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"                          {e}_epilogue, const_cast<{epilogue.epilogue_struct}*>(&epi), "
-        f"{int(k.epilogue_full_rows)});",
+        f"{int(k.epilogue_full_rows)}, 0);",
         "    }",
         "  }",
     ]
@@ -114,6 +116,48 @@ def strided_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
         f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {g['sb'][0]}, "
         f"{g['sb'][1]}, {int(f['transpose_b'])},",
         f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
+        "    }",
+        "  }",
+    ]
+
+
+def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
+    """A stride-1 Conv1D (NHWC with H = 1) as one GEMM per filter tap j: output
+    columns whose input column ``ow + j * dilation - pad_left`` exists get
+    x[n, 0, that column, :] @ w[0, j], added to the result (the first tap writes,
+    and zeroes the columns it does not reach)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    x, w = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    a = op.attrs
+    c_ptr = buffer_ptr[out_name]
+    return [
+        f"  {{  // {k.name}: {comment(op.tf_node)} as {a['kw']} GEMMs, one per filter tap"
+        " (no im2col buffer)",
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+        f"    for (int64_t j = 0; j < {a['kw']}; ++j) {{",
+        f"      const int64_t shift = j * {a['dilation']} - pad;  // input column of output 0",
+        "      const int64_t lo = shift < 0 ? -shift : 0;",
+        "      const int64_t hi = width - shift < ow ? width - shift : ow;",
+        "      if (j == 0) {  // the columns the first tap does not write start at zero",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t c = 0; c < ow; ++c) {",
+        "            if (c >= lo && c < hi) continue;",
+        f"            for (int64_t o = 0; o < co; ++o) {c_ptr}[(n * ow + c) * co + o] = 0.0f;",
+        "          }",
+        "        }",
+        "      }",
+        "      if (hi > lo && batch > 0 && co > 0) {",
+        f"        ral->sgemm_epilogue(ral, batch, 1, hi - lo, co, ci,"
+        f" {buffer_ptr[x.name]} + (lo + shift) * ci, ci, width * ci, 0, 0,",
+        f"                            {buffer_ptr[w.name]} + j * ci * co, co, 0, 0, 0,",
+        f"                            {c_ptr} + lo * co, co, ow * co, 0, nullptr, nullptr, 0,"
+        " j > 0);",
+        "      }",
         "    }",
         "  }",
     ]

@@ -50,7 +50,7 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             first_write.setdefault(root(b), n)
     taken: set[str] = set()
     for li, lib in enumerate(order):
-        if lib.kind != "library":
+        if lib.kind != "library" or lib.ops[0].op != "dot_general":  # not conv_taps
             continue
         (_, c_name), = lib.outputs
         c = buffers[c_name]

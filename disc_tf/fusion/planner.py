@@ -50,10 +50,11 @@ def _combine(a: str, b: str) -> str:
 class _Planner:
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
                  prefix: str = "", input_fusion: bool = True,
-                 gemm_epilogues: bool = True) -> None:
+                 gemm_epilogues: bool = True, conv_taps: bool = True) -> None:
         self.prefix = prefix
         self.input_fusion = input_fusion
         self.gemm_epilogues = gemm_epilogues
+        self.conv_taps = conv_taps
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
@@ -399,6 +400,10 @@ class _Planner:
             return
         direct = (kh, kw) == (1, 1) and info.strides == [1, 1] and all(
             const(p) == 0 for p in info.pads)
+        if self.conv_taps and not direct and kh == 1 and const(xd[1]) == 1 \
+                and info.strides == [1, 1] and elem == "f32" and self._elem(x) == "f32":
+            self._place_conv_taps(op, info, kw)
+            return
         if direct:
             base, dims, _ = self.resolve(x)
             lhs = self._materialize(x) if dims is not None else base
@@ -427,6 +432,21 @@ class _Planner:
             value=result, op="dot_general", operands=[("in", 0), ("in", 1)], elem=elem,
             operand_elems=[elem, elem], tf_node=op.tf_node,
             attrs={"lhs_batch": [], "rhs_batch": [], "lhs_contract": [3], "rhs_contract": [0]}))
+        self.kernel_of[result] = target
+
+    def _place_conv_taps(self, op: DOp, info, kw: int) -> None:
+        """A one-row convolution (Conv1D) with stride 1 as ``kw`` GEMMs, one per filter
+        tap, each adding x shifted by the tap to the result: no im2col buffer (it was
+        kw x the input). The library kernel's op is ``conv_taps``."""
+        x, w = op.operands[0], op.operands[1]
+        result = op.results[0]
+        elem = op.result_types[0][0]
+        target = self._new_kernel("library", self.a.shape_class(result))
+        refs = [("in", self._dense_input(target, v)) for v in (x, w)]
+        self.kernels[target].ops.append(KernelOp(
+            value=result, op="conv_taps", operands=refs, elem=elem,
+            operand_elems=[elem, elem], tf_node=op.tf_node,
+            attrs={"kw": kw, "dilation": info.dilations[1], "pad_left": info.pads[2]}))
         self.kernel_of[result] = target
 
     def place(self, op: DOp) -> None:
@@ -780,24 +800,27 @@ class _Planner:
 
 
 def plan_fusion(func: DFunc, cluster_name: str, input_fusion: bool = True,
-                gemm_epilogues: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
+                gemm_epilogues: bool = True,
+                conv_taps: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
     """Analyses shapes of ``func`` and plans its kernels.
 
     When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
     the plan also carries that speculative plan; the host runner checks the
     assumption per call and runs whichever plan holds. ``input_fusion``: whether
     a column reduction may absorb its producers; ``gemm_epilogues``: whether a
-    GEMM's consumer may run inside it (the CPU backend emits both).
+    GEMM's consumer may run inside it; ``conv_taps``: whether a Conv1D is GEMMs
+    per filter tap rather than im2col (the CPU backend emits all three).
     """
     func = eliminate_dead_code(func)
     analysis = analyze(func)
     plan = _Planner(func, analysis, cluster_name, input_fusion=input_fusion,
-                    gemm_epilogues=gemm_epilogues).run()
+                    gemm_epilogues=gemm_epilogues, conv_taps=conv_taps).run()
     speculation = speculate_no_broadcast(analysis)
     if speculation is not None:
         spec_analysis, symbols = speculation
         spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_",
-                             input_fusion=input_fusion, gemm_epilogues=gemm_epilogues).run()
+                             input_fusion=input_fusion, gemm_epilogues=gemm_epilogues,
+                             conv_taps=conv_taps).run()
         if len(spec_plan.kernels) < len(plan.kernels):
             plan.speculative = spec_plan
             plan.speculated_symbols = symbols

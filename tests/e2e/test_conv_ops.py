@@ -82,6 +82,39 @@ def test_conv1d_is_conv2d_with_expand_dims():
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
+CONV1D_TAPS = {  # (kernel width, padding, dilation)
+    "k9_same": (9, "SAME", 1), "k4_same_asymmetric": (4, "SAME", 1), "k3_valid": (3, "VALID", 1),
+    "k3_same_dilated": (3, "SAME", 2), "k2_valid_dilated": (2, "VALID", 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV1D_TAPS))
+def test_conv1d_runs_as_one_gemm_per_filter_tap(name):
+    """No im2col buffer: a GEMM per tap adds the shifted input to the result."""
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    width, padding, dilation = CONV1D_TAPS[name]
+    w = np.random.default_rng(width).normal(size=(width, 8, 12)).astype(np.float32)
+
+    def fn(x):
+        return tf.nn.relu(tf.nn.conv1d(x, w, 1, padding, dilations=dilation) + 0.5)
+
+    spec = tf.TensorSpec([None, None, 8], F32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    assert [op.op for k in plan.kernels for op in k.ops if k.kind == "library"] == ["conv_taps"]
+    assert not any(op.op == "im2col" for k in plan.kernels for op in k.ops), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    disc_tf.reset_stats()
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(2)
+    reach = (width - 1) * dilation + 1  # VALID needs this many input columns
+    for b, t in [(1, 40), (2, 7), (3, 1 if padding == "SAME" else reach), (1, 300), (2, reach)]:
+        x = rng.normal(size=(b, t, 8)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
 @pytest.mark.parametrize("dtype", [F32, tf.int32, tf.float16], ids=lambda d: d.name)
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_argmax_argmin_first_extreme_like_tf(dtype, axis):
