@@ -3,9 +3,9 @@
 // Off unless DISC_TF_PROFILE is set (read once per process). Then every
 // parallel_for and GEMM that an artifact issues through the RAL is timed and
 // added to a process-wide table keyed by (cluster, launch number within one
-// call, kind). Launch numbers follow the fusion plan's kernel order, so
-// `disc-tf inspect --until fusion` (or fusion_plan.txt in DISC_TF_DUMP_DIR)
-// names each one. The table is written at process exit, slowest first, to the
+// call, kind). Launch numbers count launches in the fusion plan's kernel order
+// (`disc-tf inspect --until fusion`, or fusion_plan.txt in DISC_TF_DUMP_DIR); a
+// GEMM epilogue runs inside its GEMM's launch, whose detail says "+epilogue". The table is written at process exit, slowest first, to the
 // file DISC_TF_PROFILE names, or to stderr when it is "1" or "stderr".
 #ifndef DISC_TF_CC_RAL_LAUNCH_PROFILE_H_
 #define DISC_TF_CC_RAL_LAUNCH_PROFILE_H_
