@@ -225,3 +225,13 @@ def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
     text = out.getvalue()
     assert text.count("\n") == 1 and text.count("\r") == 6
     assert "[############################] 4/4 calls" in text
+
+
+def test_gemm_vs_tf_measures_and_reports_one_shape() -> None:
+    from bench import gemm_vs_tf
+
+    records = gemm_vs_tf.measure([(5, 16, 24)], calls=3)
+    assert len(records) == 1 and records[0]["tf_s"] > 0 and records[0]["disc_s"] > 0
+    text = gemm_vs_tf.to_markdown(records, "CPU: test")
+    assert "| 5 | 16 | 24 |" in text and "over 1 shapes" in text
+    assert gemm_vs_tf.DEFAULT_SHAPES and all(len(s) == 3 for s in gemm_vs_tf.DEFAULT_SHAPES)

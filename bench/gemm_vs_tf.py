@@ -1,0 +1,112 @@
+"""disc_tf's GEMM against TF's MatMul on BERT projection shapes, in one process.
+
+    python -m bench.gemm_vs_tf                 # writes bench/GEMM.md (and prints it)
+    python -m bench.gemm_vs_tf --out /tmp/g.md --shapes 16x768x768
+
+Each case is ``relu(x @ W + b)`` with constant W and b, as a tf.function (TF's
+oneDNN MatMul, with Grappler's fused bias + ReLU) and through ``disc_tf.jit``
+(the RAL's GEMM with the bias + ReLU as its epilogue). Each is timed as the best
+of 5 rounds of back-to-back calls; the ratio is TF time / disc time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import time
+
+import numpy as np
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+#: (m, k, n): BERT-base (768, FFN 3072) and BERT-small (256, FFN 1024) projections
+DEFAULT_SHAPES = [(m, k, n) for k, n in [(768, 768), (768, 3072), (3072, 768), (256, 256),
+                                         (256, 1024), (1024, 256)]
+                  for m in (16, 64, 256, 1024)]
+
+
+def _best_seconds(fn, x, calls: int, rounds: int = 5) -> float:
+    for _ in range(3):
+        fn(x)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _dense_layer(w, b):
+    """``relu(x @ w + b)`` with w and b captured as constants."""
+    import tensorflow as tf
+
+    def dense(x):
+        return tf.nn.relu(tf.matmul(x, w) + b)
+
+    return dense
+
+
+def measure(shapes: list[tuple[int, int, int]], seed: int = 0,
+            calls: int | None = None) -> list[dict]:
+    """One record per (m, k, n): seconds per call for TF and disc, GF/s, ratio.
+    ``calls`` per round defaults to about 0.2 GFLOP of work (20 to 500 calls)."""
+    import tensorflow as tf
+
+    import disc_tf
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for m, k, n in shapes:
+        w = tf.constant(rng.standard_normal((k, n)).astype(np.float32))
+        b = tf.constant(rng.standard_normal(n).astype(np.float32))
+        sig = [tf.TensorSpec([None, k], tf.float32)]
+
+        dense = _dense_layer(w, b)
+        tf_fn = tf.function(dense, input_signature=sig)
+        disc_fn = disc_tf.jit(tf.function(dense, input_signature=sig))
+        x = tf.constant(rng.standard_normal((m, k)).astype(np.float32))
+        np.testing.assert_allclose(disc_fn(x).numpy(), tf_fn(x).numpy(), rtol=1e-3, atol=1e-3)
+        per_round = calls or min(500, max(20, int(2e8 / (2 * m * k * n))))
+        t_tf, t_disc = _best_seconds(tf_fn, x, per_round), _best_seconds(disc_fn, x, per_round)
+        flops = 2.0 * m * k * n
+        records.append({"m": m, "k": k, "n": n, "tf_s": t_tf, "disc_s": t_disc,
+                        "tf_gflops": flops / t_tf / 1e9, "disc_gflops": flops / t_disc / 1e9,
+                        "x_tf": t_tf / t_disc})
+    return records
+
+
+def to_markdown(records: list[dict], machine: str) -> str:
+    """The report: one row per shape, then the range of ratios."""
+    lines = ["# disc_tf GEMM vs TF MatMul", "", f"- {machine}",
+             "- `relu(x @ W + b)`, W and b constant; best of 5 rounds of back-to-back calls; "
+             "`x TF` = TF time / disc time (> 1: disc faster)", "",
+             "| m | k | n | TF us | TF GF/s | disc us | disc GF/s | x TF |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['tf_s'] * 1e6:.1f} | "
+                     f"{r['tf_gflops']:.0f} | {r['disc_s'] * 1e6:.1f} | {r['disc_gflops']:.0f} | "
+                     f"{r['x_tf']:.2f} |")
+    ratios = [r["x_tf"] for r in records]
+    lines += ["", f"x TF: {min(ratios):.2f}-{max(ratios):.2f} over {len(records)} shapes; "
+              f"{sum(x >= 0.95 for x in ratios)} of them at >= 0.95.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, default=BENCH_DIR / "GEMM.md")
+    p.add_argument("--shapes", default="", help="comma-separated MxKxN (default: BERT shapes)")
+    args = p.parse_args(argv)
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else DEFAULT_SHAPES)
+    from bench.run import cpu_model
+
+    text = to_markdown(measure(shapes), f"CPU: {cpu_model()}")
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
