@@ -20,7 +20,7 @@ from disc_tf.codegen.cuda import HOST_MARKER, emit_cuda, split_source
 from disc_tf.dhlo_bridge.lower import DhloModule, lower_cluster
 from disc_tf.fusion.dhlo_reader import read_module
 from disc_tf.fusion.plan import FusionPlan
-from disc_tf.fusion.planner import plan_fusion
+from disc_tf.fusion.planner import PlanOptions, plan_fusion
 from disc_tf.runtime import compiler, cuda_compiler
 
 log = logging.getLogger("disc_tf")
@@ -53,11 +53,8 @@ def front_end(spec: ClusterSpec, target: str = "cpu") -> FrontEnd:
     if target not in ("cpu", "cuda"):
         raise ValueError(f"target {target!r} has no code generator; use 'cpu' or 'cuda'")
     dhlo = lower_cluster(spec)
-    # Input fusion (a reduction absorbing its producers), GEMM epilogues and
-    # convolutions by filter taps have no CUDA emitter yet.
-    cpu = target == "cpu"
     plan, analysis = plan_fusion(read_module(dhlo.text), spec.name,
-                                 input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu)
+                                 PlanOptions.for_target(target))
     emit = emit_cuda if target == "cuda" else emit_cpu
     source = emit(plan, dhlo.input_names, dhlo.output_names)
     return FrontEnd(dhlo, analysis.describe(), plan, source)

@@ -214,18 +214,17 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     ptr = {name: plan.root(name) for name in plan.buffers}
     # A temp reusing another's memory (the buffer planner's decision) keeps that
     # memory alive: the allocation is freed after the last reader of either.
-    owner = {name: b.reuses or name for name, b in plan.buffers.items()}
     last_use: dict[str, int] = {}
     for n, k in enumerate(plan.kernels):
         for a in k.inputs:
-            last_use[owner[plan.root(a.buffer)]] = n
+            last_use[plan.memory(a.buffer)] = n
     out.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;")
     size_of: dict[str, str] = {}
     # A GEMM epilogue runs inside its GEMM's launch: its outputs are allocated there.
     index = {k.name: n for n, k in enumerate(plan.kernels)}
-    epilogue_of = {index[k.epilogue]: n for n, k in enumerate(plan.kernels) if k.epilogue}
+    inside_a_gemm = {index[k.epilogue] for k in plan.kernels if k.epilogue}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
-        writers = [] if n in epilogue_of else [k]
+        writers = [] if n in inside_a_gemm else [k]
         if k.epilogue:
             writers.append(plan.kernels[index[k.epilogue]])
         for _, bname in [o for w in writers for o in w.outputs]:
@@ -250,7 +249,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
         if k.epilogue:
             out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]]))
-        elif n not in epilogue_of:
+        elif n not in inside_a_gemm:
             out.extend(e.launch(ptr))
         for bname, last in last_use.items():
             if last == n and plan.buffers[bname].role == "temp":

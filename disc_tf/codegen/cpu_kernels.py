@@ -198,13 +198,16 @@ class KernelEmitter:
         lines.append("}")
         return "\n".join(lines)
 
-    def _rows_call(self, a: str, begin: str, end: str, c0: str, c1: str) -> list[str]:
-        """Lines calling ``{k}_rows`` (through the broadcast-flag switch)."""
+    def _flag_call(self, fn: str, call_args: str) -> list[str]:
+        """Lines calling ``fn`` (templated on the broadcast flags: through the switch)."""
         _, bcast, _, templated = self.inner_index()
-        call_args = f"{a}, {begin}, {end}, {c0}, {c1}"
         if not (templated and bcast):
-            return [f"  {self.k.name}_rows({call_args});"]
-        return self.flag_dispatch(f"{self.k.name}_rows", call_args, bcast)
+            return [f"  {fn}({call_args});"]
+        return self.flag_dispatch(fn, call_args, bcast)
+
+    def _rows_call(self, a: str, begin: str, end: str, c0: str, c1: str) -> list[str]:
+        """Lines calling a loop kernel's ``{k}_rows``."""
+        return self._flag_call(f"{self.k.name}_rows", f"{a}, {begin}, {end}, {c0}, {c1}")
 
     @property
     def epilogue_struct(self) -> str:
@@ -481,11 +484,8 @@ class KernelEmitter:
         return "\n".join(lines)
 
     def _row_range_call(self, a: str, begin: str, end: str) -> list[str]:
-        """Lines calling a stitch kernel's ``{k}_row_range`` (through the flag switch)."""
-        _, bcast, _, templated = self.inner_index()
-        if not (templated and bcast):
-            return [f"  {self.k.name}_row_range({a}, {begin}, {end});"]
-        return self.flag_dispatch(f"{self.k.name}_row_range", f"{a}, {begin}, {end}", bcast)
+        """Lines calling a stitch kernel's ``{k}_row_range``."""
+        return self._flag_call(f"{self.k.name}_row_range", f"{a}, {begin}, {end}")
 
     def _row_cache(self, passes: int, ready: dict, closure, full_outs: list) -> tuple | None:
         """The value the last reduction pass keeps in the output row for the final pass.
@@ -516,12 +516,9 @@ class KernelEmitter:
             return None
         # An output written in place of an input (the buffer planner's choice) must
         # not be overwritten early when the final pass still reads that input.
-        def memory(name: str) -> str:
-            return self.plan.buffers[name].reuses or name
-
-        out_memory = memory(self.k.outputs[j][1])
+        out_memory = self.plan.memory(self.k.outputs[j][1])
         aliased = {i for i, acc in enumerate(self.k.inputs)
-                   if memory(self.plan.root(acc.buffer)) == out_memory}
+                   if self.plan.memory(acc.buffer) == out_memory}
         if any(kind == "in" and ref in aliased for op in final if op.value not in shared
                for kind, ref in op.operands):
             return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.plan import Buffer, Kernel
+from disc_tf.fusion.plan import Buffer, Kernel, memory_of, root_of
 
 #: Kernels that can run on a block of C: loop kernels on any block, stitch kernels
 #: (a row-wise reduction and its consumers: layer norm, softmax) on blocks of whole
@@ -36,13 +36,10 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     """Sets ``epilogue`` (and ``epilogue_full_rows``) on every library kernel of
     ``order`` that takes one."""
     def root(name: str) -> str:
-        while buffers[name].alias_of is not None:
-            name = buffers[name].alias_of
-        return name
+        return root_of(buffers, name)
 
     def memory(name: str) -> str:
-        name = root(name)
-        return buffers[name].reuses or name
+        return memory_of(buffers, name)
 
     first_write: dict[str, int] = {}
     for n, k in enumerate(order):

@@ -230,6 +230,20 @@ def strided_gemm(dot_dims: dict, lhs_perm: list[int], rhs_perm: list[int]) -> di
             "k_rhs": kr, "n": n, "transpose_a": m == last_l, "transpose_b": kr == last_r}
 
 
+def root_of(buffers: dict[str, Buffer], name: str) -> str:
+    """The buffer that owns the memory of ``name``: views and aliases followed."""
+    while buffers[name].alias_of is not None:
+        name = buffers[name].alias_of
+    return name
+
+
+def memory_of(buffers: dict[str, Buffer], name: str) -> str:
+    """The allocation ``name`` lives in: its root, or the temp that root is written
+    in place of (the buffer planner's ``reuses``)."""
+    name = root_of(buffers, name)
+    return buffers[name].reuses or name
+
+
 @dataclasses.dataclass
 class FusionPlan:
     """Everything codegen needs for one cluster."""
@@ -259,9 +273,11 @@ class FusionPlan:
 
     def root(self, name: str) -> str:
         """The buffer that owns the memory of ``name`` (follows aliases)."""
-        while self.buffers[name].alias_of is not None:
-            name = self.buffers[name].alias_of
-        return name
+        return root_of(self.buffers, name)
+
+    def memory(self, name: str) -> str:
+        """The allocation ``name`` lives in (its root, or what that reuses)."""
+        return memory_of(self.buffers, name)
 
     def describe(self) -> str:
         """Human-readable plan (what ``inspect`` and the dump dir show)."""

@@ -12,6 +12,7 @@ index map is copied into its own buffer. Scalar constants are inlined.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from disc_tf.fusion.dce import eliminate_dead_code
@@ -24,6 +25,7 @@ from disc_tf.fusion.plan import (
     Kernel,
     KernelOp,
     gemm_form,
+    root_of,
     strided_gemm,
 )
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
@@ -47,14 +49,29 @@ def _combine(a: str, b: str) -> str:
     return "no"
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """Fusions a backend has emitters for (the CPU backend has all of them)."""
+
+    #: a column reduction may absorb the loop kernel computing its operand
+    input_fusion: bool = True
+    #: a GEMM's consumer may run on each block of C inside it
+    gemm_epilogues: bool = True
+    #: a stride-1 Conv1D is one GEMM per filter tap rather than im2col + GEMM
+    conv_taps: bool = True
+
+    @classmethod
+    def for_target(cls, target: str) -> PlanOptions:
+        """All of them for "cpu"; none yet for "cuda"."""
+        cpu = target == "cpu"
+        return cls(input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu)
+
+
 class _Planner:
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
-                 prefix: str = "", input_fusion: bool = True,
-                 gemm_epilogues: bool = True, conv_taps: bool = True) -> None:
+                 prefix: str = "", options: PlanOptions = PlanOptions()) -> None:
         self.prefix = prefix
-        self.input_fusion = input_fusion
-        self.gemm_epilogues = gemm_epilogues
-        self.conv_taps = conv_taps
+        self.options = options
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
@@ -400,7 +417,7 @@ class _Planner:
             return
         direct = (kh, kw) == (1, 1) and info.strides == [1, 1] and all(
             const(p) == 0 for p in info.pads)
-        if self.conv_taps and not direct and kh == 1 and const(xd[1]) == 1 \
+        if self.options.conv_taps and not direct and kh == 1 and const(xd[1]) == 1 \
                 and info.strides == [1, 1] and elem == "f32" and self._elem(x) == "f32":
             self._place_conv_taps(op, info, kw)
             return
@@ -531,7 +548,7 @@ class _Planner:
         operand = op.operands[0]
         base, dims, _ = self.resolve(operand)
         k = self.kernel_of.get(base)
-        if not self.input_fusion or dims is not None or k is None or base in self.view_base:
+        if not self.options.input_fusion or dims is not None or k is None or base in self.view_base:
             return None
         kernel = self.kernels[k]
         if kernel.kind != "loop" or tuple(kernel.dims) != self.a.shape_class(operand):
@@ -686,9 +703,7 @@ class _Planner:
         at most what freeing every temp after its last reader gives (TF's own
         policy), and one allocation serves both."""
         def root(name: str) -> str:
-            while self.buffers[name].alias_of is not None:
-                name = self.buffers[name].alias_of
-            return name
+            return root_of(self.buffers, name)
 
         last_use: dict[str, int] = {}
         for n, k in enumerate(order):
@@ -783,7 +798,7 @@ class _Planner:
                 self.kernels[k].outputs.append((value, buf))
         order = self._launch_order()
         self._plan_reuse(order)
-        if self.gemm_epilogues:
+        if self.options.gemm_epilogues:
             find = self.a.symbols.find
             plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b),
                            self.a.symbols.constant_value)
@@ -799,28 +814,23 @@ class _Planner:
         )
 
 
-def plan_fusion(func: DFunc, cluster_name: str, input_fusion: bool = True,
-                gemm_epilogues: bool = True,
-                conv_taps: bool = True) -> tuple[FusionPlan, ShapeAnalysis]:
+def plan_fusion(func: DFunc, cluster_name: str,
+                options: PlanOptions = PlanOptions()) -> tuple[FusionPlan, ShapeAnalysis]:
     """Analyses shapes of ``func`` and plans its kernels.
 
     When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
     the plan also carries that speculative plan; the host runner checks the
-    assumption per call and runs whichever plan holds. ``input_fusion``: whether
-    a column reduction may absorb its producers; ``gemm_epilogues``: whether a
-    GEMM's consumer may run inside it; ``conv_taps``: whether a Conv1D is GEMMs
-    per filter tap rather than im2col (the CPU backend emits all three).
+    assumption per call and runs whichever plan holds. ``options``: the fusions
+    the backend can emit (``PlanOptions.for_target``).
     """
     func = eliminate_dead_code(func)
     analysis = analyze(func)
-    plan = _Planner(func, analysis, cluster_name, input_fusion=input_fusion,
-                    gemm_epilogues=gemm_epilogues, conv_taps=conv_taps).run()
+    plan = _Planner(func, analysis, cluster_name, options=options).run()
     speculation = speculate_no_broadcast(analysis)
     if speculation is not None:
         spec_analysis, symbols = speculation
         spec_plan = _Planner(func, spec_analysis, cluster_name, prefix="spec_",
-                             input_fusion=input_fusion, gemm_epilogues=gemm_epilogues,
-                             conv_taps=conv_taps).run()
+                             options=options).run()
         if len(spec_plan.kernels) < len(plan.kernels):
             plan.speculative = spec_plan
             plan.speculated_symbols = symbols
