@@ -24,7 +24,7 @@ from disc_tf.codegen.cpu_text import (
     product,
     sym,
 )
-from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
 
 
 class KernelEmitter:
@@ -72,8 +72,15 @@ class KernelEmitter:
             lines.append(f"  {STORAGE[elem]}* out{j};  // {bname} ({value})")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"  double h{i};  // {h}, computed by the host")
+        for n, op in self.concats():
+            lines.append(f"  int64_t cat{n}[{len(op.operands)}];  // {comment(op.tf_node)}: "
+                         f"where each part ends along dim {op.attrs['axis']}")
         lines.append("};")
         return "\n".join(lines)
+
+    def concats(self) -> list[tuple[int, KernelOp]]:
+        """The kernel's concatenations read in place: (op position, op)."""
+        return [(n, op) for n, op in enumerate(self.k.ops) if op.op == "concatenate"]
 
     def compute(self) -> str:
         params = [f"const {self.args}& a"]
@@ -88,7 +95,10 @@ class KernelEmitter:
                     for (kind, ref), elem in zip(op.operands, op.operand_elems)]
             var = f"v{n}"
             names[op.value] = var
-            expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
+            if op.op == "concatenate":  # the row loop loads the part holding the element
+                expr = args[0]
+            else:
+                expr = expression(op.op, args, op.elem, op.operand_elems, op.attrs)
             body.append(
                 f"  const {COMPUTE[op.elem]} {var} = {expr};  // {comment(op.tf_node)}: {op.op}"
             )
@@ -97,10 +107,18 @@ class KernelEmitter:
         head = f"static inline void {self.k.name}_compute({', '.join(params)}) {{"
         return "\n".join([head, *body, "}"])
 
-    def _loop(self, index: dict[int, str], out_index: str) -> list[str]:
-        loads = [
-            f"({COMPUTE[self.buf(a).elem]})r{i}[{index[i]}]" for i, a in enumerate(self.k.inputs)
-        ]
+    def _loop(self, index: dict[int, str], out_index: str,
+              pointer: dict[int, str] | None = None) -> list[str]:
+        """One element: loads, the compute call, stores. ``pointer``: inputs loaded
+        through another pointer (a concatenation's part), or not at all (None)."""
+        pointer = pointer or {}
+        loads = []
+        for i, a in enumerate(self.k.inputs):
+            ct = COMPUTE[self.buf(a).elem]
+            if i in pointer and pointer[i] is None:
+                loads.append(f"({ct})0")  # a part not holding this element
+            else:
+                loads.append(f"({ct}){pointer.get(i, f'r{i}')}[{index[i]}]")
         lines = []
         outs = []
         for j, (_, b) in enumerate(self.k.outputs):
@@ -179,7 +197,14 @@ class KernelEmitter:
             "  for (int64_t row = begin; row < end; ++row) {",
         ]
         self._row_offsets(lines, "    ")
+        outer = [(n, op) for n, op in self.concats() if op.attrs["axis"] < r - 1]
+        inner = [(n, op) for n, op in self.concats() if op.attrs["axis"] == r - 1]
+        pointer: dict[int, str | None] = {}
+        for n, op in outer:  # one part holds the whole row: its pointer, chosen per row
+            pointer.update(self._row_part(lines, n, op))
         for i, acc in enumerate(self.k.inputs):
+            if i in pointer:
+                continue
             lines.append(
                 f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
             )
@@ -189,9 +214,33 @@ class KernelEmitter:
             lines.append(
                 f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
             )
-        lines.append("    for (int64_t c = c0; c < c1; ++c) {")
-        lines += ["  " + x for x in self._loop(index, "c")]
-        lines += ["    }", "  }", "}", ""]
+        for n, op in outer:
+            parts = [ref for _, ref in op.operands]
+            contiguous = all(self._contiguous_part(i) for i in parts)
+            for i in parts:
+                index[i] = "c" if contiguous else f"c * qs{n}"
+        if not inner:
+            lines.append("    for (int64_t c = c0; c < c1; ++c) {")
+            lines += ["  " + x for x in self._loop(index, "c", pointer)]
+            lines.append("    }")
+        else:  # one column segment per part of the innermost concatenation
+            (n, op), = inner
+            parts = [ref for _, ref in op.operands]
+            lines.append(f"    // {comment(op.tf_node)}: one segment of columns per part")
+            for p, i in enumerate(parts):
+                start = f"a.cat{n}[{p - 1}]" if p else "0"
+                lines.append(f"    for (int64_t c = {start} > c0 ? {start} : c0, "
+                             f"e = a.cat{n}[{p}] < c1 ? a.cat{n}[{p}] : c1; c < e; ++c) {{")
+                seg = dict(pointer)  # the op reads its first operand: load part i there
+                seg.update({j: None for j in parts[1:]})
+                seg[parts[0]] = f"r{i}"
+                seg_index = dict(index)
+                shifted = f"c - {start}" if p else "c"
+                seg_index[parts[0]] = (shifted if self._contiguous_part(i)
+                                       else f"({shifted}) * st{i}")
+                lines += ["  " + x for x in self._loop(seg_index, "c", seg)]
+                lines.append("    }")
+        lines += ["  }", "}", ""]
         lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
         lines += self._rows_call("a", "begin", "end", "0", f"a.dims[{r - 1}]")
@@ -264,6 +313,39 @@ class KernelEmitter:
             parts.append(self.epilogue())
         return "\n\n".join(parts)
 
+    def _contiguous_part(self, i: int) -> bool:
+        """A concatenation's part whose last dim runs along the kernel's, unexpanded
+        and unsliced: its innermost stride is 1 (or 0 for size 1, where only
+        column 0 is read)."""
+        acc = self.k.inputs[i]
+        return (acc.window is None and acc.dims is not None and acc.dims[-1] == self.rank - 1
+                and acc.expand[-1] == "no")
+
+    def _row_part(self, lines: list[str], n: int, op: KernelOp) -> dict[int, str | None]:
+        """Lines choosing the part of concatenation ``n`` (along an outer dim) that
+        holds this row: pointer ``q{n}`` and innermost stride ``qs{n}``. Returns the
+        part inputs' pointers for ``_loop``: the first loads through ``q{n}``."""
+        r, axis = self.rank, op.attrs["axis"]
+        parts = [ref for _, ref in op.operands]
+        choice = " : ".join(f"at{axis} < a.cat{n}[{p}] ? {p}" for p in range(len(parts) - 1))
+        lines.append(f"    // {comment(op.tf_node)}: the part holding this row")
+        lines.append(f"    const int part{n} = {choice} : {len(parts) - 1};" if choice
+                     else f"    const int part{n} = 0;")
+        elem = STORAGE[self.buf(self.k.inputs[parts[0]]).elem]
+        ptr = " : ".join(
+            f"part{n} == {p} ? a.in{i} + off{i} - {f'a.cat{n}[{p - 1}]' if p else '0'}"
+            f" * a.in{i}_strides[{axis}]" for p, i in enumerate(parts[:-1]))
+        last = parts[-1]
+        tail = (f"a.in{last} + off{last} - "
+                f"{f'a.cat{n}[{len(parts) - 2}]' if len(parts) > 1 else '0'}"
+                f" * a.in{last}_strides[{axis}]")
+        lines.append(f"    const {elem}* __restrict q{n} = {ptr + ' : ' if ptr else ''}{tail};")
+        st = " : ".join(f"part{n} == {p} ? a.in{i}_strides[{r - 1}]"
+                        for p, i in enumerate(parts[:-1]))
+        lines.append(f"    const int64_t qs{n} = {st + ' : ' if st else ''}"
+                     f"a.in{last}_strides[{r - 1}];")
+        return {i: (f"q{n}" if p == 0 else None) for p, i in enumerate(parts)}
+
     def _row_offsets(self, lines: list[str], indent: str) -> None:
         """Offsets of every input at the start of ``row`` (dims before the last).
 
@@ -276,6 +358,9 @@ class KernelEmitter:
         for i in range(len(self.k.inputs)):
             start = f"row * a.dims[{r - 1}]" if i in dense else "0"
             lines.append(f"{indent}int64_t off{i} = {start};")
+        # the coordinate along each outer dim a concatenation runs along
+        axes = sorted({op.attrs["axis"] for _, op in self.concats() if op.attrs["axis"] < r - 1})
+        lines += [f"{indent}int64_t at{d} = 0;" for d in axes]
         if r > 1 and walk:
             lines.append(f"{indent}int64_t rem = row;")
             lines.append(f"{indent}for (int d = {r - 2}; d >= 0; --d) {{")
@@ -283,6 +368,7 @@ class KernelEmitter:
             lines.append(f"{indent}  rem /= a.dims[d];")
             for i in walk:
                 lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
+            lines += [f"{indent}  if (d == {d}) at{d} = idx;" for d in axes]
             lines.append(f"{indent}}}")
 
     def stitch(self) -> str:
@@ -696,6 +782,11 @@ class KernelEmitter:
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        for n, op in self.concats():
+            end = "0"
+            for p, size in enumerate(op.attrs["sizes"]):
+                end = f"{end} + {sym(size, plan)}" if end != "0" else sym(size, plan)
+                lines.append(f"    k.cat{n}[{p}] = {end};")
         return lines
 
     def _launch_lines(self, flat_conds: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Dead-code elimination on a DHLO function, before shape analysis.
+"""Clean-ups of a DHLO function before shape analysis: copies forwarded, dead code
+eliminated.
 
 TF prunes ops whose results nobody reads; so must a cluster. Otherwise a dead
 op would still be computed and, worse, its shape checks could reject inputs
@@ -36,3 +37,33 @@ def eliminate_dead_code(func: DFunc) -> DFunc:
                 changed = True
     ops = [op for i, op in enumerate(func.ops) if i in kept]
     return dataclasses.replace(func, ops=ops)
+
+
+def forward_copies(func: DFunc) -> DFunc:
+    """``func`` with each same-type ``convert`` (TF Identity, Snapshot) of a computed
+    value replaced by that value, so that a kernel writes a cluster result directly
+    instead of a copy kernel re-writing it. A convert stays where it is the copy that
+    gives a result its own memory: of an argument or a constant, or of a value
+    returned already."""
+    producer = {r: op for op in func.ops for r in op.results}
+
+    def elem(v: str) -> str:
+        return func.args[int(v[4:])][0] if v.startswith("%arg") else producer[v].result_types[0][0]
+
+    forward: dict[str, str] = {}
+    for op in func.ops:
+        if op.name != "stablehlo.convert" or op.result_types[0][0] != elem(op.operands[0]):
+            continue
+        x = forward.get(op.operands[0], op.operands[0])
+        source = producer.get(x)
+        if source is not None and source.name != "stablehlo.constant":
+            forward[op.results[0]] = x
+    if not forward:
+        return func
+    returns: list[str] = []
+    for v in func.returns:
+        new = forward.get(v, v)
+        returns.append(new if new not in returns and new not in func.returns else v)
+    ops = [dataclasses.replace(op, operands=[forward.get(v, v) for v in op.operands])
+           for op in func.ops]
+    return dataclasses.replace(func, ops=ops, returns=returns)

@@ -54,6 +54,10 @@ class Access:
     #: a slice of the buffer read in place: (start symbol per buffer dim, constant
     #: step per buffer dim, sliced size symbol per buffer dim)
     window: tuple | None = None
+    #: one part of a concatenation read in place: the concatenate op's value. The
+    #: kernel's ``concatenate`` op reads the part holding each element (its index
+    #: along the concatenated dim shifted by the parts before it).
+    part_of: str | None = None
 
     @property
     def is_identity(self) -> bool:
@@ -64,10 +68,16 @@ class Access:
     def permuted(self) -> bool:
         """True if buffer dims are read out of order (a transpose) or through a slice
         window: the innermost kernel dim may then have any stride."""
-        return self.window is not None or (
+        return self.window is not None or self.part_of is not None or (
             self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:])))
 
     def __str__(self) -> str:
+        if self.part_of is not None:
+            inner = dataclasses.replace(self, part_of=None)
+            if self.window is None and self.dims == sorted(self.dims) == list(
+                    range(len(self.dims))) and set(self.expand) == {"no"}:
+                inner = dataclasses.replace(inner, dims=None, expand=None)
+            return f"part of {self.part_of}: {inner}"
         if self.window is not None:
             starts = ", ".join(f"s{s}" for s in self.window[0])
             return (f"window({self.buffer}, start=[{starts}], step={self.window[1]}, "
@@ -89,6 +99,9 @@ class KernelOp:
     ``op == "reduce"`` folds its operand over the kernel's innermost dim
     (combiner and init in ``attrs``). ``row`` ops (reductions and what is
     computed from their results) run once per row of a stitch kernel.
+    ``op == "concatenate"`` (loop kernels only) reads its operands, inputs that
+    are the parts of a concatenation, at the part holding each element; its
+    ``attrs``: ``axis`` (a kernel dim) and each part's ``sizes`` along it.
     """
 
     value: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from disc_tf.fusion.dce import eliminate_dead_code
+from disc_tf.fusion.dce import eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.epilogue import plan_epilogues
 from disc_tf.fusion.plan import (
@@ -59,12 +59,14 @@ class PlanOptions:
     gemm_epilogues: bool = True
     #: a stride-1 Conv1D is one GEMM per filter tap rather than im2col + GEMM
     conv_taps: bool = True
+    #: a concatenation is read in place by the loop kernel of its consumers
+    concat_maps: bool = True
 
     @classmethod
     def for_target(cls, target: str) -> PlanOptions:
         """All of them for "cpu"; none yet for "cuda"."""
         cpu = target == "cpu"
-        return cls(input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu)
+        return cls(input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu, concat_maps=cpu)
 
 
 class _Planner:
@@ -232,9 +234,9 @@ class _Planner:
         access = Access(self.buffer_for_base(base), dims, expand, window)
         k = self.kernels[kernel]
         for i, existing in enumerate(k.inputs):
-            if (existing.buffer, existing.dims, existing.expand, existing.window) == (
-                access.buffer, access.dims, access.expand, access.window
-            ):
+            if existing.part_of is None and (
+                    existing.buffer, existing.dims, existing.expand, existing.window) == (
+                    access.buffer, access.dims, access.expand, access.window):
                 return ("in", i)
         k.inputs.append(access)
         return ("in", len(k.inputs) - 1)
@@ -466,7 +468,63 @@ class _Planner:
             attrs={"kw": kw, "dilation": info.dilations[1], "pad_left": info.pads[2]}))
         self.kernel_of[result] = target
 
+    def _concat_in_place(self, op: DOp) -> bool:
+        """May a concatenation be read in place by a loop kernel? Its parts must be
+        tensors in memory of the result's element type (host scalars and inlined
+        constants are not)."""
+        if not self.options.concat_maps or not self.a.value_dims[op.results[0]]:
+            return False
+        for v in op.operands:
+            base, _, _ = self.resolve(v)
+            producer = self.producer.get(base)
+            if base in self.a.host_values or self._elem(v) != op.result_types[0][0] or (
+                    producer is not None and producer.name == "stablehlo.constant"
+                    and producer.const_value.ndim == 0):
+                return False
+        return True
+
+    def _concat_ops(self, kernel: int) -> list[KernelOp]:
+        return [o for o in self.kernels[kernel].ops if o.op == "concatenate"]
+
+    def place_concat(self, op: DOp) -> None:
+        """A concatenation as an index map: a ``concatenate`` op of a loop kernel
+        reading each part where it lies, so no concatenated copy is written unless
+        another kernel reads it. At most one concatenation along the innermost dim
+        per kernel (its rows are cut into one column segment per part)."""
+        shape = self.a.shape_class(op.results[0])
+        axis = op.int_attr("dimension")
+        target = self._latest(shape, op)
+        if target is not None:
+            kernel = self.kernels[target]
+            inner_taken = any(o.attrs["axis"] == len(shape) - 1 for o in self._concat_ops(target))
+            if kernel.kind != "loop" or (axis == len(shape) - 1 and inner_taken) or any(
+                    self._src(self.resolve(v)[0]) == target for v in op.operands):
+                target = None  # a part computed by that kernel would be read shifted
+        if target is None:
+            target = self._new_kernel("loop", shape)
+        kernel = self.kernels[target]
+        rank = len(shape)
+        refs = []
+        for v in op.operands:
+            base, dims, expand = self.resolve(v)
+            if dims is None:
+                dims, expand = list(range(rank)), ["no"] * rank
+            kernel.inputs.append(Access(self.buffer_for_base(base), dims, expand,
+                                        self.window_of(v), part_of=op.results[0]))
+            refs.append(("in", len(kernel.inputs) - 1))
+            src = self._src(base)
+            if src is not None:
+                self.deps[target].add(src)
+        kernel.ops.append(KernelOp(
+            value=op.results[0], op="concatenate", operands=refs, elem=op.result_types[0][0],
+            operand_elems=[self._elem(v) for v in op.operands], tf_node=op.tf_node,
+            attrs={"axis": axis, "sizes": [self.a.value_dims[v][axis] for v in op.operands]}))
+        self.kernel_of[op.results[0]] = target
+
     def place(self, op: DOp) -> None:
+        if op.name == "stablehlo.concatenate" and self._concat_in_place(op):
+            self.place_concat(op)
+            return
         if op.name == "stablehlo.dynamic_conv":
             self.place_conv(op)
             return
@@ -522,6 +580,8 @@ class _Planner:
         attrs = {"combiner": op.reduce_kind, "init": init}
         if op.reduce_dims == [rank - 1]:
             target = self._latest(shape, op)
+            if target is not None and self._concat_ops(target):
+                target = None  # stitch kernels have no emitter for concatenations
             if target is None:
                 target = self._new_kernel("stitch", shape)
             self.kernels[target].kind = "stitch"
@@ -551,7 +611,8 @@ class _Planner:
         if not self.options.input_fusion or dims is not None or k is None or base in self.view_base:
             return None
         kernel = self.kernels[k]
-        if kernel.kind != "loop" or tuple(kernel.dims) != self.a.shape_class(operand):
+        if kernel.kind != "loop" or tuple(kernel.dims) != self.a.shape_class(operand) or \
+                self._concat_ops(k):
             return None
         values = {o.value for o in kernel.ops}
 
@@ -823,7 +884,7 @@ def plan_fusion(func: DFunc, cluster_name: str,
     assumption per call and runs whichever plan holds. ``options``: the fusions
     the backend can emit (``PlanOptions.for_target``).
     """
-    func = eliminate_dead_code(func)
+    func = eliminate_dead_code(forward_copies(func))
     analysis = analyze(func)
     plan = _Planner(func, analysis, cluster_name, options=options).run()
     speculation = speculate_no_broadcast(analysis)
