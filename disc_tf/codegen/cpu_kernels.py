@@ -8,6 +8,8 @@ library kernels are calls the host runner makes (see ``cpu.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from disc_tf.codegen import cpu_gemm
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
@@ -16,6 +18,7 @@ from disc_tf.codegen.cpu_ops import (
     expression,
     literal,
 )
+from disc_tf.codegen.cpu_short_rows import SHORT_ROW, short_rows
 from disc_tf.codegen.cpu_text import (
     VECTOR_COMBINERS,
     accumulator_elem,
@@ -371,9 +374,11 @@ class KernelEmitter:
             lines += [f"{indent}  if (d == {d}) at{d} = idx;" for d in axes]
             lines.append(f"{indent}}}")
 
-    def stitch(self) -> str:
-        """One task per row: a pass per level of reductions, then the outputs."""
-        k, r = self.k, self.rank
+    def stitch_levels(self) -> tuple[dict[str, int], Callable[[list[str]], list[KernelOp]]]:
+        """A stitch kernel's schedule: the pass after which each row value is ready
+        (reductions and what is computed from them), and ``closure(values)``: the
+        per-element ops computing ``values`` from inputs and ready row values."""
+        k = self.k
         ops = {op.value: op for op in k.ops}
         ready: dict[str, int] = {}
         need: dict[str, int] = {}
@@ -389,11 +394,8 @@ class KernelEmitter:
                 ready[op.value] = max([ready[d] for d in deps if d in ready] or [0])
             else:
                 need[op.value] = max([level(d) for d in deps] or [0])
-        names: dict[str, str] = {}
-        for n, op in enumerate(k.ops):
-            names[op.value] = f"v{n}"
 
-        def closure(targets: list[str]) -> list:
+        def closure(targets: list[str]) -> list[KernelOp]:
             wanted: set[str] = set()
             stack = [t for t in targets if t not in ready]
             while stack:
@@ -405,6 +407,15 @@ class KernelEmitter:
                              if kind == "val" and ref not in ready)
             return [op for op in k.ops if op.value in wanted]
 
+        return ready, closure
+
+    def stitch(self) -> str:
+        """One task per row: a pass per level of reductions, then the outputs. Rows
+        shorter than a vector go eight at a time across the lanes instead
+        (``cpu_short_rows.py``), chosen per call."""
+        k, r = self.k, self.rank
+        ready, closure = self.stitch_levels()
+        names = {op.value: f"v{n}" for n, op in enumerate(k.ops)}
         index, bcast, strided, templated = self.inner_index()
         flags = [f"B{i}" for i in bcast] if templated else []
 
@@ -558,9 +569,14 @@ class KernelEmitter:
         lines.append("}")
         lines.append("")
         tmpl = f"<{', '.join(flags)}>" if flags else ""
+        lines.append(short_rows(self, ready, closure, head, index))
+        lines.append("")
         lines.append(f"{head}static inline __attribute__((always_inline)) void {k.name}_row_range("
                      f"const {self.args}& a, int64_t begin, int64_t end) {{")
-        lines.append(f"  for (int64_t row = begin; row < end; ++row) {k.name}_row{tmpl}(a, row);")
+        lines.append("  int64_t row = begin;")
+        lines.append(f"  if (a.dims[{r - 1}] < {SHORT_ROW})  // short rows: eight at a time, one per lane")
+        lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8{tmpl}(a, row);")
+        lines.append(f"  for (; row < end; ++row) {k.name}_row{tmpl}(a, row);")
         lines.append("}")
         lines.append("")
         lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")

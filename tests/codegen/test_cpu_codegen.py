@@ -43,7 +43,22 @@ def test_small_constant_powers_are_multiplies():
 
 def test_softmax_keeps_exp_for_the_final_pass():
     src = _source(lambda x: tf.nn.softmax(x * 0.5, axis=-1), dyn(3))
-    row = src[src.index("kernel0_row("):src.index("kernel0_row_range")]
+    row = src[src.index("kernel0_row("):src.index("kernel0_rows8")]
     assert row.count("expf(") == 2  # the 8-lane loop and its tail; not the final pass
     assert "kept for the final pass" in row
     assert "r0[c]" in row and "st0" not in row  # contiguous rows, no stride
+
+
+def test_stitch_kernel_chooses_short_row_version_per_call():
+    """Rows shorter than a vector run eight at a time, one per lane, from tiles."""
+    src = _source(lambda x: tf.nn.softmax(x), dyn(2))
+    assert "kernel0_rows8" in src
+    assert re.search(r"if \(a\.dims\[1\] < 8\).*\n.*kernel0_rows8", src)
+    assert "t0[c][l]" in src  # the input tile, read across lanes
+
+
+def test_concatenation_read_in_place_by_a_loop_kernel():
+    src = _source(lambda x, y: tf.concat([x, tf.transpose(y)], 1) + 1.0, dyn(2), dyn(2))
+    assert "one segment of columns per part" in src
+    assert "int64_t cat0[2];" in src
+    assert "// TF ops: concat, add" in src
