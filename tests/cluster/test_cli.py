@@ -109,6 +109,9 @@ def test_inspect_in_process_until_fusion(saved_model, capsys) -> None:
     out = capsys.readouterr().out
     assert "fusion plan for disc_cluster_0" in out
     assert "-- generated source --" not in out
+    # the speculation branches: per-kernel versions and the no-broadcast plan
+    assert "(+ broadcast version chosen at run time)" in out
+    assert re.search(r"speculation: when s\d+ == broadcast\(s\d+, s\d+\)", out)
 
 
 @pytest.mark.parametrize("command", ["inspect", "optimize"])
