@@ -39,6 +39,14 @@ def eliminate_dead_code(func: DFunc) -> DFunc:
     return dataclasses.replace(func, ops=ops)
 
 
+#: Ops the planner never computes into memory of their own: constants, and reads of
+#: another value's memory (broadcasts, transposes and slices are index maps, reshapes
+#: views). A returned convert of one of them is the copy that makes the result.
+_NOT_COMPUTED = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
+                 "stablehlo.transpose", "stablehlo.dynamic_reshape",
+                 "stablehlo.real_dynamic_slice"}
+
+
 def forward_copies(func: DFunc) -> DFunc:
     """``func`` with each same-type ``convert`` (TF Identity, Snapshot) of a computed
     value replaced by that value, so that a kernel writes a cluster result directly
@@ -56,7 +64,8 @@ def forward_copies(func: DFunc) -> DFunc:
             continue
         x = forward.get(op.operands[0], op.operands[0])
         source = producer.get(x)
-        if source is not None and source.name != "stablehlo.constant":
+        if source is not None and source.name.startswith(("stablehlo.", "chlo.")) \
+                and source.name not in _NOT_COMPUTED:
             forward[op.results[0]] = x
     if not forward:
         return func

@@ -58,3 +58,20 @@ def test_chained_broadcast_adds_compile():
     assert not errors, errors
     args = [np.ones((3, 3), np.float32), np.arange(3, dtype=np.float32), np.ones((1, 3), np.float32)]
     np.testing.assert_allclose(jitted(*args)[0], tf_fn(*args)[0], rtol=1e-6)
+
+
+def test_identity_of_a_transpose_result_is_a_copy():
+    # Found failing (ShapeError: result 0 is not computed by the cluster) when
+    # Identity was forwarded onto an identity transpose, which is no kernel's value.
+    def fn(x, y):
+        return (tf.transpose(x, perm=[0, 1]), tf.identity(tf.transpose(y, [1, 0])),
+                tf.identity(tf.reshape(x * 2.0, [-1])))
+
+    tf_fn, jitted = _jit(fn, [2, 2])
+    errors = [c.error for c in jitted.report.clusters if c.error is not None]
+    assert not errors, errors
+    rng = np.random.default_rng(0)
+    for shape in [(2, 3), (1, 1), (0, 4), (5, 2), (3, 3)]:
+        x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+        for got, want in zip(jitted(x, y), tf_fn(x, y)):
+            np.testing.assert_array_equal(got, want)
