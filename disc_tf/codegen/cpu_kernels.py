@@ -569,13 +569,13 @@ class KernelEmitter:
         lines.append("}")
         lines.append("")
         tmpl = f"<{', '.join(flags)}>" if flags else ""
-        lines.append(short_rows(self, ready, closure, head, index))
+        lines.append(short_rows(self, ready, closure))
         lines.append("")
         lines.append(f"{head}static inline __attribute__((always_inline)) void {k.name}_row_range("
                      f"const {self.args}& a, int64_t begin, int64_t end) {{")
         lines.append("  int64_t row = begin;")
         lines.append(f"  if (a.dims[{r - 1}] < {SHORT_ROW})  // short rows: eight at a time, one per lane")
-        lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8{tmpl}(a, row);")
+        lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8(a, row);")
         lines.append(f"  for (; row < end; ++row) {k.name}_row{tmpl}(a, row);")
         lines.append("}")
         lines.append("")

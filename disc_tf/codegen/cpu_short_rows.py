@@ -25,19 +25,23 @@ SHORT_ROW = 8
 
 
 def short_rows(em: KernelEmitter, ready: dict[str, int],
-               closure: Callable[[list[str]], list[KernelOp]], head: str,
-               index: dict[int, str]) -> str:
+               closure: Callable[[list[str]], list[KernelOp]]) -> str:
     """C++ of ``{k}_rows8(a, row0)``: rows [row0, row0 + 8) of stitch kernel
-    ``em.k``. ``ready``/``closure``: its schedule (``stitch_levels``); ``head``: the
-    template line of its broadcast flags; ``index``: each input's index along a row."""
+    ``em.k``. ``ready``/``closure``: its schedule (``stitch_levels``).
+
+    One function (with its ISA clones), not an instance per broadcast flag and not
+    inlined into each: only the tile loads depend on how inputs are read, so every
+    read that is not contiguous goes through its run-time stride (compile time)."""
     k, r = em.k, em.rank
+    _, bcast, strided, _ = em.inner_index()
+    index = {i: (f"c * st{i}" if i in bcast or i in strided else "c")
+             for i in range(len(k.inputs))}
     # Row values are one per lane (arrays); per-element values are lane scalars.
     var = {op.value: f"v{n}" for n, op in enumerate(k.ops)}
     names = {v: (f"{name}[l]" if v in ready else name) for v, name in var.items()}
     lines = [
         "// Eight rows shorter than a vector: lane l holds row row0 + l.",
-        f"{head}static inline __attribute__((always_inline)) void {k.name}_rows8("
-        f"const {em.args}& a, int64_t row0) {{",
+        f"DISC_CLONES static void {k.name}_rows8(const {em.args}& a, int64_t row0) {{",
         f"  const int64_t cols = a.dims[{r - 1}];",
     ]
     n_in = len(k.inputs)
