@@ -412,7 +412,8 @@ class KernelEmitter:
     def stitch(self) -> str:
         """One task per row: a pass per level of reductions, then the outputs. Rows
         shorter than a vector go eight at a time across the lanes instead
-        (``cpu_short_rows.py``), chosen per call."""
+        (``cpu_short_rows.py``), chosen per call unless the row length is a constant
+        of a vector or more."""
         k, r = self.k, self.rank
         ready, closure = self.stitch_levels()
         names = {op.value: f"v{n}" for n, op in enumerate(k.ops)}
@@ -569,13 +570,18 @@ class KernelEmitter:
         lines.append("}")
         lines.append("")
         tmpl = f"<{', '.join(flags)}>" if flags else ""
-        lines.append(short_rows(self, ready, closure))
-        lines.append("")
+        width = self.plan.symbols[k.dims[-1]]
+        short = not (width.kind == "const" and width.value >= SHORT_ROW)  # not proven long
+        if short:
+            lines.append(short_rows(self, ready, closure))
+            lines.append("")
         lines.append(f"{head}static inline __attribute__((always_inline)) void {k.name}_row_range("
                      f"const {self.args}& a, int64_t begin, int64_t end) {{")
         lines.append("  int64_t row = begin;")
-        lines.append(f"  if (a.dims[{r - 1}] < {SHORT_ROW})  // short rows: eight at a time, one per lane")
-        lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8(a, row);")
+        if short:
+            lines.append(f"  if (a.dims[{r - 1}] < {SHORT_ROW})  // short rows: eight at a time, "
+                         "one per lane")
+            lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8(a, row);")
         lines.append(f"  for (; row < end; ++row) {k.name}_row{tmpl}(a, row);")
         lines.append("}")
         lines.append("")

@@ -304,8 +304,9 @@ class FusionPlan:
         for k in self.kernels:
             dims = ", ".join(f"s{d}" for d in k.dims)
             spec = " (+ broadcast version chosen at run time)" if k.needs_broadcast_version else ""
-            if k.kind == "stitch":  # CPU: eight rows across lanes; CUDA: a warp per row
-                spec += " (+ short-row version chosen at run time)"
+            width = self.symbols[k.dims[-1]] if k.dims else None
+            if k.kind == "stitch" and not (width.kind == "const" and width.value >= 8):
+                spec += " (+ short-row version chosen at run time)"  # CUDA: a warp per row
             lines.append(f"kernel {k.name}: {k.kind} over [{dims}]{spec}")
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
             lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")

@@ -62,3 +62,8 @@ def test_concatenation_read_in_place_by_a_loop_kernel():
     assert "one segment of columns per part" in src
     assert "int64_t cat0[2];" in src
     assert "// TF ops: concat, add" in src
+
+
+def test_no_short_row_version_for_rows_proven_long():
+    src = _source(lambda x: tf.nn.softmax(x), tf.TensorSpec([None, 64], tf.float32))
+    assert "kernel0_rows8" not in src and "kernel0_row(" in src
