@@ -82,20 +82,22 @@ def test_conv1d_is_conv2d_with_expand_dims():
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
-CONV1D_TAPS = {  # (kernel width, padding, dilation)
-    "k9_same": (9, "SAME", 1), "k4_same_asymmetric": (4, "SAME", 1), "k3_valid": (3, "VALID", 1),
-    "k3_same_dilated": (3, "SAME", 2), "k2_valid_dilated": (2, "VALID", 3),
+CONV1D_TAPS = {  # (kernel width, padding, dilation, output channels)
+    "k9_same": (9, "SAME", 1, 12), "k4_same_asymmetric": (4, "SAME", 1, 12),
+    "k3_valid": (3, "VALID", 1, 12), "k3_same_dilated": (3, "SAME", 2, 12),
+    "k2_valid_dilated": (2, "VALID", 3, 12), "k5_same_wide": (5, "SAME", 1, 70),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONV1D_TAPS))
 def test_conv1d_runs_as_one_gemm_per_filter_tap(name):
-    """No im2col buffer: a GEMM per tap adds the shifted input to the result."""
+    """No im2col buffer: a GEMM per tap adds the shifted input to the result (70
+    output channels: the few-row streamed GEMM block, accumulating)."""
     from disc_tf import pipeline
     from tests.stage_helpers import cluster_of
 
-    width, padding, dilation = CONV1D_TAPS[name]
-    w = np.random.default_rng(width).normal(size=(width, 8, 12)).astype(np.float32)
+    width, padding, dilation, out = CONV1D_TAPS[name]
+    w = np.random.default_rng(width).normal(size=(width, 8, out)).astype(np.float32)
 
     def fn(x):
         return tf.nn.relu(tf.nn.conv1d(x, w, 1, padding, dilations=dilation) + 0.5)
