@@ -6,13 +6,18 @@
 Each case is ``relu(x @ W + b)`` with constant W and b, as a tf.function (TF's
 oneDNN MatMul, with Grappler's fused bias + ReLU) and through ``disc_tf.jit``
 (the RAL's GEMM with the bias + ReLU as its epilogue). Each is timed as the best
-of 5 rounds of back-to-back calls; the ratio is TF time / disc time.
+of 5 rounds of back-to-back calls; the ratio is TF time / disc time. Where
+``bench/.venv-ort`` exists (``make bench-deps``), the same layer as an ONNX
+MatMul + Add + Relu runs in ONNX Runtime there (a subprocess: its MLAS packs W
+once per session), for an ORT column.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
+import subprocess
 import time
 
 import numpy as np
@@ -75,21 +80,80 @@ def measure(shapes: list[tuple[int, int, int]], seed: int = 0,
     return records
 
 
+def measure_ort(shapes: list[tuple[int, int, int]], seed: int = 0,
+                calls: int | None = None) -> list[dict]:
+    """ONNX Runtime's seconds per call of the same layers (run where onnxruntime is
+    installed): one session per shape, as many intra-op threads as cores."""
+    import os
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for m, k, n in shapes:
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+                 helper.make_node("Add", ["xw", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+        graph = helper.make_graph(
+            nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+            [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8  # what the installed runtime reads
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = os.cpu_count() or 1
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        expected = np.maximum(x @ w + b, 0)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-3, atol=1e-3)
+        per_round = calls or min(500, max(20, int(2e8 / (2 * m * k * n))))
+        t = _best_seconds(lambda v, s=session: s.run(None, {"x": v}), x, per_round)
+        records.append({"m": m, "k": k, "n": n, "ort_s": t, "ort_gflops": 2.0 * m * k * n / t / 1e9})
+    return records
+
+
+def ort_records(shapes: list[tuple[int, int, int]]) -> list[dict] | None:
+    """``measure_ort`` in the ORT venv's interpreter; None when it is not installed."""
+    from bench.driver import peer_env, peer_python
+
+    python = peer_python("ort")
+    if python is None:
+        return None
+    spec = ",".join(f"{m}x{k}x{n}" for m, k, n in shapes)
+    proc = subprocess.run([python, "-m", "bench.gemm_vs_tf", "--ort-worker", "--shapes", spec],
+                          env=peer_env(), capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ORT GEMM worker failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def to_markdown(records: list[dict], machine: str) -> str:
     """The report: one row per shape, then the range of ratios."""
-    lines = ["# disc_tf GEMM vs TF MatMul", "", f"- {machine}",
+    with_ort = all("ort_s" in r for r in records)
+    lines = ["# disc_tf GEMM vs TF MatMul" + (" and ONNX Runtime" if with_ort else ""), "",
+             f"- {machine}",
              "- `relu(x @ W + b)`, W and b constant; best of 5 rounds of back-to-back calls; "
              "`x TF` = TF time / disc time (> 1: disc faster)", "",
-             "| m | k | n | TF us | TF GF/s | disc us | disc GF/s | x TF |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| m | k | n | TF us | TF GF/s | disc us | disc GF/s | x TF |"
+             + (" ORT us | ORT GF/s | x ORT |" if with_ort else ""),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if with_ort else "")]
     for r in records:
-        lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['tf_s'] * 1e6:.1f} | "
-                     f"{r['tf_gflops']:.0f} | {r['disc_s'] * 1e6:.1f} | {r['disc_gflops']:.0f} | "
-                     f"{r['x_tf']:.2f} |")
+        row = (f"| {r['m']} | {r['k']} | {r['n']} | {r['tf_s'] * 1e6:.1f} | "
+               f"{r['tf_gflops']:.0f} | {r['disc_s'] * 1e6:.1f} | {r['disc_gflops']:.0f} | "
+               f"{r['x_tf']:.2f} |")
+        if with_ort:
+            row += f" {r['ort_s'] * 1e6:.1f} | {r['ort_gflops']:.0f} | {r['ort_s'] / r['disc_s']:.2f} |"
+        lines.append(row)
     ratios = [r["x_tf"] for r in records]
     lines += ["", f"x TF: {min(ratios):.2f}-{max(ratios):.2f} over {len(records)} shapes; "
-              f"{sum(x >= 0.95 for x in ratios)} of them at >= 0.95.", ""]
-    return "\n".join(lines)
+              f"{sum(x >= 0.95 for x in ratios)} of them at >= 0.95."]
+    if with_ort:
+        vs = [r["ort_s"] / r["disc_s"] for r in records]
+        lines.append(f"x ORT (ORT time / disc time, > 1: disc faster): {min(vs):.2f}-{max(vs):.2f}.")
+    return "\n".join(lines + [""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,12 +161,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, default=BENCH_DIR / "GEMM.md")
     p.add_argument("--shapes", default="", help="comma-separated MxKxN (default: BERT shapes)")
+    p.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime column")
+    p.add_argument("--ort-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else DEFAULT_SHAPES)
+    if args.ort_worker:  # inside the ORT venv: one JSON line of records
+        print(json.dumps(measure_ort(shapes)))
+        return 0
     from bench.run import cpu_model
 
-    text = to_markdown(measure(shapes), f"CPU: {cpu_model()}")
+    records = measure(shapes)
+    ort = None if args.no_ort else ort_records(shapes)
+    for r, o in zip(records, ort or []):
+        r.update(ort_s=o["ort_s"], ort_gflops=o["ort_gflops"])
+    text = to_markdown(records, f"CPU: {cpu_model()}")
     args.out.write_text(text)
     print(text)
     return 0

@@ -235,3 +235,15 @@ def test_gemm_vs_tf_measures_and_reports_one_shape() -> None:
     text = gemm_vs_tf.to_markdown(records, "CPU: test")
     assert "| 5 | 16 | 24 |" in text and "over 1 shapes" in text
     assert gemm_vs_tf.DEFAULT_SHAPES and all(len(s) == 3 for s in gemm_vs_tf.DEFAULT_SHAPES)
+    assert "ORT" not in text  # no ORT records: no ORT columns
+
+
+def test_gemm_report_with_ort_column() -> None:
+    from bench import gemm_vs_tf
+
+    record = {"m": 4, "k": 8, "n": 16, "tf_s": 2e-5, "disc_s": 1e-5, "tf_gflops": 0.1,
+              "disc_gflops": 0.2, "x_tf": 2.0, "ort_s": 5e-6, "ort_gflops": 0.4}
+    text = gemm_vs_tf.to_markdown([record], "CPU: test")
+    assert "| ORT us | ORT GF/s | x ORT |" in text
+    assert "| 4 | 8 | 16 | 20.0 | 0 | 10.0 | 0 | 2.00 | 5.0 | 0 | 0.50 |" in text
+    assert "x ORT (ORT time / disc time, > 1: disc faster): 0.50-0.50." in text
