@@ -204,7 +204,7 @@ class KernelEmitter:
         inner = [(n, op) for n, op in self.concats() if op.attrs["axis"] == r - 1]
         pointer: dict[int, str | None] = {}
         for n, op in outer:  # one part holds the whole row: its pointer, chosen per row
-            pointer.update(self._row_part(lines, n, op))
+            pointer.update(self._row_part(lines, n, op, index))
         for i, acc in enumerate(self.k.inputs):
             if i in pointer:
                 continue
@@ -217,11 +217,6 @@ class KernelEmitter:
             lines.append(
                 f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
             )
-        for n, op in outer:
-            parts = [ref for _, ref in op.operands]
-            contiguous = all(self._contiguous_part(i) for i in parts)
-            for i in parts:
-                index[i] = "c" if contiguous else f"c * qs{n}"
         if not inner:
             lines.append("    for (int64_t c = c0; c < c1; ++c) {")
             lines += ["  " + x for x in self._loop(index, "c", pointer)]
@@ -231,7 +226,7 @@ class KernelEmitter:
             parts = [ref for _, ref in op.operands]
             lines.append(f"    // {comment(op.tf_node)}: one segment of columns per part")
             for p, i in enumerate(parts):
-                start = f"a.cat{n}[{p - 1}]" if p else "0"
+                start = self._part_start(n, p)
                 lines.append(f"    for (int64_t c = {start} > c0 ? {start} : c0, "
                              f"e = a.cat{n}[{p}] < c1 ? a.cat{n}[{p}] : c1; c < e; ++c) {{")
                 seg = dict(pointer)  # the op reads its first operand: load part i there
@@ -324,29 +319,37 @@ class KernelEmitter:
         return (acc.window is None and acc.dims is not None and acc.dims[-1] == self.rank - 1
                 and acc.expand[-1] == "no")
 
-    def _row_part(self, lines: list[str], n: int, op: KernelOp) -> dict[int, str | None]:
+    @staticmethod
+    def _part_start(n: int, p: int) -> str:
+        """C++: where part ``p`` of concatenation ``n`` starts along its dim."""
+        return f"a.cat{n}[{p - 1}]" if p else "0"
+
+    @staticmethod
+    def _select(conditions: list[str], values: list[str]) -> str:
+        """C++ taking ``values[p]`` for the first true ``conditions[p]``, else the last."""
+        return " : ".join([f"{c} ? {v}" for c, v in zip(conditions, values)] + [values[-1]])
+
+    def _row_part(self, lines: list[str], n: int, op: KernelOp,
+                  index: dict[int, str]) -> dict[int, str | None]:
         """Lines choosing the part of concatenation ``n`` (along an outer dim) that
-        holds this row: pointer ``q{n}`` and innermost stride ``qs{n}``. Returns the
-        part inputs' pointers for ``_loop``: the first loads through ``q{n}``."""
+        holds this row: pointer ``q{n}`` and, unless every part is contiguous,
+        innermost stride ``qs{n}``; sets the parts' ``index``. Returns the part
+        inputs' pointers for ``_loop``: the first loads through ``q{n}``."""
         r, axis = self.rank, op.attrs["axis"]
         parts = [ref for _, ref in op.operands]
-        choice = " : ".join(f"at{axis} < a.cat{n}[{p}] ? {p}" for p in range(len(parts) - 1))
+        ends = [f"at{axis} < a.cat{n}[{p}]" for p in range(len(parts) - 1)]
         lines.append(f"    // {comment(op.tf_node)}: the part holding this row")
-        lines.append(f"    const int part{n} = {choice} : {len(parts) - 1};" if choice
-                     else f"    const int part{n} = 0;")
+        lines.append(f"    const int part{n} = {self._select(ends, [str(p) for p in range(len(parts))])};")
+        chosen = [f"part{n} == {p}" for p in range(len(parts) - 1)]
         elem = STORAGE[self.buf(self.k.inputs[parts[0]]).elem]
-        ptr = " : ".join(
-            f"part{n} == {p} ? a.in{i} + off{i} - {f'a.cat{n}[{p - 1}]' if p else '0'}"
-            f" * a.in{i}_strides[{axis}]" for p, i in enumerate(parts[:-1]))
-        last = parts[-1]
-        tail = (f"a.in{last} + off{last} - "
-                f"{f'a.cat{n}[{len(parts) - 2}]' if len(parts) > 1 else '0'}"
-                f" * a.in{last}_strides[{axis}]")
-        lines.append(f"    const {elem}* __restrict q{n} = {ptr + ' : ' if ptr else ''}{tail};")
-        st = " : ".join(f"part{n} == {p} ? a.in{i}_strides[{r - 1}]"
-                        for p, i in enumerate(parts[:-1]))
-        lines.append(f"    const int64_t qs{n} = {st + ' : ' if st else ''}"
-                     f"a.in{last}_strides[{r - 1}];")
+        starts = [f"a.in{i} + off{i} - {self._part_start(n, p)} * a.in{i}_strides[{axis}]"
+                  for p, i in enumerate(parts)]
+        lines.append(f"    const {elem}* __restrict q{n} = {self._select(chosen, starts)};")
+        contiguous = all(self._contiguous_part(i) for i in parts)
+        if not contiguous:
+            strides = [f"a.in{i}_strides[{r - 1}]" for i in parts]
+            lines.append(f"    const int64_t qs{n} = {self._select(chosen, strides)};")
+        index.update({i: "c" if contiguous else f"c * qs{n}" for i in parts})
         return {i: (f"q{n}" if p == 0 else None) for p, i in enumerate(parts)}
 
     def _row_offsets(self, lines: list[str], indent: str) -> None:
@@ -570,8 +573,7 @@ class KernelEmitter:
         lines.append("}")
         lines.append("")
         tmpl = f"<{', '.join(flags)}>" if flags else ""
-        width = self.plan.symbols[k.dims[-1]]
-        short = not (width.kind == "const" and width.value >= SHORT_ROW)  # not proven long
+        short = self.plan.may_be_shorter_than(k, SHORT_ROW)  # not proven long
         if short:
             lines.append(short_rows(self, ready, closure))
             lines.append("")

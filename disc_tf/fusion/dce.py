@@ -39,20 +39,22 @@ def eliminate_dead_code(func: DFunc) -> DFunc:
     return dataclasses.replace(func, ops=ops)
 
 
-#: Ops the planner never computes into memory of their own: constants, and reads of
-#: another value's memory (broadcasts, transposes and slices are index maps, reshapes
-#: views). A returned convert of one of them is the copy that makes the result.
-_NOT_COMPUTED = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
-                 "stablehlo.transpose", "stablehlo.dynamic_reshape",
-                 "stablehlo.real_dynamic_slice"}
+#: Ops the planner never places as computations: constants, and reads of another
+#: value's memory (broadcasts and transposes are index maps, reshapes views).
+NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
+               "stablehlo.transpose", "stablehlo.dynamic_reshape"}
+
+#: Sources a returned convert stays the copy of: those, and slices (read in place
+#: as windows), none of which a kernel writes into memory of its own.
+_NOT_WRITTEN = NOT_COMPUTE | {"stablehlo.real_dynamic_slice"}
 
 
 def forward_copies(func: DFunc) -> DFunc:
     """``func`` with each same-type ``convert`` (TF Identity, Snapshot) of a computed
     value replaced by that value, so that a kernel writes a cluster result directly
     instead of a copy kernel re-writing it. A convert stays where it is the copy that
-    gives a result its own memory: of an argument or a constant, or of a value
-    returned already."""
+    gives a result its own memory: of an argument, of a constant, index map, view or
+    slice (``_NOT_WRITTEN``), or of a value returned already."""
     producer = {r: op for op in func.ops for r in op.results}
 
     def elem(v: str) -> str:
@@ -65,7 +67,7 @@ def forward_copies(func: DFunc) -> DFunc:
         x = forward.get(op.operands[0], op.operands[0])
         source = producer.get(x)
         if source is not None and source.name.startswith(("stablehlo.", "chlo.")) \
-                and source.name not in _NOT_COMPUTED:
+                and source.name not in _NOT_WRITTEN:
             forward[op.results[0]] = x
     if not forward:
         return func

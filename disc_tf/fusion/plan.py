@@ -292,6 +292,12 @@ class FusionPlan:
         """The allocation ``name`` lives in (its root, or what that reuses)."""
         return memory_of(self.buffers, name)
 
+    def may_be_shorter_than(self, kernel: Kernel, width: int) -> bool:
+        """True unless ``kernel``'s innermost dim is a constant of at least ``width``
+        (a stitch kernel's short-row version is emitted only then)."""
+        d = self.symbols[kernel.dims[-1]]
+        return not (d.kind == "const" and d.value >= width)
+
     def describe(self) -> str:
         """Human-readable plan (what ``inspect`` and the dump dir show)."""
         lines = [f"fusion plan for {self.cluster_name}: {len(self.kernels)} kernel(s)"]
@@ -304,8 +310,7 @@ class FusionPlan:
         for k in self.kernels:
             dims = ", ".join(f"s{d}" for d in k.dims)
             spec = " (+ broadcast version chosen at run time)" if k.needs_broadcast_version else ""
-            width = self.symbols[k.dims[-1]] if k.dims else None
-            if k.kind == "stitch" and not (width.kind == "const" and width.value >= 8):
+            if k.kind == "stitch" and self.may_be_shorter_than(k, 8):  # one f32 vector
                 spec += " (+ short-row version chosen at run time)"  # CUDA: a warp per row
             lines.append(f"kernel {k.name}: {k.kind} over [{dims}]{spec}")
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from disc_tf.fusion.dce import eliminate_dead_code, forward_copies
+from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.epilogue import plan_epilogues
 from disc_tf.fusion.plan import (
@@ -36,9 +36,6 @@ log = logging.getLogger("disc_tf.fusion")
 _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
               "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window",
               "stablehlo.custom_call", "stablehlo.dynamic_gather", "stablehlo.reverse"}
-
-_NOT_COMPUTE = {"stablehlo.constant", "stablehlo.dynamic_broadcast_in_dim",
-                "stablehlo.transpose", "stablehlo.dynamic_reshape"}
 
 
 def _combine(a: str, b: str) -> str:
@@ -826,7 +823,7 @@ class _Planner:
             if base not in self.producer or base in self.buffer_of:
                 raise ShapeError(f"result {i} is not computed by the cluster")
             op = self.producer[base]
-            if op.name in _NOT_COMPUTE:
+            if op.name in NOT_COMPUTE:
                 raise ShapeError(f"result {i} is a constant")
             name = f"result{i}"
             self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[base],
@@ -848,7 +845,7 @@ class _Planner:
                 continue  # computed by the host runner, read by kernels as a value
             elif self.window_slice(op):
                 continue  # read in place by its consumers
-            elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in _NOT_COMPUTE:
+            elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in NOT_COMPUTE:
                 self.place(op)
         for i, value in copies:
             self._materialize(value, f"result{i}")
