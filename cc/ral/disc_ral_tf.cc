@@ -268,23 +268,23 @@ void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
   }
 }
 
-// How one product is cut into blocks of C for the pool: every block packs its
-// rows of op(A) and its columns of op(B), so cutting rows re-packs B once per
-// row block and cutting columns re-packs A once per column block. Weights are
-// usually B and much larger than the activations when m is small.
+// How one product is cut into blocks of C for the pool. A block reads its
+// rows of op(A) in place and packs (or, with few rows, streams) its columns
+// of op(B), so cutting rows packs B once more per row block while cutting
+// columns costs nothing extra.
 struct GemmSplit {
   int64_t row_blocks = 1, col_blocks = 1;
   int64_t rows(int64_t m) const { return (m + row_blocks - 1) / row_blocks; }
-  // Columns per block, a multiple of 16 floats (one 64-byte line).
+  // Columns per block: whole 64-column panels of the GEMM block's tiles.
   int64_t cols(int64_t n) const {
     const int64_t c = (n + col_blocks - 1) / col_blocks;
-    return col_blocks == 1 ? n : std::min(n, (c + 15) / 16 * 16);
+    return col_blocks == 1 ? n : std::min(n, (c + 63) / 64 * 64);
   }
 };
 
-// The split into at least `want` blocks (rows of 8 or more, columns of 16 or
-// more, where the product allows) that packs the fewest operand elements;
-// with full_rows, rows only.
+// The split into at least `want` blocks (rows of 8 or more, columns of 64 or
+// more, where the product allows) that packs the fewest elements of B; with
+// full_rows, rows only.
 GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, bool full_rows) {
   GemmSplit best;
   if (full_rows) {
@@ -294,8 +294,8 @@ GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, bool fu
   double best_packed = -1;
   for (int64_t rb = 1; rb <= want; ++rb) {
     const int64_t cb = (want + rb - 1) / rb;
-    if ((rb > 1 && m < 8 * rb) || (cb > 1 && n < 16 * cb)) continue;
-    const double packed = static_cast<double>(cb) * m * k + static_cast<double>(rb) * k * n;
+    if ((rb > 1 && m < 8 * rb) || (cb > 1 && n < 64 * cb)) continue;
+    const double packed = static_cast<double>(rb) * k * n;
     if (best_packed < 0 || packed < best_packed) {
       best_packed = packed;
       best.row_blocks = rb;
