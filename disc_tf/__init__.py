@@ -30,8 +30,9 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
 
 def stats() -> dict[str, int]:
     """Counters of this process since the last reset: clusters, compilations,
-    cache_hits, fallbacks, kernels, and peak_temp_bytes (the most temporary
-    memory one cluster call held)."""
+    cache_hits, fallbacks, kernels, peak_temp_bytes (the most temporary
+    memory one cluster call held) and packed_weights (GEMM weight operands
+    packed once and kept for later calls)."""
     return dict(_native.load().py.stats())
 
 

@@ -53,6 +53,7 @@ REGISTER_OP("DiscCluster")
     .Attr("cluster_name: string = ''")
     .Attr("num_kernels: int = 0")
     .Attr("pending_key: string = ''")
+    .Attr("constant_inputs: list(int) = []")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
@@ -116,6 +117,8 @@ class DiscClusterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("cluster_name", &cluster_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_kernels", &num_kernels_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("pending_key", &pending_key_));
+    std::vector<int32_t> constant_inputs;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("constant_inputs", &constant_inputs));
     if (cluster_name_.empty()) cluster_name_ = name();
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
     OP_REQUIRES(ctx,
@@ -123,6 +126,12 @@ class DiscClusterOp : public AsyncOpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     prefix_, "output_shapes has ", output_shapes_.size(),
                     " entries but the op has ", num_outputs(), " outputs")));
+    for (int32_t i : constant_inputs) {
+      OP_REQUIRES(ctx, i >= 0 && i < num_inputs(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      prefix_, "constant_inputs names input ", i, " of ", num_inputs())));
+      constant_inputs_.push_back(i);
+    }
 
     if (EnvTrue("DISC_TF_FORCE_FALLBACK")) {
       VLOG(1) << prefix_ << "DISC_TF_FORCE_FALLBACK is set; using fallback";
@@ -184,6 +193,10 @@ class DiscClusterOp : public AsyncOpKernel {
     absl::Status s;
     {
       TfRal ral(ctx, cluster_name_);
+      if (!constant_inputs_.empty()) {
+        ral.packed_weights = &packed_weights_;
+        ral.constant_inputs = &constant_inputs_;
+      }
       int32_t rc = 0;
       try {
         rc = artifact->entry(ral.ral());
@@ -315,6 +328,10 @@ class DiscClusterOp : public AsyncOpKernel {
   int64_t num_kernels_ = 0;
   std::string prefix_;
   std::string pending_key_;  // empty unless compiled in the background
+  // Inputs that hold weights (Const or ReadVariableOp outputs) and the GEMM
+  // operands packed from them, reused across calls (cc/ral/packed_weights.h).
+  std::vector<int> constant_inputs_;
+  PackedWeights packed_weights_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
 

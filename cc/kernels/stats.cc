@@ -13,7 +13,8 @@ namespace stats {
 namespace {
 
 constexpr const char* kNames[kNumCounters] = {
-    "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes"};
+    "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
+    "packed_weights"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 
@@ -89,7 +90,7 @@ void Reset() {
 
 extern "C" {
 
-void disc_stats_get(int64_t out[6]) {
+void disc_stats_get(int64_t out[7]) {
   if (out != nullptr) disc_tf::stats::Get(out);
 }
 

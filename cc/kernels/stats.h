@@ -1,7 +1,8 @@
 // stats.h -- process-wide DISC runtime counters.
 //
-// Counters: clusters, compilations, cache_hits, fallbacks, kernels, and the maximum
-// peak_temp_bytes. `clusters`
+// Counters: clusters, compilations, cache_hits, fallbacks, kernels, the maximum
+// peak_temp_bytes, and packed_weights (GEMM weight operands packed into a
+// kernel's cache, packed_weights.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -22,7 +23,8 @@ enum Counter : int {
   kFallbacks = 3,
   kKernels = 4,
   kPeakTempBytes = 5,  // the most temporary bytes one cluster call held (a maximum)
-  kNumCounters = 6,
+  kPackedWeights = 6,  // weight operands packed once for reuse across calls
+  kNumCounters = 7,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).
@@ -50,7 +52,7 @@ void Reset();
 }  // namespace disc_tf
 
 extern "C" {
-__attribute__((visibility("default"))) void disc_stats_get(int64_t out[6]);
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[7]);
 __attribute__((visibility("default"))) void disc_stats_reset(void);
 // Returns 1 if `name` is a known counter, 0 otherwise.
 __attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,

@@ -209,11 +209,25 @@ using Matrix = Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor, Index>>
 // batch of them is spread over the pool one product per task.
 constexpr double kSmallGemm = 64.0 * 64.0 * 64.0;
 
-// The GEMM block for this CPU, or null for the Eigen fallback.
-disc_gemm_block_fn PickGemmBlock() {
+// The GEMM entry points of one ISA (gemm_kernels.h).
+struct GemmIsa {
+  disc_gemm_block_fn block = nullptr;  // null: the Eigen fallback
+  disc_gemm_prepacked_block_fn prepacked = nullptr;
+  GemmPacker packer;
+};
+
+#define DISC_GEMM_ISA_ENTRIES(isa)                                             \
+  GemmIsa {                                                                    \
+    &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,                  \
+        GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
+                   &disc_gemm_pack_b_##isa},                                   \
+  }
+
+// The GEMM for this CPU (no block: the Eigen fallback).
+GemmIsa PickGemm() {
   const char* env = std::getenv("DISC_TF_GEMM_ISA");
   const std::string want = env ? env : "";
-  if (want == "baseline") return nullptr;
+  if (want == "baseline") return {};
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
   const bool avx2 =
@@ -223,15 +237,15 @@ disc_gemm_block_fn PickGemmBlock() {
                       __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512vl");
-  if (avx512 && want != "avx2") return &disc_gemm_block_avx512;
-  if (avx2) return &disc_gemm_block_avx2;
+  if (avx512 && want != "avx2") return DISC_GEMM_ISA_ENTRIES(avx512);
+  if (avx2) return DISC_GEMM_ISA_ENTRIES(avx2);
 #endif
-  return nullptr;
+  return {};
 }
 
-disc_gemm_block_fn GemmBlock() {
-  static const disc_gemm_block_fn fn = PickGemmBlock();
-  return fn;
+const GemmIsa& Gemm() {
+  static const GemmIsa isa = PickGemm();
+  return isa;
 }
 
 // C[m x n] = op(A) * op(B), all densely packed row-major.
@@ -332,6 +346,23 @@ struct GemmEpilogue {
   }
 };
 
+// op(B) packed once, when B (k x n, or n x k with tb) lies in one of the
+// call's constant inputs; null otherwise (each block then packs its own).
+std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, const float* b,
+                                                int64_t k, int64_t n, int64_t ldb, bool tb) {
+  if (r->packed_weights == nullptr || r->constant_inputs == nullptr || isa.prepacked == nullptr)
+    return nullptr;
+  const int64_t extent = tb ? (n - 1) * ldb + k : (k - 1) * ldb + n;  // floats B spans
+  for (int i : *r->constant_inputs) {
+    const tensorflow::Tensor& t = r->ctx->input(i);
+    if (t.dtype() != tensorflow::DT_FLOAT || !t.IsInitialized()) continue;
+    const float* base = reinterpret_cast<const float*>(t.tensor_data().data());
+    if (base != nullptr && b >= base && b + extent <= base + t.NumElements())
+      return r->packed_weights->Get(i, t, b, k, n, ldb, tb, isa.packer);
+  }
+  return nullptr;
+}
+
 void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                const float* a, int64_t lda, BatchStrides stride_a, int transpose_a,
                const float* b, int64_t ldb, BatchStrides stride_b, int transpose_b,
@@ -361,8 +392,15 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   }
   tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
   const double work = static_cast<double>(m) * n * k;
-  const disc_gemm_block_fn block = GemmBlock();
+  const GemmIsa& isa = Gemm();
+  const disc_gemm_block_fn block = isa.block;
   if (block != nullptr) {
+    // One B for every product: packed once per weight, or per block.
+    std::shared_ptr<const PackedOperand> prepacked;
+    if (batch == 1 || (stride_b.outer == 0 && stride_b.inner == 0))
+      prepacked = PrepackedB(r, isa, b, k, n, ldb, tb);
+    if (prepacked != nullptr && r->profiling) timer.detail += " prepacked";
+    const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C. A product is split only
     // when it is big and the products are too few to keep the pool busy.
     const int64_t threads = pool ? pool->NumThreads() : 1;
@@ -379,9 +417,14 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const int64_t j0 = (t % blocks) % col_blocks * cols;
       const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
       const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
-      const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
-      block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb,
-            c + stride_c(q) + i0 * ldc + j0, ldc, epilogue.accumulate);
+      float* cq = c + stride_c(q) + i0 * ldc + j0;
+      if (packed_b != nullptr) {  // j0 is a multiple of 64, so of every ISA's panel
+        isa.prepacked(i1 - i0, j1 - j0, k, aq, lda, ta, packed_b + j0 * k, cq, ldc,
+                      epilogue.accumulate);
+      } else {
+        const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
+        block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb, cq, ldc, epilogue.accumulate);
+      }
       epilogue(q, i0, i1, j0, j1);
     };
     const int64_t tasks = batch * blocks;

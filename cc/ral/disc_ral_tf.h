@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "cc/ral/disc_ral.h"
+#include "cc/ral/packed_weights.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -65,6 +66,11 @@ struct TfRal : public disc_ral {
   mutable std::mutex mu;  // guards temps, outputs and the error fields
   int32_t error_code = DISC_OK;
   std::string error_message;
+
+  // The calling kernel's packed weights and the inputs they may come from
+  // (its constant_inputs attr); null when B operands are packed per call.
+  PackedWeights* packed_weights = nullptr;
+  const std::vector<int>* constant_inputs = nullptr;
 
   // Launch profiling (DISC_TF_PROFILE): the cluster's name when it is on, and
   // the number of launches so far in this call.

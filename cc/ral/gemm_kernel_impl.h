@@ -1,9 +1,9 @@
 // gemm_kernel_impl.h -- the body of one ISA variant of the GEMM block.
 //
-// Included by exactly one translation unit per ISA, which defines
-// DISC_GEMM_FN (the exported name) first and includes nothing else. All of
-// it is in an anonymous namespace, so nothing compiled here for the TU's ISA
-// is shared with code built for the baseline ISA.
+// Included by exactly one translation unit per ISA, which first defines
+// DISC_GEMM_ISA(name) to append its ISA to an exported name, and includes
+// nothing else. All the rest is in an anonymous namespace, so nothing
+// compiled here for the TU's ISA is shared with code built for the baseline ISA.
 //
 // One microkernel does every product: a tile of kRows x V vectors of C lives
 // in registers while rows of B stream through it and op(A) is read one
@@ -13,8 +13,8 @@
 #ifndef DISC_TF_CC_RAL_GEMM_KERNEL_IMPL_H_
 #define DISC_TF_CC_RAL_GEMM_KERNEL_IMPL_H_
 
-#if !defined(DISC_GEMM_FN)
-#error "define DISC_GEMM_FN before including this file"
+#if !defined(DISC_GEMM_ISA)
+#error "define DISC_GEMM_ISA(name) before including this file"
 #endif
 
 #include <immintrin.h>
@@ -270,17 +270,44 @@ void PackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bo
   }
 }
 
+// True if C = op(A) op(B) needs no product: nothing to write (m or n is 0),
+// or k == 0, where C is zeroed (or, accumulating, left as it is).
+bool Empty(int64_t m, int64_t n, int64_t k, float* c, int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return true;
+  if (k > 0) return false;
+  if (!accumulate)
+    for (int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+  return true;
+}
+
+// C = op(A) * pre-packed op(B): panels as PackBlock lays them out for all k rows.
+void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
+                   const float* packed, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t q = 0; q < n; q += kPanel) {
+    const int64_t w = std::min(kPanel, n - q);
+    const int64_t width = RoundUp(w, kLanes);
+    for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
+      const int64_t kc = std::min(kPackDepth, k - p0);
+      const float* a0 = ta ? a + p0 * lda : a + p0;
+      const float* b0 = packed + p0 * width;
+      const bool acc = accumulate || p0 > 0;
+      if (ta) {
+        PanelOfWidth<true>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+      } else {
+        PanelOfWidth<false>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+      }
+    }
+    packed += k * width;
+  }
+}
+
 }  // namespace
 
-extern "C" void DISC_GEMM_FN(int64_t m, int64_t n, int64_t k, const float* a,
-                             int64_t lda, int ta, const float* b, int64_t ldb,
-                             int tb, float* c, int64_t ldc, int accumulate) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
-    return;
-  }
+extern "C" void DISC_GEMM_ISA(disc_gemm_block)(int64_t m, int64_t n, int64_t k,
+                                               const float* a, int64_t lda, int ta,
+                                               const float* b, int64_t ldb, int tb,
+                                               float* c, int64_t ldc, int accumulate) {
+  if (Empty(m, n, k, c, ldc, accumulate != 0)) return;
   if (!ta && !tb && m <= kStreamedMaxRows && n >= kPanel) {
     const int64_t done = StreamedGemm(m, n, k, a, lda, b, ldb, c, ldc, accumulate != 0);
     if (done == n) return;
@@ -289,6 +316,26 @@ extern "C" void DISC_GEMM_FN(int64_t m, int64_t n, int64_t k, const float* a,
     n -= done;
   }
   PackedGemm(m, n, k, a, lda, ta != 0, b, ldb, tb != 0, c, ldc, accumulate != 0);
+}
+
+extern "C" int64_t DISC_GEMM_ISA(disc_gemm_panel)(void) { return kPanel; }
+
+extern "C" int64_t DISC_GEMM_ISA(disc_gemm_packed_size)(int64_t k, int64_t n) {
+  return k * RoundUp(n, kLanes);
+}
+
+extern "C" void DISC_GEMM_ISA(disc_gemm_pack_b)(int64_t k, int64_t n, const float* b,
+                                                int64_t ldb, int tb, float* out) {
+  PackBlock(k, n, b, ldb, tb != 0, out);
+}
+
+extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block)(int64_t m, int64_t n, int64_t k,
+                                                         const float* a, int64_t lda,
+                                                         int ta, const float* packed_b,
+                                                         float* c, int64_t ldc,
+                                                         int accumulate) {
+  if (Empty(m, n, k, c, ldc, accumulate != 0)) return;
+  PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, accumulate != 0);
 }
 
 #endif  // DISC_TF_CC_RAL_GEMM_KERNEL_IMPL_H_

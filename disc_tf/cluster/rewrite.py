@@ -27,7 +27,10 @@ class ClusterSpec:
 
     ``subgraph`` holds a Placeholder ``disc_arg_<i>`` per input followed by the
     clustered nodes (inputs remapped, internal attrs and devices dropped);
-    ``outputs`` name tensors of that subgraph.
+    ``outputs`` name tensors of that subgraph. ``constant_inputs`` are the
+    inputs a Const or a ReadVariableOp produces: values that stay the same
+    while the runtime holds a reference to them (weights), whose GEMM
+    packing the runtime keeps across calls.
     """
 
     name: str
@@ -36,10 +39,18 @@ class ClusterSpec:
     outputs: list[TensorInfo]
     control_inputs: list[str]
     subgraph: graph_pb2.GraphDef
+    constant_inputs: list[int] = dataclasses.field(default_factory=list)
 
     def op_summary(self) -> list[tuple[str, str]]:
         """(node name, op type) of every clustered node."""
         return [(n.name, n.op) for n in self.subgraph.node if n.op != "Placeholder"]
+
+
+#: Producers of values TensorFlow never changes in place while they are
+#: referenced: a Const's tensor, and a resource variable's value as read
+#: (assignments copy on write when the value is shared). A TF1 reference
+#: variable's Identity is not one of them: its assignments write in place.
+_WEIGHT_OPS = frozenset({"Const", "ReadVariableOp"})
 
 
 def arg_name(i: int) -> str:
@@ -119,8 +130,10 @@ def extract_cluster(
                 continue
             flat = canonical_tensor_name(i)
             nd.input.append(f"{arg_name(input_index[flat])}:0" if flat in input_index else flat)
+    constant_inputs = [i for i, t in enumerate(inputs)
+                       if getattr(view.nodes.get(producer(t.name)), "op", None) in _WEIGHT_OPS]
     return ClusterSpec(name, [n for n in node_names if n not in copied], inputs, outputs,
-                       control_inputs, sub)
+                       control_inputs, sub, constant_inputs)
 
 
 def fallback_function(spec: ClusterSpec) -> function_pb2.FunctionDef:
@@ -169,6 +182,7 @@ def disc_node(
     nd.attr["fallback"].func.name = fallback_name
     nd.attr["cluster_name"].s = spec.name.encode()
     nd.attr["num_kernels"].i = compiled.num_kernels
+    nd.attr["constant_inputs"].list.i.extend(spec.constant_inputs)
     return nd
 
 

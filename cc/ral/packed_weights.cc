@@ -1,0 +1,92 @@
+// packed_weights.cc -- see packed_weights.h.
+#include "cc/ral/packed_weights.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cc/kernels/stats.h"
+
+namespace disc_tf {
+namespace {
+
+// Bytes of packed weights held by every cache of the process.
+std::atomic<int64_t> g_packed_bytes{0};
+
+int64_t BudgetBytes() {
+  static const int64_t budget = [] {
+    const char* env = std::getenv("DISC_TF_PACKED_WEIGHTS_MB");
+    int64_t mb = 4096;
+    if (env != nullptr && *env != '\0') mb = std::max<int64_t>(0, std::atoll(env));
+    return mb << 20;
+  }();
+  return budget;
+}
+
+}  // namespace
+
+bool PackWeightsEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("DISC_TF_PACK_WEIGHTS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
+PackedWeights::~PackedWeights() {
+  for (const auto& [key, entry] : entries_)
+    g_packed_bytes.fetch_sub(entry.packed->floats * 4, std::memory_order_relaxed);
+}
+
+void PackedWeights::EvictStaleLocked(int input_index, const void* current) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.input_index == input_index && it->second.held.data() != current) {
+      g_packed_bytes.fetch_sub(it->second.packed->floats * 4, std::memory_order_relaxed);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<const PackedOperand> PackedWeights::Get(
+    int input_index, const tensorflow::Tensor& input, const float* b, int64_t k, int64_t n,
+    int64_t ldb, bool tb, const GemmPacker& packer) {
+  if (!PackWeightsEnabled() || packer.pack_b == nullptr) return nullptr;
+  const Key key{b, k, n, ldb, tb};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end()) return it->second.packed;
+    // The input moved to a new buffer (a new variable value): the packed
+    // copies of its old value are never read again.
+    EvictStaleLocked(input_index, input.data());
+  }
+  const int64_t floats = packer.packed_size(k, n);
+  const int64_t bytes = floats * 4;
+  if (g_packed_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes > BudgetBytes()) {
+    g_packed_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    return nullptr;
+  }
+  auto packed = std::make_shared<PackedOperand>();
+  packed->data.reset(static_cast<float*>(aligned_alloc(64, (bytes + 63) / 64 * 64)));
+  if (packed->data == nullptr) {
+    g_packed_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    return nullptr;
+  }
+  packed->floats = floats;
+  packer.pack_b(k, n, b, ldb, tb ? 1 : 0, packed->data.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = entries_.try_emplace(key, Entry{input_index, input, packed});
+  if (!inserted) {
+    // Another call packed the same operand meanwhile: keep one copy.
+    g_packed_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    return it->second.packed;
+  }
+  stats::Add(stats::kPackedWeights, 1);
+  return packed;
+}
+
+}  // namespace disc_tf
