@@ -6,9 +6,14 @@
 #include "cc/ral/launch_profile.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -288,7 +293,11 @@ void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
 // columns costs nothing extra.
 struct GemmSplit {
   int64_t row_blocks = 1, col_blocks = 1;
-  int64_t rows(int64_t m) const { return (m + row_blocks - 1) / row_blocks; }
+  int64_t row_align = 1;  // rows per block are a multiple of this
+  int64_t rows(int64_t m) const {
+    const int64_t r = (m + row_blocks - 1) / row_blocks;
+    return std::min(m, (r + row_align - 1) / row_align * row_align);
+  }
   // Columns per block: whole 64-column panels of the GEMM block's tiles.
   int64_t cols(int64_t n) const {
     const int64_t c = (n + col_blocks - 1) / col_blocks;
@@ -317,6 +326,66 @@ GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, bool fu
     }
   }
   return best;
+}
+
+// The split of a product whose B is packed already: no block packs
+// anything, so rows cost nothing to cut. Up to two blocks per thread (of at
+// least kMinBlockWork multiply-adds each) let the threads that start first
+// take the blocks of one that starts late (1, 2, 4 or 8 per thread measured
+// the same within noise on the keras_encoder shapes).
+constexpr double kMinBlockWork = 1 << 20;
+GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
+                               bool full_rows) {
+  const double work = static_cast<double>(m) * n * k;
+  const int64_t want = std::max<int64_t>(
+      threads, std::min<int64_t>(2 * threads, static_cast<int64_t>(work / kMinBlockWork)));
+  GemmSplit split;
+  split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
+  const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
+  split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
+  split.row_align = 6;  // whole register tiles of every ISA's GEMM block
+  return split;
+}
+
+// Runs fn(t) for every t in [0, tasks): the calling thread and up to
+// NumThreads() - 1 pool threads take tasks from a shared counter until none
+// is left, so a helper that wakes late costs nothing (the caller takes its
+// tasks), and the caller never competes with a full pool for the cores. The
+// caller spins briefly for tasks still running elsewhere, then sleeps.
+// Helpers only touch the shared state once the tasks are all taken, so one
+// that starts after RunTasks returned finds nothing to do.
+void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
+              const std::function<void(int64_t)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t total = 0;
+    const std::function<void(int64_t)>* fn = nullptr;
+    std::mutex mu;
+    std::condition_variable finished;
+  };
+  auto state = std::make_shared<State>();
+  state->total = tasks;
+  state->fn = &fn;
+  auto work = [](State& s) {
+    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < s.total;) {
+      (*s.fn)(t);
+      if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.total) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.finished.notify_all();
+      }
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool->NumThreads() - 1, tasks - 1);
+  for (int64_t i = 0; i < helpers; ++i) pool->Schedule([state, work] { work(*state); });
+  work(*state);
+  for (int spin = 0; spin < 4096; ++spin) {
+    if (state->done.load(std::memory_order_acquire) == tasks) return;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->finished.wait(lock, [&] { return state->done.load(std::memory_order_acquire) == tasks; });
 }
 
 tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
@@ -405,8 +474,12 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     // when it is big and the products are too few to keep the pool busy.
     const int64_t threads = pool ? pool->NumThreads() : 1;
     GemmSplit split;
-    if (pool != nullptr && work >= kSmallGemm && batch < threads)
-      split = ChooseGemmSplit(m, n, k, (threads + batch - 1) / batch, epilogue.full_rows);
+    if (pool != nullptr && work >= kSmallGemm && batch < threads) {
+      const int64_t per_product = (threads + batch - 1) / batch;
+      split = packed_b != nullptr
+                  ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows)
+                  : ChooseGemmSplit(m, n, k, per_product, epilogue.full_rows);
+    }
     const int64_t rows = split.rows(m), cols = split.cols(n);
     const int64_t row_blocks = (m + rows - 1) / rows;
     const int64_t col_blocks = (n + cols - 1) / cols;
@@ -432,12 +505,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       for (int64_t t = 0; t < tasks; ++t) task(t);
       return;
     }
-    // Cost in cycles per task: about 16 flops per cycle.
-    const double cost = 2.0 * work / blocks / 16.0;
-    pool->ParallelFor(tasks, static_cast<int64_t>(std::min(cost, 1e15)),
-                      [&](int64_t begin, int64_t end) {
-                        for (int64_t t = begin; t < end; ++t) task(t);
-                      });
+    RunTasks(pool, tasks, task);
     return;
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
