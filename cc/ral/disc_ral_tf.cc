@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -35,6 +36,47 @@ using tensorflow::TensorShape;
 // Loops cheaper than this (total * cost_per_unit, in cycles) run inline.
 constexpr double kInlineCostThreshold = 20000.0;
 constexpr uintptr_t kTempAlignment = 64;
+
+// Runs fn(t) for every t in [0, tasks): the calling thread and up to
+// NumThreads() - 1 pool threads take tasks from a shared counter until none
+// is left, so a helper that wakes late costs nothing (the caller takes its
+// tasks), and the caller never competes with a full pool for the cores. The
+// caller spins briefly for tasks still running elsewhere, then sleeps.
+// Helpers only touch the shared state once the tasks are all taken, so one
+// that starts after RunTasks returned finds nothing to do.
+void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
+              const std::function<void(int64_t)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t total = 0;
+    const std::function<void(int64_t)>* fn = nullptr;
+    std::mutex mu;
+    std::condition_variable finished;
+  };
+  auto state = std::make_shared<State>();
+  state->total = tasks;
+  state->fn = &fn;
+  auto work = [](State& s) {
+    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < s.total;) {
+      (*s.fn)(t);
+      if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.total) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.finished.notify_all();
+      }
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool->NumThreads() - 1, tasks - 1);
+  for (int64_t i = 0; i < helpers; ++i) pool->Schedule([state, work] { work(*state); });
+  work(*state);
+  for (int spin = 0; spin < 4096; ++spin) {
+    if (state->done.load(std::memory_order_acquire) == tasks) return;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->finished.wait(lock, [&] { return state->done.load(std::memory_order_acquire) == tasks; });
+}
 
 bool CheckInput(TfRal* r, int32_t i, const char* what) {
   if (i < 0 || i >= r->num_inputs) {
@@ -190,11 +232,14 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
     fn(closure, 0, total);
     return;
   }
-  const int64_t cost = cost_per_unit > 1e15
-                           ? static_cast<int64_t>(1e15)
-                           : static_cast<int64_t>(cost_per_unit);
-  pool->ParallelFor(total, cost, [fn, closure](int64_t begin, int64_t end) {
-    fn(closure, begin, end);
+  // Ranges of equal length: up to two per thread, none cheaper than running
+  // inline would be.
+  const int64_t most = std::min<int64_t>(2 * pool->NumThreads(), total);
+  const int64_t tasks =
+      std::max<int64_t>(1, std::min<double>(most, std::floor(work / kInlineCostThreshold)));
+  const int64_t chunk = (total + tasks - 1) / tasks;
+  RunTasks(pool, (total + chunk - 1) / chunk, [&](int64_t t) {
+    fn(closure, t * chunk, std::min(total, (t + 1) * chunk));
   });
 }
 
@@ -345,47 +390,6 @@ GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
   split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
   split.row_align = 6;  // whole register tiles of every ISA's GEMM block
   return split;
-}
-
-// Runs fn(t) for every t in [0, tasks): the calling thread and up to
-// NumThreads() - 1 pool threads take tasks from a shared counter until none
-// is left, so a helper that wakes late costs nothing (the caller takes its
-// tasks), and the caller never competes with a full pool for the cores. The
-// caller spins briefly for tasks still running elsewhere, then sleeps.
-// Helpers only touch the shared state once the tasks are all taken, so one
-// that starts after RunTasks returned finds nothing to do.
-void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
-              const std::function<void(int64_t)>& fn) {
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-    int64_t total = 0;
-    const std::function<void(int64_t)>* fn = nullptr;
-    std::mutex mu;
-    std::condition_variable finished;
-  };
-  auto state = std::make_shared<State>();
-  state->total = tasks;
-  state->fn = &fn;
-  auto work = [](State& s) {
-    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < s.total;) {
-      (*s.fn)(t);
-      if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.total) {
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.finished.notify_all();
-      }
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool->NumThreads() - 1, tasks - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool->Schedule([state, work] { work(*state); });
-  work(*state);
-  for (int spin = 0; spin < 4096; ++spin) {
-    if (state->done.load(std::memory_order_acquire) == tasks) return;
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->finished.wait(lock, [&] { return state->done.load(std::memory_order_acquire) == tasks; });
 }
 
 tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {

@@ -358,7 +358,10 @@ def _softmax(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     e = b.op("exponential", [shifted], x.elem, x.dims)
     total = reduce_tf(b, "Sum", e, last, True)
     if node.op == "Softmax":
-        return [_elementwise(b, "divide", [e, total])]
+        # As TF's own kernel: e times the reciprocal of its row sum, so one
+        # divide per row rather than per element.
+        inverse = b.op("divide", [_like(b, total, 1), total], total.elem, total.dims)
+        return [_elementwise(b, "multiply", [e, inverse])]
     return [_elementwise(b, "subtract", [shifted, b.op("log", [total], x.elem, total.dims)])]
 
 
