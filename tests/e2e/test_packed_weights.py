@@ -74,11 +74,13 @@ def test_a_new_variable_value_is_packed_again():
     assert disc_tf.stats()["fallbacks"] == 0
 
 
-def test_conv1d_filter_taps_are_packed():
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_conv1d_filter_taps_are_packed(dilation):
     rng = np.random.default_rng(4)
     w = _weight(rng, (3, 8, 70))
-    conv = tf.function(lambda x: tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME")),
-                       input_signature=[tf.TensorSpec([None, None, 8], tf.float32)])
+    conv = tf.function(
+        lambda x: tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME", dilations=dilation)),
+        input_signature=[tf.TensorSpec([None, None, 8], tf.float32)])
     jitted = compiled(conv)
     disc_tf.reset_stats()
     for t in [9, 1, 40, 130]:
