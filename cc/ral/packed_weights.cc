@@ -40,15 +40,18 @@ PackedWeights::~PackedWeights() {
     g_packed_bytes.fetch_sub(entry.packed->floats * 4, std::memory_order_relaxed);
 }
 
-void PackedWeights::EvictStaleLocked(int input_index, const void* current) {
+int PackedWeights::EvictStaleLocked(int input_index, const void* current) {
+  int dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.input_index == input_index && it->second.held.data() != current) {
       g_packed_bytes.fetch_sub(it->second.packed->floats * 4, std::memory_order_relaxed);
       it = entries_.erase(it);
+      ++dropped;
     } else {
       ++it;
     }
   }
+  return dropped;
 }
 
 std::shared_ptr<const PackedOperand> PackedWeights::Get(
@@ -60,9 +63,14 @@ std::shared_ptr<const PackedOperand> PackedWeights::Get(
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) return it->second.packed;
+    if (uncached_.count(input_index) != 0) return nullptr;
     // The input moved to a new buffer (a new variable value): the packed
     // copies of its old value are never read again.
-    EvictStaleLocked(input_index, input.data());
+    if (EvictStaleLocked(input_index, input.data()) > 0 &&
+        ++moves_[input_index] >= kMaxMoves) {
+      uncached_.insert(input_index);
+      return nullptr;
+    }
   }
   const int64_t floats = packer.packed_size(k, n);
   const int64_t bytes = floats * 4;

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -46,13 +47,16 @@ class PackedWeights {
   // stride ldb) lies inside `input`, the cluster's constant input number
   // `input_index`; packed now if it is not cached. Null when packing is off
   // (DISC_TF_PACK_WEIGHTS=0), memory is short, or the process-wide budget
-  // (DISC_TF_PACKED_WEIGHTS_MB, default 4096) is spent: the caller then packs
-  // per call as usual.
+  // (DISC_TF_PACKED_WEIGHTS_MB, default 4096) is spent, or the input moved to
+  // a new buffer on kMaxMoves calls: the caller then packs per call as usual.
   std::shared_ptr<const PackedOperand> Get(int input_index, const tensorflow::Tensor& input,
                                            const float* b, int64_t k, int64_t n, int64_t ldb,
                                            bool tb, const GemmPacker& packer);
 
   ~PackedWeights();
+
+  // New buffers of one input after which it is no longer cached.
+  static constexpr int kMaxMoves = 8;
 
  private:
   using Key = std::tuple<const float*, int64_t, int64_t, int64_t, bool>;
@@ -61,10 +65,18 @@ class PackedWeights {
     tensorflow::Tensor held;  // keeps B's buffer alive and unshared-free
     std::shared_ptr<const PackedOperand> packed;
   };
-  void EvictStaleLocked(int input_index, const void* current);
+  // Drops the entries of `input_index` packed from another buffer than
+  // `current`; returns how many it dropped.
+  int EvictStaleLocked(int input_index, const void* current);
 
   std::mutex mu_;
   std::map<Key, Entry> entries_;
+  // Inputs whose buffer changed on most calls (a variable read in copy-on-read
+  // mode, or one assigned every step): packing them once per call in one
+  // thread would be slower than each block packing its part, so they are not
+  // cached any more.
+  std::map<int, int> moves_;
+  std::set<int> uncached_;
 };
 
 // True unless DISC_TF_PACK_WEIGHTS is "0" (read once per process).

@@ -74,6 +74,21 @@ def test_a_new_variable_value_is_packed_again():
     assert disc_tf.stats()["fallbacks"] == 0
 
 
+def test_a_weight_that_changes_on_every_call_stops_being_cached():
+    """After kMaxMoves new buffers (PackedWeights), the input is packed per call
+    by the blocks again, and results stay right."""
+    layers = _Layers(8)
+    jitted = compiled(layers.__call__)
+    rng = np.random.default_rng(9)
+    x = _rows(rng, 30, 40)
+    assert_matches_tf(layers.__call__, jitted, [x], RTOL, ATOL)
+    disc_tf.reset_stats()
+    for _ in range(12):
+        layers.w1.assign(layers.w1 * 0.9)
+        assert_matches_tf(layers.__call__, jitted, [x], RTOL, ATOL)
+    assert disc_tf.stats()["packed_weights"] == 7  # kMaxMoves - 1 new values packed
+
+
 @pytest.mark.parametrize("dilation", [1, 2])
 def test_conv1d_filter_taps_are_packed(dilation):
     rng = np.random.default_rng(4)
