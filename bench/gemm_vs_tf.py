@@ -3,7 +3,8 @@
     python -m bench.gemm_vs_tf                 # writes bench/GEMM.md (and prints it)
     python -m bench.gemm_vs_tf --out /tmp/g.md --shapes 16x768x768
 
-Each case is ``relu(x @ W + b)`` with constant W and b, as a tf.function (TF's
+Each case is ``relu(x @ W + b)`` with W and b variables (as in a model: disc_tf
+packs W once, as ORT does), as a tf.function (TF's
 oneDNN MatMul, with Grappler's fused bias + ReLU) and through ``disc_tf.jit``
 (the RAL's GEMM with the bias + ReLU as its epilogue). Each is timed as the best
 of 5 rounds of back-to-back calls; the ratio is TF time / disc time. Where
@@ -42,7 +43,7 @@ def _best_seconds(fn, x, calls: int, rounds: int = 5) -> float:
 
 
 def _dense_layer(w, b):
-    """``relu(x @ w + b)`` with w and b captured as constants."""
+    """``relu(x @ w + b)`` with w and b captured (variables)."""
     import tensorflow as tf
 
     def dense(x):
@@ -62,8 +63,8 @@ def measure(shapes: list[tuple[int, int, int]], seed: int = 0,
     rng = np.random.default_rng(seed)
     records = []
     for m, k, n in shapes:
-        w = tf.constant(rng.standard_normal((k, n)).astype(np.float32))
-        b = tf.constant(rng.standard_normal(n).astype(np.float32))
+        w = tf.Variable(rng.standard_normal((k, n)).astype(np.float32))
+        b = tf.Variable(rng.standard_normal(n).astype(np.float32))
         sig = [tf.TensorSpec([None, k], tf.float32)]
 
         dense = _dense_layer(w, b)
@@ -135,7 +136,7 @@ def to_markdown(records: list[dict], machine: str) -> str:
     with_ort = all("ort_s" in r for r in records)
     lines = ["# disc_tf GEMM vs TF MatMul" + (" and ONNX Runtime" if with_ort else ""), "",
              f"- {machine}",
-             "- `relu(x @ W + b)`, W and b constant; best of 5 rounds of back-to-back calls; "
+             "- `relu(x @ W + b)`, W and b variables; best of 5 rounds of back-to-back calls; "
              "`x TF` = TF time / disc time (> 1: disc faster)", "",
              "| m | k | n | TF us | TF GF/s | disc us | disc GF/s | x TF |"
              + (" ORT us | ORT GF/s | x ORT |" if with_ort else ""),
