@@ -431,7 +431,15 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
     if (t.dtype() != tensorflow::DT_FLOAT || !t.IsInitialized()) continue;
     const float* base = reinterpret_cast<const float*>(t.tensor_data().data());
     if (base != nullptr && b >= base && b + extent <= base + t.NumElements())
-      return r->packed_weights->Get(i, t, b, k, n, ldb, tb, isa.packer);
+      return r->packed_weights->Get(
+          i, t, b, k, n, ldb, tb, isa.packer,
+          [pool = IntraOpPool(r)](int64_t tasks, const std::function<void(int64_t)>& fn) {
+            if (pool == nullptr || tasks == 1) {
+              for (int64_t j = 0; j < tasks; ++j) fn(j);
+            } else {
+              RunTasks(pool, tasks, fn);
+            }
+          });
   }
   return nullptr;
 }

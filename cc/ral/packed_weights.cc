@@ -56,7 +56,7 @@ int PackedWeights::EvictStaleLocked(int input_index, const void* current) {
 
 std::shared_ptr<const PackedOperand> PackedWeights::Get(
     int input_index, const tensorflow::Tensor& input, const float* b, int64_t k, int64_t n,
-    int64_t ldb, bool tb, const GemmPacker& packer) {
+    int64_t ldb, bool tb, const GemmPacker& packer, const TaskRunner& run) {
   if (!PackWeightsEnabled() || packer.pack_b == nullptr) return nullptr;
   const Key key{b, k, n, ldb, tb};
   {
@@ -85,7 +85,15 @@ std::shared_ptr<const PackedOperand> PackedWeights::Get(
     return nullptr;
   }
   packed->floats = floats;
-  packer.pack_b(k, n, b, ldb, tb ? 1 : 0, packed->data.get());
+  // Column ranges of whole panels, packed in parallel: panel q of the whole
+  // operand starts at q * panel * k floats, wherever the range starts.
+  const int64_t panel = packer.panel();
+  const int64_t chunk = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(k, 1) / panel) * panel;
+  float* out = packed->data.get();
+  run((n + chunk - 1) / chunk, [&](int64_t t) {
+    const int64_t j0 = t * chunk, cols = std::min(chunk, n - j0);
+    packer.pack_b(k, cols, tb ? b + j0 * ldb : b + j0, ldb, tb ? 1 : 0, out + j0 * k);
+  });
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = entries_.try_emplace(key, Entry{input_index, input, packed});
   if (!inserted) {

@@ -15,6 +15,7 @@
 #define DISC_TF_CC_RAL_PACKED_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,10 @@ struct GemmPacker {
   disc_gemm_pack_b_fn pack_b = nullptr;
 };
 
+// Runs fn(t) for t in [0, tasks), possibly in parallel (the RAL's RunTasks).
+using TaskRunner =
+    std::function<void(int64_t tasks, const std::function<void(int64_t)>& fn)>;
+
 // Packed weights of one DiscCluster kernel. Thread-safe.
 class PackedWeights {
  public:
@@ -49,9 +54,11 @@ class PackedWeights {
   // (DISC_TF_PACK_WEIGHTS=0), memory is short, or the process-wide budget
   // (DISC_TF_PACKED_WEIGHTS_MB, default 4096) is spent, or the input moved to
   // a new buffer on kMaxMoves calls: the caller then packs per call as usual.
+  // The packing itself runs in column ranges of whole panels through `run`.
   std::shared_ptr<const PackedOperand> Get(int input_index, const tensorflow::Tensor& input,
                                            const float* b, int64_t k, int64_t n, int64_t ldb,
-                                           bool tb, const GemmPacker& packer);
+                                           bool tb, const GemmPacker& packer,
+                                           const TaskRunner& run);
 
   ~PackedWeights();
 
