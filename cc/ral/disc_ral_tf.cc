@@ -42,8 +42,9 @@ constexpr uintptr_t kTempAlignment = 64;
 // is left, so a helper that wakes late costs nothing (the caller takes its
 // tasks), and the caller never competes with a full pool for the cores. The
 // caller spins briefly for tasks still running elsewhere, then sleeps.
-// Helpers only touch the shared state once the tasks are all taken, so one
-// that starts after RunTasks returned finds nothing to do.
+// Helpers share the counters by reference count and call fn only for a task
+// they took, so one that starts after RunTasks returned takes none and
+// touches nothing of the caller's.
 void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
               const std::function<void(int64_t)>& fn) {
   struct State {

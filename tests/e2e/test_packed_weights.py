@@ -58,13 +58,19 @@ def test_weights_are_packed_once_and_reused():
     assert stats["fallbacks"] == 0
 
 
-def test_a_new_variable_value_is_packed_again():
-    layers = _Layers(2)
+def _warm_layers(seed: int, m: int):
+    """Compiled _Layers after one checked call (weights packed), stats reset."""
+    layers = _Layers(seed)
     jitted = compiled(layers.__call__)
-    rng = np.random.default_rng(3)
-    x = _rows(rng, 50, 40)
+    rng = np.random.default_rng(seed + 1)
+    x = _rows(rng, m, 40)
     assert_matches_tf(layers.__call__, jitted, [x], RTOL, ATOL)
     disc_tf.reset_stats()
+    return layers, jitted, rng, x
+
+
+def test_a_new_variable_value_is_packed_again():
+    layers, jitted, rng, x = _warm_layers(2, 50)
     for step in range(3):
         layers.w1.assign(layers.w1 * 0.5 + 0.1)
         layers.w2.assign_add(tf.ones_like(layers.w2) * 0.01 * step)
@@ -77,12 +83,7 @@ def test_a_new_variable_value_is_packed_again():
 def test_a_weight_that_changes_on_every_call_stops_being_cached():
     """After kMaxMoves new buffers (PackedWeights), the input is packed per call
     by the blocks again, and results stay right."""
-    layers = _Layers(8)
-    jitted = compiled(layers.__call__)
-    rng = np.random.default_rng(9)
-    x = _rows(rng, 30, 40)
-    assert_matches_tf(layers.__call__, jitted, [x], RTOL, ATOL)
-    disc_tf.reset_stats()
+    layers, jitted, _, x = _warm_layers(8, 30)
     for _ in range(12):
         layers.w1.assign(layers.w1 * 0.9)
         assert_matches_tf(layers.__call__, jitted, [x], RTOL, ATOL)
