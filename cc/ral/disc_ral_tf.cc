@@ -37,6 +37,15 @@ using tensorflow::TensorShape;
 constexpr double kInlineCostThreshold = 20000.0;
 constexpr uintptr_t kTempAlignment = 64;
 
+// The kernel's intra-op pool, or null when it has one thread or none.
+tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
+  if (r->ctx->device() == nullptr) return nullptr;
+  const tensorflow::DeviceBase::CpuWorkerThreads* workers =
+      r->ctx->device()->tensorflow_cpu_worker_threads();
+  if (workers == nullptr || workers->num_threads <= 1) return nullptr;
+  return workers->workers;
+}
+
 // Runs fn(t) for every t in [0, tasks): the calling thread and up to
 // NumThreads() - 1 pool threads take tasks from a shared counter until none
 // is left, so a helper that wakes late costs nothing (the caller takes its
@@ -44,9 +53,14 @@ constexpr uintptr_t kTempAlignment = 64;
 // caller spins briefly for tasks still running elsewhere, then sleeps.
 // Helpers share the counters by reference count and call fn only for a task
 // they took, so one that starts after RunTasks returned takes none and
-// touches nothing of the caller's.
+// touches nothing of the caller's. Without a pool (or with one task) the
+// caller runs every task itself.
 void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
               const std::function<void(int64_t)>& fn) {
+  if (pool == nullptr || tasks <= 1) {
+    for (int64_t t = 0; t < tasks; ++t) fn(t);
+    return;
+  }
   struct State {
     std::atomic<int64_t> next{0}, done{0};
     int64_t total = 0;
@@ -221,12 +235,7 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
   TfRal* r = TfRal::From(ral);
   profile::LaunchTimer timer(r->profile_key(), &r->launches, "kernel");
   if (r->profiling) timer.detail = absl::StrCat("n=", total, " cost=", cost_per_unit);
-  tensorflow::thread::ThreadPool* pool = nullptr;
-  if (r->ctx->device() != nullptr) {
-    const tensorflow::DeviceBase::CpuWorkerThreads* workers =
-        r->ctx->device()->tensorflow_cpu_worker_threads();
-    if (workers != nullptr && workers->num_threads > 1) pool = workers->workers;
-  }
+  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
   if (!(cost_per_unit >= 1.0)) cost_per_unit = 1.0;  // also catches NaN
   const double work = static_cast<double>(total) * cost_per_unit;
   if (pool == nullptr || total == 1 || work < kInlineCostThreshold) {
@@ -393,14 +402,6 @@ GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
   return split;
 }
 
-tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
-  if (r->ctx->device() == nullptr) return nullptr;
-  const tensorflow::DeviceBase::CpuWorkerThreads* workers =
-      r->ctx->device()->tensorflow_cpu_worker_threads();
-  if (workers == nullptr || workers->num_threads <= 1) return nullptr;
-  return workers->workers;
-}
-
 // Where product q's operand starts: q = outer * inner_count + inner.
 struct BatchStrides {
   int64_t inner_count, outer, inner;
@@ -435,11 +436,7 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
       return r->packed_weights->Get(
           i, t, b, k, n, ldb, tb, isa.packer,
           [pool = IntraOpPool(r)](int64_t tasks, const std::function<void(int64_t)>& fn) {
-            if (pool == nullptr || tasks == 1) {
-              for (int64_t j = 0; j < tasks; ++j) fn(j);
-            } else {
-              RunTasks(pool, tasks, fn);
-            }
+            RunTasks(pool, tasks, fn);
           });
   }
   return nullptr;
@@ -514,11 +511,8 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       epilogue(q, i0, i1, j0, j1);
     };
     const int64_t tasks = batch * blocks;
-    if (pool == nullptr || tasks == 1 || work * batch < kSmallGemm) {
-      for (int64_t t = 0; t < tasks; ++t) task(t);
-      return;
-    }
-    RunTasks(pool, tasks, task);
+    // Small products run on the caller alone: a helper's wake-up costs more.
+    RunTasks(work * batch < kSmallGemm ? nullptr : pool, tasks, task);
     return;
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;

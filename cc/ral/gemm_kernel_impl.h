@@ -139,6 +139,16 @@ void PanelOfWidth(int64_t m, int64_t k, const float* a, int64_t lda, const float
   static_assert(kVecs == 2 || kVecs == 4, "the cases above cover 1 .. kVecs vectors");
 }
 
+// PanelOfWidth with op(A)'s transpose known only at run time.
+void PanelOfWidth(bool ta, int64_t m, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t w) {
+  if (ta) {
+    PanelOfWidth<true>(m, k, a, lda, b, ldb, c, ldc, accumulate, w);
+  } else {
+    PanelOfWidth<false>(m, k, a, lda, b, ldb, c, ldc, accumulate, w);
+  }
+}
+
 // ---- Few rows: B streamed as stored, no packing.
 //
 // Packing B costs about as much as the product when the block has few rows
@@ -259,11 +269,7 @@ void PackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bo
       for (int64_t q = 0; q < nc; q += kPanel) {
         const int64_t w = std::min(kPanel, nc - q);
         const int64_t width = RoundUp(w, kLanes);
-        if (ta) {
-          PanelOfWidth<true>(m, kc, a0, lda, panel, width, c + j0 + q, ldc, acc, w);
-        } else {
-          PanelOfWidth<false>(m, kc, a0, lda, panel, width, c + j0 + q, ldc, acc, w);
-        }
+        PanelOfWidth(ta, m, kc, a0, lda, panel, width, c + j0 + q, ldc, acc, w);
         panel += kc * width;
       }
     }
@@ -291,11 +297,7 @@ void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
       const float* a0 = ta ? a + p0 * lda : a + p0;
       const float* b0 = packed + p0 * width;
       const bool acc = accumulate || p0 > 0;
-      if (ta) {
-        PanelOfWidth<true>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
-      } else {
-        PanelOfWidth<false>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
-      }
+      PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
     }
     packed += k * width;
   }
