@@ -10,9 +10,12 @@ Peers:
         XLA traces and compiles once per distinct input shape.
   disc  ``disc_tf.optimize`` of the SavedModel (with a fresh, empty artifact
         cache so that every cluster compile is part of the setup time), then
-        ``tf.saved_model.load`` of the optimized model. A cluster that fails to
+        ``disc_tf.load`` of the optimized model (its DiscCluster ops called
+        directly, not through TF's function runtime). A cluster that fails to
         compile stays as TF ops (listed in the record); if ``optimize`` itself
-        fails, the original model runs and the record says so.
+        fails, the original model runs and the record says so. After the hot
+        passes, the same optimized model is also timed through the restored TF
+        function (``hot_tf_call_s``), the call path ``tf.saved_model.load`` gives.
   ort   ONNX Runtime on a tf2onnx conversion of the same SavedModel (conversion
         is part of the setup time); runs under ``bench/.venv-ort`` (``make
         bench-deps``), "not installed" when onnxruntime or tf2onnx is missing.
@@ -171,13 +174,13 @@ def setup_xla(model_dir: str, result: Result) -> tuple[CallFn, Callable[[], int 
     return _tf_call(fn), traces
 
 
-def setup_disc(model_dir: str, result: Result, work: pathlib.Path) -> CallFn:
-    """Optimizes the SavedModel with an empty artifact cache, then loads it."""
+def setup_disc(model_dir: str, result: Result,
+               work: pathlib.Path) -> tuple[CallFn, CallFn]:
+    """Optimizes the SavedModel with an empty artifact cache, then loads it; returns the
+    direct call and the call through the restored TF function."""
     cache = work / "disc_cache"
     cache.mkdir()
     os.environ["DISC_TF_CACHE_DIR"] = str(cache)
-    import tensorflow as tf
-
     import disc_tf
 
     disc_tf.reset_stats()
@@ -190,8 +193,9 @@ def setup_disc(model_dir: str, result: Result, work: pathlib.Path) -> CallFn:
         result["optimize_error"] = f"{type(e).__name__}: {e}"[:500]
         out = pathlib.Path(model_dir)
     optimized = time.perf_counter()
-    model = tf.saved_model.load(str(out))
+    model = disc_tf.load(str(out))
     done = time.perf_counter()
+    result["direct"] = model.direct_functions()
     result["setup_s"] = done - start
     result["optimize_s"] = optimized - start
     result["load_s"] = done - optimized
@@ -204,7 +208,7 @@ def setup_disc(model_dir: str, result: Result, work: pathlib.Path) -> CallFn:
     result["cluster_ops"] = [
         sum(1 for _, op in c["ops"] if op != "Const") for c in manifest if c.get("error") is None
     ]
-    return _tf_call(model)
+    return _tf_call(model), _tf_call(model.module)
 
 
 def optimize_again(model_dir: str, work: pathlib.Path) -> float:
@@ -341,13 +345,14 @@ def run_peer(args: argparse.Namespace) -> Result:
         progress_printer("setup", len(inputs))(0)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"bench_{args.peer}_"))
     traces: Callable[[], int | None] | None = None
+    tf_call: CallFn | None = None  # disc: the same model through the restored TF function
     try:
         if args.peer == "tf":
             call = setup_tf(args.model_dir, result)
         elif args.peer == "xla":
             call, traces = setup_xla(args.model_dir, result)
         elif args.peer == "disc":
-            call = setup_disc(args.model_dir, result, work)
+            call, tf_call = setup_disc(args.model_dir, result, work)
         else:
             call = setup_ort(args.model_dir, result, work)
 
@@ -404,6 +409,9 @@ def run_peer(args: argparse.Namespace) -> Result:
             stats = disc_tf.stats()
             result["disc_stats"] = stats
             result["compiles"] = stats["compilations"]
+            if tf_call is not None:  # warm-up pass, then the timed one
+                run_pass(tf_call, inputs, to_tensor)
+                result["hot_tf_call_s"] = float(np.sum(run_pass(tf_call, inputs, to_tensor)[0]))
         result["peak_rss_mb"] = peak_rss_mb()
         if args.peer == "disc" and not result.get("optimize_error"):
             result["optimize_warm_cache_s"] = optimize_again(args.model_dir, work)

@@ -78,6 +78,15 @@ def _ratio(records: dict[str, Record], peer: str, other: str, key: str) -> float
     return b[key] / a[key]
 
 
+def _ratio_to(records: dict[str, Record], other: str, key: str,
+              value: float | None) -> float | None:
+    """``records[other][key] / value``, or None when either is missing."""
+    base = records.get(other, {}).get(key)
+    if base is None or not value or records[other].get("status") != "ok":
+        return None
+    return base / value
+
+
 def activation_ratio(records: dict[str, Record]) -> float | None:
     """disc's peak activation MiB over TF's (<= 1: disc needs no more than TF)."""
     disc, tf = records.get("disc", {}), records.get("tf", {})
@@ -98,12 +107,12 @@ def target_rows(results: dict[str, Any]) -> list[str]:
 
     lines = [f"| workload | hot vs TF (>= {HOT_VS_TF}) | hot vs ORT (> 1) | first pass vs TF "
              f"(>= {FIRST_VS_TF}) | first pass vs XLA (>= {FIRST_VS_XLA:g}) | setup+first vs TF | "
-             f"peak act / TF (<= {ACT_VS_TF:g}) | clusters in TF |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             f"peak act / TF (<= {ACT_VS_TF:g}) | clusters in TF | hot vs TF, TF call path |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for name, records in results["results"].items():
         disc = records.get("disc", {})
         if disc.get("status") != "ok":
-            lines.append(f"| {name} | disc: {disc.get('status', 'not run')} | | | | | | |")
+            lines.append(f"| {name} | disc: {disc.get('status', 'not run')} | | | | | | | |")
             continue
         in_tf = disc.get("failed_clusters") or []
         fallback = (f"{len(in_tf)} failed to compile" if in_tf else "none")
@@ -120,7 +129,8 @@ def target_rows(results: dict[str, Any]) -> list[str]:
             cell(_ratio(records, "disc", "xla", "first_pass_s"), FIRST_VS_XLA),
             cell(disc.get("speedup_setup_first"), None),
             act_cell,
-            fallback + " |",
+            fallback,
+            cell(_ratio_to(records, "tf", "hot_pass_s", disc.get("hot_tf_call_s")), None) + " |",
         ]))
     return lines
 
@@ -194,10 +204,14 @@ def _header(results: dict[str, Any]) -> list[str]:
         "Times are sums of per-call wall time over the stream. Setup is load (tf, xla), "
         "optimize + load with an empty artifact cache (disc: every cluster compile is here, "
         "so its first pass runs with a warm cache), or tf2onnx conversion + session creation "
-        "(ort). The first pass includes every lazy compile (XLA compiles once per distinct "
-        "shape). The hot pass repeats the stream; its total is the best repeat's and p50/p99 "
-        "are over each call's fastest time. `x TF` columns are TF time / peer time "
-        "(> 1 = faster than TF). `compiles`: "
+        "(ort). Call paths: tf and xla call the object `tf.saved_model.load` returns (TF's "
+        "function runtime: about 170 us per call before any kernel runs, on these cores); "
+        "disc calls the object `disc_tf.load` returns (one eager DiscCluster op execution "
+        "per call); ort calls `InferenceSession.run`. `hot vs TF, TF call path` is disc's "
+        "optimized model called the way tf is. The first pass includes every lazy compile "
+        "(XLA compiles once per distinct shape). The hot pass repeats the stream; its total "
+        "is the best repeat's and p50/p99 are over each call's fastest time. `x TF` columns "
+        "are TF time / peer time (> 1 = faster than TF). `compiles`: "
         "XLA traces or disc cluster compilations. Peak RSS is the peer process's (includes "
         "TF itself; the ort process imports TF for the conversion). `peak act MiB` (tf, xla, "
         "disc): from a separate untimed process on the same stream, with TF's CPU device on "

@@ -6,12 +6,14 @@ fused kernels and a generated host runner, and run at any input shape.
 
 from __future__ import annotations
 
+from disc_tf.direct_call import DiscModel, load
 from disc_tf.enable import enable
 from disc_tf.jit import JitFunction, jit
 from disc_tf.runtime import native as _native
 from disc_tf.saved_model import optimize_saved_model as _optimize_saved_model
 
-__all__ = ["optimize", "enable", "jit", "JitFunction", "stats", "reset_stats"]
+__all__ = ["optimize", "load", "DiscModel", "enable", "jit", "JitFunction", "stats",
+           "reset_stats"]
 __version__ = "0.1.0"
 
 _native.load()  # registers the DiscCluster op, so optimized models load

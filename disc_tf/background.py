@@ -206,6 +206,13 @@ def publish_in_process(key: str, artifact: Artifact | None, error: str | None) -
                              artifact.sha256.encode(), artifact.num_kernels)
 
 
+def publish_bytes(key: str, data: bytes, sha256: str, num_kernels: int) -> bool:
+    """Loads an artifact's bytes and makes it the artifact of ``key``; False (and the
+    key failed, so its ops run their fallback) when it does not load."""
+    return bool(_ops_lib().disc_pending_publish(key.encode(), data, len(data), sha256.encode(),
+                                                num_kernels))
+
+
 def pending_state(key: str) -> str:
     """'unknown', 'ready' or 'failed': what the op library knows of ``key``."""
     return ("unknown", "ready", "failed")[_ops_lib().disc_pending_state(key.encode())]

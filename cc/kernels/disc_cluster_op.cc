@@ -22,9 +22,13 @@
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/tensor_util.h"
+#include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
 
 namespace disc_tf {
@@ -38,6 +42,7 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::PartialTensorShape;
 using tensorflow::Tensor;
+using tensorflow::Var;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
@@ -81,6 +86,9 @@ output_shapes: the static shape (usually with unknown dims) of each output.
 pending_key: set when `artifact` is still being compiled in the background:
   calls run `fallback` until the compiler publishes this key, then the
   published artifact.
+inputs: the cluster's inputs. A resource input (a variable's handle) stands
+  for the variable's value, read when the op runs; graphs feed values through
+  ReadVariableOp, disc_tf.load's direct calls feed handles.
 )doc");
 
 bool EnvTrue(const char* name) {
@@ -158,16 +166,49 @@ class DiscClusterOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const LoadedArtifact* artifact = CurrentArtifact();
-    if (artifact != nullptr) {
-      RunArtifact(ctx, artifact);
+    std::vector<Tensor> inputs;
+    absl::Status s = InputValues(ctx, &inputs);
+    if (!s.ok()) {
+      ctx->SetStatus(WithPrefix(s, prefix_));
       done();
       return;
     }
-    RunFallback(ctx, std::move(done));
+    const LoadedArtifact* artifact = CurrentArtifact();
+    if (artifact != nullptr) {
+      RunArtifact(ctx, artifact, std::move(inputs));
+      done();
+      return;
+    }
+    RunFallback(ctx, std::move(inputs), std::move(done));
   }
 
  private:
+  // The value of every input: the input itself, or for a resource input the
+  // variable's current value, read as ReadVariableOp does (shared lock; a copy
+  // in copy-on-read mode). The reference held for the call makes a concurrent
+  // assignment write a new buffer instead of this one.
+  absl::Status InputValues(OpKernelContext* ctx, std::vector<Tensor>* values) const {
+    values->reserve(ctx->num_inputs());
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      if (ctx->input_dtype(i) != tensorflow::DT_RESOURCE) {
+        values->push_back(ctx->input(i));
+        continue;
+      }
+      tensorflow::core::RefCountPtr<Var> var;
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+          ctx, tensorflow::HandleFromInput(ctx, i), &var));
+      tensorflow::tf_shared_lock lock(*var->mu());
+      if (!var->is_initialized) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "input ", i, " reads an uninitialized variable"));
+      }
+      const Tensor& value = *var->tensor();
+      values->push_back(var->copy_on_read_mode.load() ? tensorflow::tensor::DeepCopy(value)
+                                                      : value);
+    }
+    return absl::OkStatus();
+  }
+
   // The artifact to run for this call, or null for the fallback. A pending
   // key is looked up until the background compiler has published it.
   const LoadedArtifact* CurrentArtifact() {
@@ -189,10 +230,11 @@ class DiscClusterOp : public AsyncOpKernel {
     }
   }
 
-  void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact) {
+  void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact,
+                   std::vector<Tensor> inputs) {
     absl::Status s;
     {
-      TfRal ral(ctx, cluster_name_);
+      TfRal ral(ctx, std::move(inputs), cluster_name_);
       if (!constant_inputs_.empty()) {
         ral.packed_weights = &packed_weights_;
         ral.constant_inputs = &constant_inputs_;
@@ -253,7 +295,7 @@ class DiscClusterOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  void RunFallback(OpKernelContext* ctx, DoneCallback done) {
+  void RunFallback(OpKernelContext* ctx, std::vector<Tensor> inputs, DoneCallback done) {
     FunctionLibraryRuntime* lib = ctx->function_library();
     if (lib == nullptr) {
       ctx->SetStatus(absl::InternalError(absl::StrCat(
@@ -286,10 +328,7 @@ class DiscClusterOp : public AsyncOpKernel {
     state->opts.runner = ctx->runner();
     state->opts.run_all_kernels_inline = ctx->run_all_kernels_inline();
     state->opts.coordination_service_agent = ctx->coordination_service_agent();
-    state->args.reserve(ctx->num_inputs());
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      state->args.push_back(ctx->input(i));
-    }
+    state->args = std::move(inputs);
     lib->Run(state->opts, handle, state->args, &state->rets,
              [this, ctx, state, done = std::move(done)](const absl::Status& st) {
                std::unique_ptr<CallState> owned(state);

@@ -118,14 +118,13 @@ const int64_t* RalInputDims(disc_ral* ral, int32_t i) {
 int32_t RalInputDtype(disc_ral* ral, int32_t i) {
   TfRal* r = TfRal::From(ral);
   if (!CheckInput(r, i, "input_dtype")) return -1;
-  return static_cast<int32_t>(r->ctx->input_dtype(i));
+  return static_cast<int32_t>(r->inputs[i].dtype());
 }
 
 const void* RalInputData(disc_ral* ral, int32_t i) {
   TfRal* r = TfRal::From(ral);
   if (!CheckInput(r, i, "input_data")) return nullptr;
-  const Tensor& t = r->ctx->input(i);
-  return t.tensor_data().data();
+  return r->inputs[i].tensor_data().data();
 }
 
 void* RalAllocOutput(disc_ral* ral, int32_t i, int32_t rank,
@@ -429,7 +428,7 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
     return nullptr;
   const int64_t extent = tb ? (n - 1) * ldb + k : (k - 1) * ldb + n;  // floats B spans
   for (int i : *r->constant_inputs) {
-    const tensorflow::Tensor& t = r->ctx->input(i);
+    const tensorflow::Tensor& t = r->inputs[i];
     if (t.dtype() != tensorflow::DT_FLOAT || !t.IsInitialized()) continue;
     const float* base = reinterpret_cast<const float*>(t.tensor_data().data());
     if (base != nullptr && b >= base && b + extent <= base + t.NumElements())
@@ -620,11 +619,12 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message) {
   }
 }
 
-TfRal::TfRal(OpKernelContext* c, std::string cluster) : disc_ral{}, ctx(c) {
+TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster)
+    : disc_ral{}, ctx(c), inputs(std::move(values)) {
   profiling = profile::Enabled();
   if (profiling) profile_cluster = std::move(cluster);
   abi_version = DISC_RAL_ABI_VERSION;
-  num_inputs = ctx->num_inputs();
+  num_inputs = static_cast<int32_t>(inputs.size());
   num_outputs = ctx->num_outputs();
   input_rank = &RalInputRank;
   input_dims = &RalInputDims;
@@ -641,7 +641,7 @@ TfRal::TfRal(OpKernelContext* c, std::string cluster) : disc_ral{}, ctx(c) {
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {
-    const TensorShape& s = ctx->input(i).shape();
+    const TensorShape& s = inputs[i].shape();
     dims[i].resize(s.dims());
     for (int d = 0; d < s.dims(); ++d) dims[i][d] = s.dim_size(d);
   }

@@ -30,8 +30,11 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message);
 // A disc_ral bound to one OpKernelContext for the duration of one call.
 // Not copyable; must outlive the disc_entry call it is passed to.
 struct TfRal : public disc_ral {
+  // `inputs` are the call's input values: ctx's inputs, except that a
+  // resource input is replaced by the variable's value (see DiscClusterOp).
   // `cluster` names the cluster in the launch profile (DISC_TF_PROFILE).
-  explicit TfRal(tensorflow::OpKernelContext* ctx, std::string cluster = "");
+  TfRal(tensorflow::OpKernelContext* ctx, std::vector<tensorflow::Tensor> inputs,
+        std::string cluster = "");
   ~TfRal();
 
   TfRal(const TfRal&) = delete;
@@ -56,6 +59,8 @@ struct TfRal : public disc_ral {
   void ReleaseTemps();
 
   tensorflow::OpKernelContext* ctx;
+  // The input values of this call (see the constructor).
+  std::vector<tensorflow::Tensor> inputs;
   // Per-input dims, copied as int64 (input_dims returns pointers into these).
   std::vector<std::vector<int64_t>> dims;
   // Scratch tensors alive until the end of the call or free_temp.

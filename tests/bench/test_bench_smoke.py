@@ -31,6 +31,8 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
     assert disc["clusters"] >= 1
     assert disc["compiles"] == disc["clusters"], disc
     assert disc["disc_stats"]["fallbacks"] == 0
+    assert disc["direct"] == {"__call__": None, "serving_default": None}  # disc_tf.load's calls
+    assert disc["hot_tf_call_s"] > 0  # the same model through the restored TF function
     for key in ("setup_s", "first_pass_s", "hot_pass_s", "hot_p50_ms", "hot_p99_ms",
                 "peak_rss_mb"):
         assert tf_rec[key] > 0 and disc[key] > 0, key

@@ -1,0 +1,274 @@
+"""``disc_tf.load``: an optimized SavedModel whose calls run their DiscCluster ops directly.
+
+Calling a function restored by ``tf.saved_model.load`` costs about 170 us on
+a 2-core machine before any kernel runs (Python argument binding, then TF's
+function runtime), more than a small model's kernels take. ``load`` restores
+the model the same way, then plans each of its functions (``direct_plan``):
+where the body is DiscCluster ops fed by the arguments and by variables, a call
+is one eager op execution per cluster, with the variables' handles as inputs
+(the op reads each variable when it runs, as ReadVariableOp would have).
+
+A call goes the direct way only when it can give the same answer: eager
+execution, no gradient tape recording, no GPU in the process, and every
+argument a tensor or array of the signature's dtype and a compatible shape.
+Any other call, and any function the planner refuses, runs the restored
+function as ``tf.saved_model.load`` would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context, execute, record
+from tensorflow.python.util import nest
+
+from disc_tf import background
+from disc_tf.direct_plan import DirectPlan, NotDirect, Source, plan_function
+
+logger = logging.getLogger("disc_tf.direct")
+
+_EagerTensor = type(tf.constant(0.0))
+
+
+def _lookup_function(name: str):
+    ctx = context.context()
+    if not ctx.has_function(name):
+        return None
+    return ctx.get_function_def(name)
+
+
+def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
+    """Publishes each step's artifact under a key; returns the key per step.
+
+    A step whose node has no artifact keeps its node's pending key (empty:
+    always the fallback; set: a background compile the op waits for).
+    """
+    keys = []
+    for step in plan.steps:
+        if not step.artifact:
+            keys.append(step.pending_key)
+            continue
+        # The key names the bytes, so a key never stands for two artifacts.
+        key = f"direct/{hashlib.sha256(step.artifact).hexdigest()}/{step.artifact_sha256}"
+        if background.pending_state(key) == "unknown" and not background.publish_bytes(
+                key, step.artifact, step.artifact_sha256, step.num_kernels):
+            logger.warning("disc_tf.load: cluster %s's artifact does not load; it runs its "
+                           "fallback", step.cluster_name)
+        keys.append(key)
+    return tuple(keys)
+
+
+class _Spec:
+    """One argument's dtype and shape, checked per call."""
+
+    __slots__ = ("dtype", "np_dtype", "dims")
+
+    def __init__(self, spec: tf.TensorSpec) -> None:
+        self.dtype = spec.dtype
+        self.np_dtype = np.dtype(spec.dtype.as_numpy_dtype) if spec.dtype.is_numpy_compatible \
+            else None
+        self.dims = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+
+    def convert(self, value: Any) -> Any:
+        """``value`` as an eager tensor of this spec, or None if the call must go TF's way."""
+        if type(value) is _EagerTensor:
+            if value.dtype != self.dtype:
+                return None
+            tensor = value
+        elif isinstance(value, np.ndarray) and value.dtype == self.np_dtype:
+            tensor = tf.constant(value)
+        else:
+            return None
+        if self.dims is not None:
+            shape = tensor._shape_tuple()  # noqa: SLF001 - the cheap shape read
+            if len(shape) != len(self.dims):
+                return None
+            for want, got in zip(self.dims, shape):
+                if want is not None and want != got:
+                    return None
+        if "CPU" not in tensor.device:
+            return None
+        return tensor
+
+
+class DirectFunction:
+    """A restored concrete function, called through its plan when it has one.
+
+    ``plan`` is the ``DirectPlan`` (None when the function runs TF's way, and
+    ``reason`` says why); ``direct_calls`` and ``tf_calls`` count the calls
+    that went each way.
+    """
+
+    def __init__(self, name: str, function: Any, concrete: Any, keyword: bool) -> None:
+        self.name = name
+        self._function = function  # what a TF-way call calls
+        self._keyword = keyword  # signatures take keyword arguments, __call__ positional ones
+        self.plan: DirectPlan | None = None
+        self.reason: str | None = None
+        self.direct_calls = 0
+        self.tf_calls = 0
+        try:
+            self._prepare(concrete)
+        except NotDirect as e:
+            self.plan, self.reason = None, str(e)
+        if self.plan is None:
+            logger.info("disc_tf.load: %s runs through TF's function runtime: %s",
+                        name, self.reason)
+        else:
+            logger.debug("disc_tf.load: %s\n%s", name, self.plan.describe())
+
+    def _prepare(self, concrete: Any) -> None:
+        args, kwargs = concrete.structured_input_signature
+        if self._keyword:
+            if args:
+                raise NotDirect("positional signature arguments")
+            names = sorted(kwargs)
+            specs = [kwargs[n] for n in names]
+        else:
+            if kwargs:
+                raise NotDirect("keyword-only arguments")
+            names = []
+            specs = list(args)
+        if not all(isinstance(s, tf.TensorSpec) for s in specs):
+            raise NotDirect("an argument is not a plain tensor")
+        captured = list(concrete.captured_inputs)
+        flat_inputs = list(concrete.graph.inputs)
+        if len(flat_inputs) != len(specs) + len(captured):
+            raise NotDirect(f"{len(flat_inputs)} graph inputs for {len(specs)} arguments and "
+                            f"{len(captured)} captures")
+        # The graph's placeholders follow the flattened signature (sorted keyword names).
+        for name, t in zip(names, flat_inputs):
+            if t.op.name != name:
+                raise NotDirect(f"argument {name} has placeholder {t.op.name}")
+        is_resource = [t.dtype == tf.resource for t in flat_inputs]
+        plan = plan_function(concrete.function_def, len(specs), is_resource, _lookup_function)
+        if len(plan.outputs) != len(concrete.outputs):
+            raise NotDirect(f"{len(plan.outputs)} planned outputs for {len(concrete.outputs)}")
+        for step in plan.steps:
+            fallback = dict(step.attrs).get("fallback")
+            if fallback and _lookup_function(str(fallback)) is None:
+                raise NotDirect(f"fallback function {fallback} is not registered")
+        self._names = names
+        self._specs = [_Spec(s) for s in specs]
+        self._captured = captured
+        self._structure = concrete.structured_outputs
+        keys = _publish_artifacts(plan)
+        self._steps = [
+            (step.num_outputs, step.inputs,
+             tuple(x for name, value in step.attrs for x in (name, value))
+             + ("artifact", b"", "pending_key", key.encode()))
+            for step, key in zip(plan.steps, keys)]
+        self._single = (len(plan.steps) == 1 and all(s.kind == "step" for s in plan.outputs))
+        self.plan = plan
+
+    def _args(self, args: tuple, kwargs: dict) -> list[Any] | None:
+        if self._keyword:
+            if args or len(kwargs) != len(self._names):
+                return None
+            try:
+                values = [kwargs[n] for n in self._names]
+            except KeyError:
+                return None
+        else:
+            if kwargs or len(args) != len(self._specs):
+                return None
+            values = args
+        out = []
+        for spec, value in zip(self._specs, values):
+            t = spec.convert(value)
+            if t is None:
+                return None
+            out.append(t)
+        return out
+
+    def _value(self, source: Source, args: list[Any], results: list[list[Any]]) -> Any:
+        if source.kind == "arg":
+            return args[source.index]
+        if source.kind == "step":
+            return results[source.index][source.output]
+        return self._captured[source.index]  # a capture, or a variable's handle
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the function, directly when the plan and the arguments allow it."""
+        if self.plan is None or not context.executing_eagerly() or record.could_possibly_record():
+            self.tf_calls += 1
+            return self._function(*args, **kwargs)
+        flat = self._args(args, kwargs)
+        if flat is None:
+            self.tf_calls += 1
+            return self._function(*args, **kwargs)
+        ctx = context.context()
+        results: list[list[Any]] = []
+        for num_outputs, inputs, attrs in self._steps:
+            values = [self._value(s, flat, results) for s in inputs]
+            results.append(execute.quick_execute("DiscCluster", num_outputs, values, attrs, ctx))
+        self.direct_calls += 1
+        if self._single:
+            outs = [results[0][s.output] for s in self.plan.outputs]
+        else:
+            outs = [self._value(s, flat, results) for s in self.plan.outputs]
+        return nest.pack_sequence_as(self._structure, outs)
+
+
+class DiscModel:
+    """A loaded optimized SavedModel: ``model(x)`` and ``model.signatures[name](**kw)``
+    as on the object ``tf.saved_model.load`` returns, direct where possible.
+
+    Every other attribute is the restored object's (``model.module``).
+    """
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.signatures: Mapping[str, DirectFunction] = {
+            name: DirectFunction(f"signature {name}", fn, fn, keyword=True)
+            for name, fn in module.signatures.items()}
+        self._call: DirectFunction | None = None
+        call = module.__call__ if callable(module) else None
+        concretes = list(getattr(call, "concrete_functions", ()) or ())
+        if call is not None and len(concretes) == 1:
+            self._call = DirectFunction("__call__", call, concretes[0], keyword=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._call is not None:
+            return self._call(*args, **kwargs)
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def direct_functions(self) -> dict[str, str | None]:
+        """Each planned function's name and None if it runs directly, else why not."""
+        fns = dict(self.signatures)
+        if self._call is not None:
+            fns["__call__"] = self._call
+        return {name: fn.reason for name, fn in fns.items()}
+
+
+def load(export_dir: str, tags: Any = None, options: Any = None) -> DiscModel:
+    """Loads a SavedModel (as ``tf.saved_model.load``) whose DiscCluster ops are called
+    directly, without TF's function runtime, where the model allows it."""
+    from disc_tf.runtime import native
+
+    native.load()
+    module = tf.saved_model.load(export_dir, tags=tags, options=options)
+    if tf.config.list_logical_devices("GPU"):
+        logger.info("disc_tf.load: a GPU is visible; calls run through TF's function runtime")
+        return _TfOnly(module)
+    return DiscModel(module)
+
+
+class _TfOnly(DiscModel):
+    """A DiscModel that plans nothing (every call goes through TF)."""
+
+    def __init__(self, module: Any) -> None:  # noqa: D107 - see the class
+        self.module = module
+        self.signatures = dict(module.signatures)
+        self._call = None
+
+    def direct_functions(self) -> dict[str, str | None]:  # noqa: D102 - see DiscModel
+        return {name: "a GPU is visible" for name in self.signatures}

@@ -1,0 +1,306 @@
+"""Plans for calling a function's DiscCluster ops directly, without TF's function runtime.
+
+A function that ``optimize`` clustered whole has a body of DiscCluster ops fed
+by its arguments and by ReadVariableOps of captured variables (optionally
+behind a StatefulPartitionedCall and Identity ops). Such a body is planned
+as a list of ``ClusterStep``s: one DiscCluster execution each, whose inputs are
+the function's arguments, captured values, variable handles (the op reads the
+variable when it runs, as the ReadVariableOp would have) or earlier steps'
+outputs. Any other op in the body (an assignment, a TF op left outside the
+clusters) makes the function unplannable, and the caller uses TF's runtime.
+
+The plan is built from FunctionDef protos only, and prints as text
+(``DirectPlan.describe``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tensorflow.core.framework import attr_value_pb2, function_pb2, types_pb2
+
+#: Ops a directly-called body may hold besides function calls. Identity and
+#: NoOp only pass values or order; ReadVariableOp becomes the op's own read.
+_DIRECT_OPS = frozenset({"DiscCluster", "ReadVariableOp", "Identity", "NoOp"})
+_CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+#: Attribute value as ``TFE_Py_Execute`` takes it.
+ExecAttr = bytes | int | float | bool | list | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a value comes from at call time.
+
+    ``kind`` is ``arg`` (the call's ``index``-th argument), ``capture`` (the
+    function's ``index``-th captured input, passed as it is), ``variable`` (the
+    ``index``-th captured input, a variable handle whose value is read) or
+    ``step`` (output ``output`` of plan step ``index``).
+    """
+
+    kind: str
+    index: int
+    output: int = 0
+
+    def describe(self) -> str:
+        """Short text form, e.g. ``arg0``, ``var3``, ``step0:1``."""
+        names = {"arg": "arg", "capture": "cap", "variable": "var"}
+        if self.kind == "step":
+            return f"step{self.index}:{self.output}"
+        return f"{names[self.kind]}{self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterStep:
+    """One DiscCluster execution: its node, inputs and attributes.
+
+    ``attrs`` are the node's attributes converted for ``TFE_Py_Execute``, with
+    ``Tin`` naming a resource for each ``variable`` input and the ``artifact``
+    bytes left out (``artifact`` holds them; the caller publishes them under a
+    key and passes that as ``pending_key``).
+    """
+
+    node: str
+    cluster_name: str
+    inputs: tuple[Source, ...]
+    num_outputs: int
+    artifact: bytes
+    artifact_sha256: str
+    num_kernels: int
+    pending_key: str
+    attrs: tuple[tuple[str, ExecAttr], ...]
+
+    def describe(self) -> str:
+        """One line: the cluster, its inputs and outputs."""
+        ins = ", ".join(s.describe() for s in self.inputs)
+        return f"{self.cluster_name} ({self.node}): ({ins}) -> {self.num_outputs} outputs"
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectPlan:
+    """The DiscCluster executions of a function, in order, and its outputs."""
+
+    function: str
+    num_args: int
+    steps: tuple[ClusterStep, ...]
+    outputs: tuple[Source, ...]
+
+    def describe(self) -> str:
+        """Multi-line text form."""
+        lines = [f"direct plan of {self.function}: {self.num_args} args"]
+        lines += [f"  step{i}: {s.describe()}" for i, s in enumerate(self.steps)]
+        lines.append("  outputs: " + ", ".join(s.describe() for s in self.outputs))
+        return "\n".join(lines)
+
+
+class NotDirect(Exception):
+    """The function's body holds something a direct call cannot run."""
+
+
+FunctionLookup = Callable[[str], function_pb2.FunctionDef | None]
+
+
+def _exec_attr(name: str, value: attr_value_pb2.AttrValue) -> ExecAttr:
+    """Converts one AttrValue to the form ``TFE_Py_Execute`` takes."""
+    field = value.WhichOneof("value")
+    if field in ("s", "i", "f", "b"):
+        return getattr(value, field)
+    if field == "type":
+        return int(value.type)
+    if field == "func":
+        return value.func.name
+    if field == "shape":
+        return _shape(value.shape)
+    if field == "list":
+        lst = value.list
+        if lst.type:
+            return [int(t) for t in lst.type]
+        if lst.shape:
+            return [_shape(s) for s in lst.shape]
+        if lst.i:
+            return [int(i) for i in lst.i]
+        if lst.s:
+            return list(lst.s)
+        if lst.f or lst.b or lst.func or lst.tensor:
+            raise NotDirect(f"attr {name}: list kind not supported")
+        return []
+    raise NotDirect(f"attr {name}: {field} values are not supported")
+
+
+def _shape(proto) -> list[int | None] | None:
+    if proto.unknown_rank:
+        return None
+    return [None if d.size < 0 else int(d.size) for d in proto.dim]
+
+
+def _split_ref(ref: str) -> tuple[str, str, int]:
+    """``node:output_arg:index`` (or a bare input arg name) as its parts."""
+    parts = ref.split(":")
+    if len(parts) == 1:
+        return parts[0], "", 0
+    if len(parts) == 3:
+        return parts[0], parts[1], int(parts[2])
+    raise NotDirect(f"unexpected tensor reference {ref!r}")
+
+
+class _Planner:
+    """Resolves tensors of (possibly nested) FunctionDefs to plan sources."""
+
+    def __init__(self, lookup: FunctionLookup, num_args: int, is_resource: list[bool]) -> None:
+        self._lookup = lookup
+        self._num_args = num_args
+        self._is_resource = is_resource  # per top-level input: user args, then captures
+        self.steps: list[ClusterStep] = []
+        self._step_of: dict[tuple[int, str], int] = {}  # (frame id, node) -> step
+        self._frames = 0
+
+    def top_source(self, i: int) -> Source:
+        """Source of top-level input ``i`` (arguments first, then captures)."""
+        if i < self._num_args:
+            return Source("arg", i)
+        return Source("capture", i - self._num_args)
+
+    def function_outputs(self, fdef: function_pb2.FunctionDef, arg_sources: list[Source],
+                         depth: int = 0) -> list[Source]:
+        """Sources of ``fdef``'s outputs, given the sources of its inputs."""
+        if depth > 8:
+            raise NotDirect("function calls nested too deeply")
+        if len(arg_sources) != len(fdef.signature.input_arg):
+            raise NotDirect(f"{fdef.signature.name}: {len(arg_sources)} inputs for "
+                            f"{len(fdef.signature.input_arg)} arguments")
+        frame = _Frame(self, fdef, arg_sources, depth)
+        return [frame.resolve(fdef.ret[a.name]) for a in fdef.signature.output_arg]
+
+    def check_body(self, fdef: function_pb2.FunctionDef, depth: int = 0) -> None:
+        """Raises ``NotDirect`` unless every node of ``fdef`` and of the functions it
+        calls is one a direct call runs or skips (values only flow through them)."""
+        if depth > 8:
+            raise NotDirect("function calls nested too deeply")
+        for node in fdef.node_def:
+            if node.op in _CALL_OPS:
+                self.check_body(self.lookup(node.attr["f"].func.name), depth + 1)
+            elif node.op not in _DIRECT_OPS:
+                raise NotDirect(f"{fdef.signature.name}: op {node.op} ({node.name}) runs "
+                                "outside any cluster")
+
+    def next_frame_id(self) -> int:
+        self._frames += 1
+        return self._frames
+
+    def add_step(self, frame_id: int, node, inputs: list[Source]) -> int:
+        key = (frame_id, node.name)
+        if key in self._step_of:
+            return self._step_of[key]
+        attrs: list[tuple[str, ExecAttr]] = []
+        tin = [int(types_pb2.DT_RESOURCE) if s.kind == "variable" else None for s in inputs]
+        declared = list(node.attr["Tin"].list.type)
+        if len(declared) != len(inputs):
+            raise NotDirect(f"{node.name}: Tin has {len(declared)} types for {len(inputs)} inputs")
+        for name in sorted(node.attr):
+            if name.startswith("_") or name in ("artifact", "pending_key"):
+                continue
+            if name == "Tin":
+                attrs.append((name, [t if t is not None else int(d) for t, d in zip(tin, declared)]))
+                continue
+            attrs.append((name, _exec_attr(name, node.attr[name])))
+        a = node.attr
+        step = ClusterStep(
+            node=node.name,
+            cluster_name=(a["cluster_name"].s.decode() if "cluster_name" in a else "") or node.name,
+            inputs=tuple(inputs),
+            num_outputs=len(a["Tout"].list.type),
+            artifact=a["artifact"].s if "artifact" in a else b"",
+            artifact_sha256=a["artifact_sha256"].s.decode() if "artifact_sha256" in a else "",
+            num_kernels=int(a["num_kernels"].i) if "num_kernels" in a else 0,
+            pending_key=a["pending_key"].s.decode() if "pending_key" in a else "",
+            attrs=tuple(attrs))
+        self.steps.append(step)
+        self._step_of[key] = len(self.steps) - 1
+        return len(self.steps) - 1
+
+    def is_resource(self, source: Source) -> bool:
+        if source.kind == "arg":
+            return self._is_resource[source.index]
+        if source.kind == "capture":
+            return self._is_resource[self._num_args + source.index]
+        return False
+
+    def lookup(self, name: str) -> function_pb2.FunctionDef:
+        fdef = self._lookup(name)
+        if fdef is None:
+            raise NotDirect(f"function {name} is not registered")
+        return fdef
+
+
+class _Frame:
+    """One function body being resolved."""
+
+    def __init__(self, planner: _Planner, fdef: function_pb2.FunctionDef,
+                 arg_sources: list[Source], depth: int) -> None:
+        self.id = planner.next_frame_id()
+        self.planner = planner
+        self.fdef = fdef
+        self.depth = depth
+        self.args = {a.name: s for a, s in zip(fdef.signature.input_arg, arg_sources)}
+        self.nodes = {n.name: n for n in fdef.node_def}
+        self._memo: dict[str, Source | list[Source]] = {}
+
+    def resolve(self, ref: str) -> Source:
+        if ref.startswith("^"):
+            raise NotDirect(f"control input {ref} used as a value")
+        name, out_arg, index = _split_ref(ref)
+        if not out_arg and name in self.args:
+            return self.args[name]
+        node = self.nodes.get(name)
+        if node is None:
+            raise NotDirect(f"{self.fdef.signature.name}: no node {name}")
+        data_inputs = [i for i in node.input if not i.startswith("^")]
+        if node.op == "Identity":
+            return self.resolve(data_inputs[0])
+        if node.op == "ReadVariableOp":
+            handle = self.resolve(data_inputs[0])
+            if handle.kind != "capture" or not self.planner.is_resource(handle):
+                raise NotDirect(f"{name}: reads a variable that is not a captured handle")
+            return Source("variable", handle.index)
+        if node.op == "DiscCluster":
+            if out_arg != "outputs":
+                raise NotDirect(f"{name}: unexpected output {out_arg}")
+            inputs = [self.resolve(i) for i in data_inputs]
+            step = self.planner.add_step(self.id, node, inputs)
+            return Source("step", step, index)
+        if node.op in _CALL_OPS:
+            if out_arg != "output":
+                raise NotDirect(f"{name}: unexpected output {out_arg}")
+            outs = self._memo.get(name)
+            if outs is None:
+                callee = self.planner.lookup(node.attr["f"].func.name)
+                outs = self.planner.function_outputs(
+                    callee, [self.resolve(i) for i in data_inputs], self.depth + 1)
+                self._memo[name] = outs
+            return outs[index]
+        raise NotDirect(f"{name}: op {node.op} cannot feed a direct call")
+
+
+def plan_function(fdef: function_pb2.FunctionDef, num_args: int, is_resource: list[bool],
+                  lookup: FunctionLookup) -> DirectPlan:
+    """Plans a direct call of ``fdef``; raises ``NotDirect`` when its body does not allow one.
+
+    ``fdef``'s inputs are ``num_args`` call arguments followed by its captured
+    inputs; ``is_resource[i]`` says whether input ``i`` is a resource handle.
+    ``lookup`` returns the FunctionDef of a called function (None if unknown).
+    """
+    if len(is_resource) != len(fdef.signature.input_arg):
+        raise NotDirect(f"{fdef.signature.name}: {len(is_resource)} input kinds for "
+                        f"{len(fdef.signature.input_arg)} inputs")
+    planner = _Planner(lookup, num_args, is_resource)
+    planner.check_body(fdef)
+    tops = [planner.top_source(i) for i in range(len(is_resource))]
+    outputs = planner.function_outputs(fdef, tops)
+    if not planner.steps:
+        raise NotDirect(f"{fdef.signature.name}: no DiscCluster op")
+    for s in outputs:
+        if s.kind == "variable":
+            raise NotDirect(f"{fdef.signature.name}: returns a variable's value")
+    return DirectPlan(function=fdef.signature.name, num_args=num_args,
+                      steps=tuple(planner.steps), outputs=tuple(outputs))

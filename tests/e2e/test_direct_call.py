@@ -1,0 +1,221 @@
+"""disc_tf.load: optimized SavedModels whose DiscCluster ops are called directly
+(disc_tf/direct_call.py), against TF at random shapes, and the calls that must
+go through TF's function runtime instead."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context, execute
+
+import disc_tf
+from disc_tf.direct_plan import Source
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RTOL = ATOL = 1e-4
+
+
+class _Mlp(tf.Module):
+    """Two dense layers (GELU between), a scale vector and a second output."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.w1 = tf.Variable(rng.standard_normal((32, 48)).astype(np.float32) / 6)
+        self.b1 = tf.Variable(rng.standard_normal(48).astype(np.float32))
+        self.w2 = tf.Variable(rng.standard_normal((48, 16)).astype(np.float32) / 7)
+        self.scale = tf.Variable(np.float32(0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32, name="x")])
+    def __call__(self, x):
+        h = tf.nn.gelu(tf.matmul(x, self.w1) + self.b1)
+        y = tf.matmul(h, self.w2) * self.scale
+        return {"y": y, "norm": tf.reduce_sum(y * y, axis=-1)}
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def rescale(self, factor):
+        self.w1.assign(self.w1 * factor)
+        self.scale.assign_add(factor)
+        return self.scale
+
+
+class _Sorted(tf.Module):
+    """A cluster, then an op no cluster takes (Sort), then another cluster."""
+
+    def __init__(self) -> None:
+        self.b = tf.Variable(np.linspace(-1, 1, 8).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def __call__(self, x):
+        h = tf.tanh(x + self.b) * 2.0
+        return tf.exp(tf.sort(h, axis=-1)) - 1.0
+
+
+def _rows(rng: np.random.Generator, m: int, k: int = 32) -> np.ndarray:
+    return rng.standard_normal((m, k)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def mlp_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("direct")
+    model = _Mlp()
+    tf.saved_model.save(model, str(root / "orig"),
+                        signatures={"serving_default": model.__call__.get_concrete_function()})
+    disc_tf.optimize(str(root / "orig"), str(root / "opt"))
+    return root
+
+
+def _check(expected: dict, actual: dict) -> None:
+    assert set(expected) == set(actual)
+    for key in expected:
+        np.testing.assert_allclose(actual[key].numpy(), expected[key].numpy(), RTOL, ATOL)
+
+
+def test_direct_calls_match_tf_at_random_shapes(mlp_dirs):
+    reference = tf.saved_model.load(str(mlp_dirs / "orig"))
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    assert model.direct_functions() == {"serving_default": None, "__call__": None}
+    plan = model._call.plan
+    assert len(plan.steps) == 1
+    assert sum(s.kind == "variable" for s in plan.steps[0].inputs) >= 3, plan.describe()
+    assert Source("arg", 0) in plan.steps[0].inputs
+    disc_tf.reset_stats()
+    rng = np.random.default_rng(3)
+    sizes = [1, 0, 7, 64, 129] + [int(m) for m in rng.integers(1, 300, 4)]
+    for m in sizes:
+        x = _rows(rng, m)
+        _check(reference(tf.constant(x)), model(tf.constant(x)))
+        _check(reference(x), model(x))  # a numpy array of the signature's dtype
+        sig = model.signatures["serving_default"](x=tf.constant(x))
+        ref_sig = reference.signatures["serving_default"](x=tf.constant(x))
+        _check(ref_sig, sig)
+    assert model._call.direct_calls == 2 * len(sizes)
+    assert model._call.tf_calls == 0
+    assert model.signatures["serving_default"].direct_calls == len(sizes)
+    stats = disc_tf.stats()
+    assert stats["fallbacks"] == 0
+    assert stats["compilations"] == 0  # the stored artifacts, nothing compiled again
+    # w1 and w2, packed once: __call__ and the signature run one eager kernel (same attrs).
+    assert stats["packed_weights"] == 2
+
+
+def test_a_variable_assigned_after_load_is_read_by_the_next_call(mlp_dirs):
+    reference = tf.saved_model.load(str(mlp_dirs / "orig"))
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    rng = np.random.default_rng(4)
+    x = tf.constant(_rows(rng, 33))
+    _check(reference(x), model(x))
+    for factor in (0.5, -2.0, 1.25):
+        reference.rescale(tf.constant(factor))
+        model.rescale(tf.constant(factor))  # a restored function, through TF
+        np.testing.assert_allclose(model.scale.numpy(), reference.scale.numpy())
+        _check(reference(x), model(x))
+        _check(reference(x), model.signatures["serving_default"](x=x))
+    assert model._call.tf_calls == 0
+
+
+def test_calls_the_direct_path_cannot_take_go_through_tf(mlp_dirs):
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    plain = tf.saved_model.load(str(mlp_dirs / "opt"))
+    rng = np.random.default_rng(5)
+    x = _rows(rng, 6)
+    # float64 numpy input: converted by TF's function, as tf.saved_model.load's object does
+    _check(plain(x.astype(np.float64)), model(x.astype(np.float64)))
+    # Under a tape the call is TF's, which records it (and finds no DiscCluster gradient).
+    for loaded in (plain, model):
+        with tf.GradientTape(), pytest.raises(LookupError, match="DiscCluster"):
+            loaded(x)
+    traced = tf.function(lambda v: model(v)["y"])
+    np.testing.assert_allclose(traced(x).numpy(), plain(x)["y"].numpy(), RTOL, ATOL)
+    calls_before = model._call.tf_calls
+    assert calls_before >= 3
+    # Wrong static dim and wrong rank: TF's own errors.
+    for bad in (_rows(rng, 4, 31), np.zeros((2, 3, 32), np.float32)):
+        with pytest.raises((ValueError, TypeError)):
+            plain(bad)
+        with pytest.raises((ValueError, TypeError)):
+            model(bad)
+    with pytest.raises(TypeError):
+        model.signatures["serving_default"](y=tf.constant(x))
+    assert model._call.direct_calls == 0
+
+
+def test_a_body_with_ops_outside_clusters_runs_through_tf(tmp_path):
+    module = _Sorted()
+    tf.saved_model.save(module, str(tmp_path / "orig"))
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    model = disc_tf.load(str(tmp_path / "opt"))
+    reasons = model.direct_functions()
+    assert reasons["__call__"] is not None and "outside any cluster" in reasons["__call__"]
+    rng = np.random.default_rng(6)
+    for m in (1, 5, 40):
+        x = _rows(rng, m, 8)
+        np.testing.assert_allclose(model(x).numpy(), module(x).numpy(), RTOL, ATOL)
+    assert model._call.tf_calls == 3 and model._call.direct_calls == 0
+
+
+def test_concurrent_direct_calls(mlp_dirs):
+    reference = tf.saved_model.load(str(mlp_dirs / "orig"))
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    rng = np.random.default_rng(7)
+    inputs = [tf.constant(_rows(rng, int(m))) for m in rng.integers(1, 200, 24)]
+    expected = [reference(x) for x in inputs]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(model, inputs))
+    for e, r in zip(expected, results):
+        _check(e, r)
+    assert model._call.direct_calls == len(inputs)
+
+
+def test_a_missing_variable_is_an_error_not_a_crash(mlp_dirs):
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    fn = model._call
+    num_outputs, sources, attrs = fn._steps[0]
+    x = tf.constant(_rows(np.random.default_rng(8), 3))
+    # The plan's first variable replaced by a handle to a variable that does not exist.
+    first_var = next(i for i, s in enumerate(sources) if s.kind == "variable")
+    inputs = [x if s.kind == "arg" else fn._captured[s.index] for s in sources]
+    inputs[first_var] = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=None,
+                                               shared_name="disc_tf_test_never_assigned")
+    with pytest.raises(tf.errors.NotFoundError,
+                       match="DiscCluster 'disc_cluster_0': Resource .*does not exist"):
+        execute.quick_execute("DiscCluster", num_outputs, inputs, attrs, context.context())
+    # The model is still fine.
+    assert model(x)["y"].shape == (3, 16)
+
+
+_SUBPROCESS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    import disc_tf
+    orig, opt = sys.argv[1], sys.argv[2]
+    reference = tf.saved_model.load(orig)
+    model = disc_tf.load(opt)
+    rng = np.random.default_rng(9)
+    for m in (3, 17, 0, 120):
+        x = tf.constant(rng.standard_normal((m, 32)).astype(np.float32))
+        got = model(x)
+        for key, want in reference(x).items():
+            np.testing.assert_allclose(got[key].numpy(), want.numpy(), 1e-4, 1e-4)
+    print("direct", model._call.direct_calls, "fallbacks", disc_tf.stats()["fallbacks"])
+""")
+
+
+@pytest.mark.parametrize("env, fallbacks", [({}, 0), ({"DISC_TF_FORCE_FALLBACK": "1"}, 4)])
+def test_direct_calls_in_a_fresh_process(mlp_dirs, env, fallbacks):
+    """A fresh process (artifacts loaded from the model only); with the fallback
+    forced, the same direct calls run the cluster's TF ops."""
+    run_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    out = subprocess.run([sys.executable, "-c", _SUBPROCESS, str(mlp_dirs / "orig"),
+                          str(mlp_dirs / "opt")], env=run_env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"direct 4 fallbacks {fallbacks}" in out.stdout, out.stdout + out.stderr[-2000:]
