@@ -211,16 +211,43 @@ float* ThreadBuffer(int64_t floats) {
   return buffer.data;
 }
 
+// dst[c * ldd + r] = src[r * lds + c] for r, c in [0, 8): an 8 x 8 transpose
+// in eight AVX registers (both ISA variants have AVX).
+inline void Transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {  // interleave row pairs: (0 1) (2 3) ...
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {  // pairs of pairs: 4 rows per 128-bit lane
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {  // low lanes of rows 0-3 with those of 4-7, then high
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
 // Packs op(B)[0:kc, 0:nc] (B as stored: [k x n], or [n x k] with tb) to `out`.
 void PackBlock(int64_t kc, int64_t nc, const float* b, int64_t ldb, bool tb, float* out) {
   for (int64_t j0 = 0; j0 < nc; j0 += kPanel) {
     const int64_t w = std::min(kPanel, nc - j0);
     const int64_t width = RoundUp(w, kLanes);
     if (tb) {
-      // Column j of op(B) is row j of B: read rows, write columns of the panel.
+      // Column j of op(B) is row j of B: read rows, write columns of the panel,
+      // 8 x 8 blocks at a time, the rest one element at a time.
+      const float* rows = b + j0 * ldb;
+      const int64_t w8 = w / 8 * 8, k8 = kc / 8 * 8;
+      for (int64_t j = 0; j < w8; j += 8)
+        for (int64_t p = 0; p < k8; p += 8)
+          Transpose8x8(rows + j * ldb + p, ldb, out + p * width + j, width);
       for (int64_t j = 0; j < w; ++j) {
-        const float* src = b + (j0 + j) * ldb;
-        for (int64_t p = 0; p < kc; ++p) out[p * width + j] = src[p];
+        const float* src = rows + j * ldb;
+        for (int64_t p = j < w8 ? k8 : 0; p < kc; ++p) out[p * width + j] = src[p];
       }
       for (int64_t p = 0; p < kc; ++p)
         for (int64_t j = w; j < width; ++j) out[p * width + j] = 0.0f;
