@@ -63,6 +63,10 @@ def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
     return tuple(keys)
 
 
+#: Size of an unknown dim in a warm-up call's arguments.
+WARMUP_DIM = 8
+
+
 class _Spec:
     """One argument's dtype and shape, checked per call."""
 
@@ -73,6 +77,13 @@ class _Spec:
         self.np_dtype = np.dtype(spec.dtype.as_numpy_dtype) if spec.dtype.is_numpy_compatible \
             else None
         self.dims = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+
+    def warmup_value(self) -> Any:
+        """Ones of this spec's dtype, unknown dims WARMUP_DIM (None for unknown rank)."""
+        if self.dims is None or self.np_dtype is None:
+            return None
+        shape = [WARMUP_DIM if d is None else d for d in self.dims]
+        return tf.constant(np.ones(shape, self.np_dtype))
 
     def convert(self, value: Any) -> Any:
         """``value`` as an eager tensor of this spec, or None if the call must go TF's way."""
@@ -186,6 +197,35 @@ class DirectFunction:
             out.append(t)
         return out
 
+    def warm_up(self) -> bool:
+        """One direct call on ones (unknown dims WARMUP_DIM), so that what the ops do on
+        their first call (loading artifacts, packing GEMM weights) is done before the
+        first real one. The body is DiscCluster ops only, so the call changes no state.
+        False, and nothing else, when there is no plan or the call fails."""
+        if self.plan is None:
+            return False
+        values = [spec.warmup_value() for spec in self._specs]
+        if any(v is None for v in values):
+            return False
+        try:
+            self._run(values)
+        except (tf.errors.OpError, ValueError, TypeError) as e:
+            logger.debug("disc_tf.load: warm-up call of %s failed: %s", self.name, e)
+            return False
+        return True
+
+    def _run(self, flat: list[Any]) -> Any:
+        ctx = context.context()
+        results: list[list[Any]] = []
+        for num_outputs, inputs, attrs in self._steps:
+            values = [self._value(s, flat, results) for s in inputs]
+            results.append(execute.quick_execute("DiscCluster", num_outputs, values, attrs, ctx))
+        if self._single:
+            outs = [results[0][s.output] for s in self.plan.outputs]
+        else:
+            outs = [self._value(s, flat, results) for s in self.plan.outputs]
+        return nest.pack_sequence_as(self._structure, outs)
+
     def _value(self, source: Source, args: list[Any], results: list[list[Any]]) -> Any:
         if source.kind == "arg":
             return args[source.index]
@@ -202,17 +242,9 @@ class DirectFunction:
         if flat is None:
             self.tf_calls += 1
             return self._function(*args, **kwargs)
-        ctx = context.context()
-        results: list[list[Any]] = []
-        for num_outputs, inputs, attrs in self._steps:
-            values = [self._value(s, flat, results) for s in inputs]
-            results.append(execute.quick_execute("DiscCluster", num_outputs, values, attrs, ctx))
+        out = self._run(flat)
         self.direct_calls += 1
-        if self._single:
-            outs = [results[0][s.output] for s in self.plan.outputs]
-        else:
-            outs = [self._value(s, flat, results) for s in self.plan.outputs]
-        return nest.pack_sequence_as(self._structure, outs)
+        return out
 
 
 class DiscModel:
@@ -220,9 +252,10 @@ class DiscModel:
     as on the object ``tf.saved_model.load`` returns, direct where possible.
 
     Every other attribute is the restored object's (``model.module``).
+    ``warmed_up`` says, per function, whether its warm-up call ran (see ``load``).
     """
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, warmup: bool = True) -> None:
         self.module = module
         self.signatures: Mapping[str, DirectFunction] = {
             name: DirectFunction(f"signature {name}", fn, fn, keyword=True)
@@ -232,6 +265,10 @@ class DiscModel:
         concretes = list(getattr(call, "concrete_functions", ()) or ())
         if call is not None and len(concretes) == 1:
             self._call = DirectFunction("__call__", call, concretes[0], keyword=False)
+        self.warmed_up: dict[str, bool] = {}
+        if warmup:
+            for name, fn in self._functions().items():
+                self.warmed_up[name] = fn.warm_up()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._call is not None:
@@ -241,17 +278,26 @@ class DiscModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
 
-    def direct_functions(self) -> dict[str, str | None]:
-        """Each planned function's name and None if it runs directly, else why not."""
+    def _functions(self) -> dict[str, DirectFunction]:
         fns = dict(self.signatures)
         if self._call is not None:
             fns["__call__"] = self._call
-        return {name: fn.reason for name, fn in fns.items()}
+        return fns
+
+    def direct_functions(self) -> dict[str, str | None]:
+        """Each planned function's name and None if it runs directly, else why not."""
+        return {name: fn.reason for name, fn in self._functions().items()}
 
 
-def load(export_dir: str, tags: Any = None, options: Any = None) -> DiscModel:
+def load(export_dir: str, tags: Any = None, options: Any = None, *,
+         warmup: bool = True) -> DiscModel:
     """Loads a SavedModel (as ``tf.saved_model.load``) whose DiscCluster ops are called
-    directly, without TF's function runtime, where the model allows it."""
+    directly, without TF's function runtime, where the model allows it.
+
+    With ``warmup``, each directly-called function runs once on ones (unknown dims
+    ``WARMUP_DIM``) before ``load`` returns, so that the first request does not pay
+    for packing the GEMM weights; a warm-up that fails is skipped.
+    """
     from disc_tf.runtime import native
 
     native.load()
@@ -259,7 +305,7 @@ def load(export_dir: str, tags: Any = None, options: Any = None) -> DiscModel:
     if tf.config.list_logical_devices("GPU"):
         logger.info("disc_tf.load: a GPU is visible; calls run through TF's function runtime")
         return _TfOnly(module)
-    return DiscModel(module)
+    return DiscModel(module, warmup=warmup)
 
 
 class _TfOnly(DiscModel):
@@ -269,6 +315,7 @@ class _TfOnly(DiscModel):
         self.module = module
         self.signatures = dict(module.signatures)
         self._call = None
+        self.warmed_up = {}
 
     def direct_functions(self) -> dict[str, str | None]:  # noqa: D102 - see DiscModel
         return {name: "a GPU is visible" for name in self.signatures}

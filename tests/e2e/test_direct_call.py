@@ -102,8 +102,25 @@ def test_direct_calls_match_tf_at_random_shapes(mlp_dirs):
     stats = disc_tf.stats()
     assert stats["fallbacks"] == 0
     assert stats["compilations"] == 0  # the stored artifacts, nothing compiled again
+    assert stats["packed_weights"] == 0  # packed by load's warm-up call, before the reset
+
+
+def test_load_warms_up_each_direct_function(mlp_dirs):
+    disc_tf.reset_stats()
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    assert model.warmed_up == {"serving_default": True, "__call__": True}
     # w1 and w2, packed once: __call__ and the signature run one eager kernel (same attrs).
-    assert stats["packed_weights"] == 2
+    assert disc_tf.stats()["packed_weights"] == 2
+    assert model._call.direct_calls == 0  # the warm-up is not a call
+    cold = disc_tf.load(str(mlp_dirs / "opt"), warmup=False)
+    assert cold.warmed_up == {}
+    disc_tf.reset_stats()
+    x = tf.constant(_rows(np.random.default_rng(10), 5))
+    model(x)
+    assert disc_tf.stats()["packed_weights"] == 0  # packed already
+    _check(model(x), cold(x))
+    # The cold model restored variables of its own: packed on its first call.
+    assert disc_tf.stats()["packed_weights"] == 2
 
 
 def test_a_variable_assigned_after_load_is_read_by_the_next_call(mlp_dirs):
@@ -199,6 +216,8 @@ _SUBPROCESS = textwrap.dedent("""
     orig, opt = sys.argv[1], sys.argv[2]
     reference = tf.saved_model.load(orig)
     model = disc_tf.load(opt)
+    assert model.warmed_up == {"serving_default": True, "__call__": True}, model.warmed_up
+    disc_tf.reset_stats()
     rng = np.random.default_rng(9)
     for m in (3, 17, 0, 120):
         x = tf.constant(rng.standard_normal((m, 32)).astype(np.float32))
@@ -219,3 +238,30 @@ def test_direct_calls_in_a_fresh_process(mlp_dirs, env, fallbacks):
                          timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"direct 4 fallbacks {fallbacks}" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+class _Triples(tf.Module):
+    """Reshapes [n] to [n / 3, 3]: n = WARMUP_DIM (8) is not a valid length."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.linspace(0.5, 1.5, 3).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def __call__(self, x):
+        return tf.tanh(tf.reshape(x, [-1, 3]) * self.w)
+
+
+def test_a_failing_warm_up_is_skipped(tmp_path):
+    module = _Triples()
+    tf.saved_model.save(module, str(tmp_path / "orig"))
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    model = disc_tf.load(str(tmp_path / "opt"))
+    assert model.direct_functions()["__call__"] is None
+    assert model.warmed_up["__call__"] is False
+    rng = np.random.default_rng(11)
+    for n in (3, 0, 30, 999):
+        x = rng.standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(model(x).numpy(), module(x).numpy(), RTOL, ATOL)
+    assert model._call.direct_calls == 4
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        model(np.ones(4, np.float32))
