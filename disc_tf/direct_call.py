@@ -63,8 +63,9 @@ def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
     return tuple(keys)
 
 
-#: Size of an unknown dim in a warm-up call's arguments.
-WARMUP_DIM = 8
+#: Sizes of an unknown dim in a warm-up call's arguments, tried in turn (1 when
+#: dims must broadcast against each other; 8 for a conv's taps to have rows).
+WARMUP_DIMS = (8, 1)
 
 
 class _Spec:
@@ -78,11 +79,11 @@ class _Spec:
             else None
         self.dims = None if spec.shape.rank is None else tuple(spec.shape.as_list())
 
-    def warmup_value(self) -> Any:
-        """Ones of this spec's dtype, unknown dims WARMUP_DIM (None for unknown rank)."""
+    def warmup_value(self, size: int) -> Any:
+        """Ones of this spec's dtype, unknown dims ``size`` (None for unknown rank)."""
         if self.dims is None or self.np_dtype is None:
             return None
-        shape = [WARMUP_DIM if d is None else d for d in self.dims]
+        shape = [size if d is None else d for d in self.dims]
         return tf.constant(np.ones(shape, self.np_dtype))
 
     def convert(self, value: Any) -> Any:
@@ -198,21 +199,24 @@ class DirectFunction:
         return out
 
     def warm_up(self) -> bool:
-        """One direct call on ones (unknown dims WARMUP_DIM), so that what the ops do on
-        their first call (loading artifacts, packing GEMM weights) is done before the
-        first real one. The body is DiscCluster ops only, so the call changes no state.
-        False, and nothing else, when there is no plan or the call fails."""
+        """One direct call on ones (unknown dims each of WARMUP_DIMS in turn, until a
+        call succeeds), so that what the ops do on their first call (loading
+        artifacts, packing GEMM weights) is done before the first real one. The body
+        is DiscCluster ops only, so the call changes no state. False, and nothing
+        else, when there is no plan or no call succeeds."""
         if self.plan is None:
             return False
-        values = [spec.warmup_value() for spec in self._specs]
-        if any(v is None for v in values):
-            return False
-        try:
-            self._run(values)
-        except (tf.errors.OpError, ValueError, TypeError) as e:
-            logger.debug("disc_tf.load: warm-up call of %s failed: %s", self.name, e)
-            return False
-        return True
+        for size in WARMUP_DIMS:
+            values = [spec.warmup_value(size) for spec in self._specs]
+            if any(v is None for v in values):
+                return False
+            try:
+                self._run(values)
+                return True
+            except (tf.errors.OpError, ValueError, TypeError) as e:
+                logger.debug("disc_tf.load: warm-up call of %s at unknown dims %d failed: %s",
+                             self.name, size, e)
+        return False
 
     def _run(self, flat: list[Any]) -> Any:
         ctx = context.context()
@@ -295,7 +299,7 @@ def load(export_dir: str, tags: Any = None, options: Any = None, *,
     directly, without TF's function runtime, where the model allows it.
 
     With ``warmup``, each directly-called function runs once on ones (unknown dims
-    ``WARMUP_DIM``) before ``load`` returns, so that the first request does not pay
+    8, or 1 if 8 fails) before ``load`` returns, so that the first request does not pay
     for packing the GEMM weights; a warm-up that fails is skipped.
     """
     from disc_tf.runtime import native

@@ -241,7 +241,7 @@ def test_direct_calls_in_a_fresh_process(mlp_dirs, env, fallbacks):
 
 
 class _Triples(tf.Module):
-    """Reshapes [n] to [n / 3, 3]: n = WARMUP_DIM (8) is not a valid length."""
+    """Reshapes [n] to [n / 3, 3]: neither warm-up length (8, 1) is valid."""
 
     def __init__(self) -> None:
         self.w = tf.Variable(np.linspace(0.5, 1.5, 3).astype(np.float32))
@@ -265,3 +265,41 @@ def test_a_failing_warm_up_is_skipped(tmp_path):
     assert model._call.direct_calls == 4
     with pytest.raises(tf.errors.InvalidArgumentError):
         model(np.ones(4, np.float32))
+
+
+class _TwoInputs(tf.Module):
+    """Two inputs whose names sort the other way round, three outputs of two dtypes."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.linspace(-1.0, 1.0, 16).astype(np.float32))
+        self.b = tf.Variable(0.25)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 16], tf.float32, name="zeta"),
+                                  tf.TensorSpec([None], tf.float32, name="alpha")])
+    def __call__(self, x, bias):
+        h = x * self.w + self.b + bias
+        return {"y": tf.tanh(h) * 2.0, "mask": tf.cast(h > 0.0, tf.int32),
+                "s": tf.reduce_sum(h, -1)}
+
+
+def test_a_keyword_signature_with_several_inputs_and_outputs(tmp_path):
+    module = _TwoInputs()
+    tf.saved_model.save(module, str(tmp_path / "orig"),
+                        signatures=module.__call__.get_concrete_function())
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    model = disc_tf.load(str(tmp_path / "opt"))
+    # Unknown dims of 8 do not broadcast (bias [8] against [..., 16]); 1 does.
+    assert model.warmed_up == {"serving_default": True, "__call__": True}
+    sig = model.signatures["serving_default"]
+    assert sig.plan is not None and sig.plan.num_args == 2, sig.reason
+    rng = np.random.default_rng(12)
+    for shape, bias_len in (((2, 3, 16), 16), ((1, 7, 16), 1), ((4, 0, 16), 1), ((3, 5, 16), 16)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        b = rng.standard_normal(bias_len).astype(np.float32)
+        want = module(x, b)
+        for got in (model(x, b), sig(zeta=tf.constant(x), alpha=tf.constant(b))):
+            assert set(got) == set(want)
+            for key in want:
+                assert got[key].dtype == want[key].dtype
+                np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), RTOL, ATOL)
+    assert sig.direct_calls == 4 and model._call.direct_calls == 4
