@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,6 +125,7 @@ class DirectFunction:
         self.reason: str | None = None
         self.direct_calls = 0
         self.tf_calls = 0
+        self._count_lock = threading.Lock()  # calls may come from many threads
         try:
             self._prepare(concrete)
         except NotDirect as e:
@@ -239,15 +241,17 @@ class DirectFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the function, directly when the plan and the arguments allow it."""
-        if self.plan is None or not context.executing_eagerly() or record.could_possibly_record():
-            self.tf_calls += 1
-            return self._function(*args, **kwargs)
-        flat = self._args(args, kwargs)
+        flat = None
+        if self.plan is not None and context.executing_eagerly() and \
+                not record.could_possibly_record():
+            flat = self._args(args, kwargs)
         if flat is None:
-            self.tf_calls += 1
+            with self._count_lock:
+                self.tf_calls += 1
             return self._function(*args, **kwargs)
         out = self._run(flat)
-        self.direct_calls += 1
+        with self._count_lock:
+            self.direct_calls += 1
         return out
 
 
