@@ -22,7 +22,7 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     (op,) = k.ops
     lhs, rhs = (em.buf(a) for a in k.inputs)
     if op.op == "conv_taps":
-        return conv_taps_launch(em, buffer_ptr)
+        return conv_taps_launch(em, buffer_ptr, epilogue)
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue)
     if "strided" in op.attrs:
@@ -121,8 +121,86 @@ def strided_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
     ]
 
 
-def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
-    """A stride-1 Conv1D (NHWC with H = 1) as one GEMM per filter tap j: output
+def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                     epilogue: KernelEmitter | None = None) -> list[str]:
+    """A stride-1 Conv1D (NHWC with H = 1): without dilation one GEMM over the
+    input's overlapping windows (``conv_windows_launch``, with the fused
+    ``epilogue`` if any), else one per tap."""
+    if em.k.ops[0].attrs["dilation"] == 1:
+        return conv_windows_launch(em, buffer_ptr, epilogue)
+    if epilogue is not None:
+        raise ValueError(f"{em.k.name}: a dilated Conv1D takes no epilogue")
+    return conv_per_tap_launch(em, buffer_ptr)
+
+
+def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                        epilogue: KernelEmitter | None = None) -> list[str]:
+    """A stride-1, undilated Conv1D as one GEMM with k = kw * ci: the window of
+    output column c is the kw * ci floats of the (padded) input from column c, so
+    the windows of consecutive outputs overlap, ci floats apart (lda = ci), and A
+    is the input itself, read in place. With padding, A is a copy of x with the
+    zero columns around it (ow + kw - 1 columns, a kw-th of the windows' size).
+    One GEMM of the whole depth reads B once and writes each block of C once,
+    where one GEMM per tap adds into all of C kw times, so a consumer can run on
+    each finished block of C (``epilogue``)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    x, w = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    a = op.attrs
+    xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
+    title = (f"  {{  // {k.name}: {comment(op.tf_node)} as one GEMM over overlapping windows"
+             " of the input (no im2col buffer)")
+    fn, closure, full_rows, epi = "nullptr", "nullptr", 0, []
+    if epilogue is not None:
+        e = epilogue.k.name
+        title += f", {e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block"
+        fn, closure, full_rows = (f"{e}_epilogue", f"const_cast<{epilogue.epilogue_struct}*>(&epi)",
+                                  int(k.epilogue_full_rows))
+        epi = epilogue.launch_args(buffer_ptr) + [
+            f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // its row length",
+            f"    const {epilogue.epilogue_struct} epi{{&k, ow, inner_rows > 0 ? co / inner_rows : 1}};"]
+    return [
+        title,
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+        f"    const int64_t kw = {a['kw']}, kdim = kw * ci;",
+        "    const int64_t cols = ow + kw - 1;  // input columns the windows span",
+        *epi,
+        "    if (batch > 0 && ow > 0 && co > 0) {",
+        f"      const float* windows = {xp};",
+        "      int64_t stride = width * ci;  // between batch elements",
+        "      float* padded = nullptr;",
+        "      if (pad != 0 || cols > width) {  // windows reach into the padding: copy x padded",
+        "        padded = static_cast<float*>(ral->alloc_temp(ral, batch * cols * ci * sizeof(float)));",
+        "        if (!padded && ci != 0) return 1;",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t q = 0; q < cols; ++q) {",
+        "            const int64_t col = q - pad;",
+        "            float* dst = padded + (n * cols + q) * ci;",
+        "            if (col < 0 || col >= width) {",
+        "              __builtin_memset(dst, 0, ci * sizeof(float));",
+        "            } else {",
+        f"              __builtin_memcpy(dst, {xp} + (n * width + col) * ci, ci * sizeof(float));",
+        "            }",
+        "          }",
+        "        }",
+        "        windows = padded;",
+        "        stride = cols * ci;",
+        "      }",
+        f"      ral->sgemm_epilogue(ral, batch, 1, ow, co, kdim, windows, ci, stride, 0, 0, {wp},",
+        f"                          co, 0, 0, 0, {cp}, co, ow * co, 0, {fn}, {closure}, "
+        f"{full_rows}, 0);",
+        "      if (padded) ral->free_temp(ral, padded);",
+        "    }",
+        "  }",
+    ]
+
+
+def conv_per_tap_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
+    """A stride-1 dilated Conv1D (NHWC with H = 1) as one GEMM per filter tap j: output
     columns whose input column ``ow + j * dilation - pad_left`` exists get
     x[n, 0, that column, :] @ w[0, j], added to the result (the first tap writes,
     and zeroes the columns it does not reach)."""

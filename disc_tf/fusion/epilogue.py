@@ -47,8 +47,10 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             first_write.setdefault(root(b), n)
     taken: set[str] = set()
     for li, lib in enumerate(order):
-        if lib.kind != "library" or lib.ops[0].op != "dot_general":  # not conv_taps
-            continue
+        if lib.kind != "library" or not (
+                lib.ops[0].op == "dot_general"
+                or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1)):
+            continue  # a dilated conv_taps adds into C once per tap: no block is final
         (_, c_name), = lib.outputs
         c = buffers[c_name]
         for ei in range(li + 1, len(order)):

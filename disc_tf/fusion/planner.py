@@ -54,7 +54,8 @@ class PlanOptions:
     input_fusion: bool = True
     #: a GEMM's consumer may run on each block of C inside it
     gemm_epilogues: bool = True
-    #: a stride-1 Conv1D is one GEMM per filter tap rather than im2col + GEMM
+    #: a stride-1 Conv1D is one library kernel (one GEMM over the input's overlapping
+    #: windows, or one per filter tap when dilated) rather than im2col + GEMM
     conv_taps: bool = True
     #: a concatenation is read in place by the loop kernel of its consumers
     concat_maps: bool = True
@@ -451,9 +452,10 @@ class _Planner:
         self.kernel_of[result] = target
 
     def _place_conv_taps(self, op: DOp, info, kw: int) -> None:
-        """A one-row convolution (Conv1D) with stride 1 as ``kw`` GEMMs, one per filter
-        tap, each adding x shifted by the tap to the result: no im2col buffer (it was
-        kw x the input). The library kernel's op is ``conv_taps``."""
+        """A one-row convolution (Conv1D) with stride 1 without an im2col buffer (it was
+        kw x the input): codegen makes it one GEMM over the input's overlapping windows,
+        or with dilation ``kw`` GEMMs, one per filter tap, each adding x shifted by the
+        tap to the result. The library kernel's op is ``conv_taps``."""
         x, w = op.operands[0], op.operands[1]
         result = op.results[0]
         elem = op.result_types[0][0]

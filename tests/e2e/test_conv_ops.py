@@ -90,9 +90,10 @@ CONV1D_TAPS = {  # (kernel width, padding, dilation, output channels)
 
 
 @pytest.mark.parametrize("name", sorted(CONV1D_TAPS))
-def test_conv1d_runs_as_one_gemm_per_filter_tap(name):
-    """No im2col buffer: a GEMM per tap adds the shifted input to the result (70
-    output channels: the few-row streamed GEMM block, accumulating)."""
+def test_conv1d_runs_without_an_im2col_buffer(name):
+    """No im2col buffer: undilated, one GEMM over the (padded) input's overlapping
+    windows; dilated, a GEMM per tap adds the shifted input to the result (70 output
+    channels: the few-row streamed GEMM block, accumulating)."""
     from disc_tf import pipeline
     from tests.stage_helpers import cluster_of
 
@@ -106,6 +107,9 @@ def test_conv1d_runs_as_one_gemm_per_filter_tap(name):
     plan = pipeline.front_end(cluster_of(fn, spec)).plan
     assert [op.op for k in plan.kernels for op in k.ops if k.kind == "library"] == ["conv_taps"]
     assert not any(op.op == "im2col" for k in plan.kernels for op in k.ops), plan.describe()
+    # Undilated, the one GEMM writes each block of C once: + 0.5 and ReLU run on each.
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert (lib.epilogue is not None) == (dilation == 1), plan.describe()
     tf_fn = tf.function(fn, input_signature=[spec])
     disc_tf.reset_stats()
     jitted = compiled(tf_fn)
@@ -113,6 +117,35 @@ def test_conv1d_runs_as_one_gemm_per_filter_tap(name):
     reach = (width - 1) * dilation + 1  # VALID needs this many input columns
     for b, t in [(1, 40), (2, 7), (3, 1 if padding == "SAME" else reach), (1, 300), (2, reach)]:
         x = rng.normal(size=(b, t, 8)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_conv1d_with_a_layer_norm_on_each_block_of_rows():
+    """A layer norm over the output channels as the windowed GEMM's epilogue (whole
+    rows of C per block), with batch > 1 and widths narrower than the filter."""
+    rng = np.random.default_rng(21)
+    w = rng.normal(size=(5, 6, 40)).astype(np.float32) / 4
+    b = rng.normal(size=(40,)).astype(np.float32)
+
+    def fn(x):
+        h = tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME") + b)
+        mean = tf.reduce_mean(h, -1, keepdims=True)
+        var = tf.reduce_mean(tf.math.squared_difference(h, mean), -1, keepdims=True)
+        return (h - mean) * tf.math.rsqrt(var + 1e-5)
+
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    spec = tf.TensorSpec([None, None, 6], F32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert lib.epilogue is not None and lib.epilogue_full_rows, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    disc_tf.reset_stats()
+    for batch, t in [(2, 33), (1, 1), (3, 4), (2, 130), (1, 2)]:
+        x = rng.normal(size=(batch, t, 6)).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
     assert disc_tf.stats()["fallbacks"] == 0
 

@@ -90,8 +90,8 @@ def test_a_weight_that_changes_on_every_call_stops_being_cached():
     assert disc_tf.stats()["packed_weights"] == 7  # kMaxMoves - 1 new values packed
 
 
-@pytest.mark.parametrize("dilation", [1, 2])
-def test_conv1d_filter_taps_are_packed(dilation):
+@pytest.mark.parametrize("dilation, packs", [(1, 1), (2, 3)])
+def test_conv1d_filters_are_packed(dilation, packs):
     rng = np.random.default_rng(4)
     w = _weight(rng, (3, 8, 70))
     conv = tf.function(
@@ -102,8 +102,9 @@ def test_conv1d_filter_taps_are_packed(dilation):
     for t in [9, 1, 40, 130]:
         x = rng.standard_normal((1, t, 8)).astype(np.float32)
         assert_matches_tf(conv, jitted, [x], RTOL, ATOL)
-    # One GEMM per filter tap, each reading its own slice of the filter.
-    assert disc_tf.stats()["packed_weights"] == 3
+    # Undilated: one GEMM over the input's windows, B the whole filter. Dilated:
+    # one GEMM per filter tap, each reading its own slice of the filter.
+    assert disc_tf.stats()["packed_weights"] == packs
 
 
 def test_concurrent_first_calls_agree():
