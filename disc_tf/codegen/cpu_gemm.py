@@ -133,6 +133,22 @@ def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     return conv_per_tap_launch(em, buffer_ptr)
 
 
+def _conv_dims(em: KernelEmitter) -> tuple[Buffer, Buffer, str, dict, list[str]]:
+    """A conv_taps kernel's input, filter, output name and attrs, and the host lines
+    naming its sizes (batch, width, ci, co, ow, pad)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    x, w = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    a = op.attrs
+    return x, w, out_name, a, [
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+    ]
+
+
 def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
                         epilogue: KernelEmitter | None = None) -> list[str]:
     """A stride-1, undilated Conv1D as one GEMM with k = kw * ci: the window of
@@ -143,12 +159,8 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     One GEMM of the whole depth reads B once and writes each block of C once,
     where one GEMM per tap adds into all of C kw times, so a consumer can run on
     each finished block of C (``epilogue``)."""
-    plan, k = em.plan, em.k
-    (op,) = k.ops
-    x, w = (em.buf(a) for a in k.inputs)
-    (_, out_name), = k.outputs
-    out = plan.buffers[out_name]
-    a = op.attrs
+    k, op = em.k, em.k.ops[0]
+    x, w, out_name, a, dims = _conv_dims(em)
     xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
     title = (f"  {{  // {k.name}: {comment(op.tf_node)} as one GEMM over overlapping windows"
              " of the input (no im2col buffer)")
@@ -163,9 +175,7 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
             f"    const {epilogue.epilogue_struct} epi{{&k, ow, inner_rows > 0 ? co / inner_rows : 1}};"]
     return [
         title,
-        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
-        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
-        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+        *dims,
         f"    const int64_t kw = {a['kw']}, kdim = kw * ci;",
         "    const int64_t cols = ow + kw - 1;  // input columns the windows span",
         *epi,
@@ -204,19 +214,13 @@ def conv_per_tap_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[s
     columns whose input column ``ow + j * dilation - pad_left`` exists get
     x[n, 0, that column, :] @ w[0, j], added to the result (the first tap writes,
     and zeroes the columns it does not reach)."""
-    plan, k = em.plan, em.k
-    (op,) = k.ops
-    x, w = (em.buf(a) for a in k.inputs)
-    (_, out_name), = k.outputs
-    out = plan.buffers[out_name]
-    a = op.attrs
+    k, op = em.k, em.k.ops[0]
+    x, w, out_name, a, dims = _conv_dims(em)
     c_ptr = buffer_ptr[out_name]
     return [
         f"  {{  // {k.name}: {comment(op.tf_node)} as {a['kw']} GEMMs, one per filter tap"
         " (no im2col buffer)",
-        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
-        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
-        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+        *dims,
         f"    for (int64_t j = 0; j < {a['kw']}; ++j) {{",
         f"      const int64_t shift = j * {a['dilation']} - pad;  // input column of output 0",
         "      const int64_t lo = shift < 0 ? -shift : 0;",
