@@ -70,21 +70,15 @@ def markdown_table(records: dict[str, Record]) -> str:
     return "\n".join(lines)
 
 
-def _ratio(records: dict[str, Record], peer: str, other: str, key: str) -> float | None:
-    """``other``'s ``key`` over ``peer``'s (how many times faster ``peer`` is)."""
+def _ratio(records: dict[str, Record], peer: str, other: str, key: str,
+           peer_key: str | None = None) -> float | None:
+    """``other``'s ``key`` over ``peer``'s ``peer_key`` (default ``key``): how many times
+    faster ``peer`` is."""
     a, b = records.get(peer, {}), records.get(other, {})
-    if a.get("status") != "ok" or b.get("status") != "ok" or not a.get(key) or not b.get(key):
+    mine = peer_key or key
+    if a.get("status") != "ok" or b.get("status") != "ok" or not a.get(mine) or not b.get(key):
         return None
-    return b[key] / a[key]
-
-
-def _ratio_to(records: dict[str, Record], other: str, key: str,
-              value: float | None) -> float | None:
-    """``records[other][key] / value``, or None when either is missing."""
-    base = records.get(other, {}).get(key)
-    if base is None or not value or records[other].get("status") != "ok":
-        return None
-    return base / value
+    return b[key] / a[mine]
 
 
 def activation_ratio(records: dict[str, Record]) -> float | None:
@@ -130,7 +124,7 @@ def target_rows(results: dict[str, Any]) -> list[str]:
             cell(disc.get("speedup_setup_first"), None),
             act_cell,
             fallback,
-            cell(_ratio_to(records, "tf", "hot_pass_s", disc.get("hot_tf_call_s")), None) + " |",
+            cell(_ratio(records, "disc", "tf", "hot_pass_s", "hot_tf_call_s"), None) + " |",
         ]))
     return lines
 

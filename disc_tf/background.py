@@ -198,12 +198,10 @@ def _ops_lib() -> ctypes.CDLL:
 
 def publish_in_process(key: str, artifact: Artifact | None, error: str | None) -> None:
     """Hands a finished compilation to the DiscCluster nodes waiting for ``key``."""
-    lib = _ops_lib()
     if artifact is None:
-        lib.disc_pending_fail(key.encode(), (error or "unknown error").encode())
+        _ops_lib().disc_pending_fail(key.encode(), (error or "unknown error").encode())
         return
-    lib.disc_pending_publish(key.encode(), artifact.data, len(artifact.data),
-                             artifact.sha256.encode(), artifact.num_kernels)
+    publish_bytes(key, artifact.data, artifact.sha256, artifact.num_kernels)
 
 
 def publish_bytes(key: str, data: bytes, sha256: str, num_kernels: int) -> bool:

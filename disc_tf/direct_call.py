@@ -113,11 +113,12 @@ class DirectFunction:
     """A restored concrete function, called through its plan when it has one.
 
     ``plan`` is the ``DirectPlan`` (None when the function runs TF's way, and
-    ``reason`` says why); ``direct_calls`` and ``tf_calls`` count the calls
-    that went each way.
+    ``reason`` says why: ``refuse`` when given, else what the planner refused);
+    ``direct_calls`` and ``tf_calls`` count the calls that went each way.
     """
 
-    def __init__(self, name: str, function: Any, concrete: Any, keyword: bool) -> None:
+    def __init__(self, name: str, function: Any, concrete: Any, keyword: bool,
+                 refuse: str | None = None) -> None:
         self.name = name
         self._function = function  # what a TF-way call calls
         self._keyword = keyword  # signatures take keyword arguments, __call__ positional ones
@@ -127,6 +128,8 @@ class DirectFunction:
         self.tf_calls = 0
         self._count_lock = threading.Lock()  # calls may come from many threads
         try:
+            if refuse is not None:
+                raise NotDirect(refuse)
             self._prepare(concrete)
         except NotDirect as e:
             self.plan, self.reason = None, str(e)
@@ -177,7 +180,6 @@ class DirectFunction:
              tuple(x for name, value in step.attrs for x in (name, value))
              + ("artifact", b"", "pending_key", key.encode()))
             for step, key in zip(plan.steps, keys)]
-        self._single = (len(plan.steps) == 1 and all(s.kind == "step" for s in plan.outputs))
         self.plan = plan
 
     def _args(self, args: tuple, kwargs: dict) -> list[Any] | None:
@@ -226,10 +228,7 @@ class DirectFunction:
         for num_outputs, inputs, attrs in self._steps:
             values = [self._value(s, flat, results) for s in inputs]
             results.append(execute.quick_execute("DiscCluster", num_outputs, values, attrs, ctx))
-        if self._single:
-            outs = [results[0][s.output] for s in self.plan.outputs]
-        else:
-            outs = [self._value(s, flat, results) for s in self.plan.outputs]
+        outs = [self._value(s, flat, results) for s in self.plan.outputs]
         return nest.pack_sequence_as(self._structure, outs)
 
     def _value(self, source: Source, args: list[Any], results: list[list[Any]]) -> Any:
@@ -261,20 +260,23 @@ class DiscModel:
 
     Every other attribute is the restored object's (``model.module``).
     ``warmed_up`` says, per function, whether its warm-up call ran (see ``load``).
+    With ``refuse``, no function is planned (every call goes through TF) and
+    ``refuse`` is each one's reason.
     """
 
-    def __init__(self, module: Any, warmup: bool = True) -> None:
+    def __init__(self, module: Any, warmup: bool = True, refuse: str | None = None) -> None:
         self.module = module
         self.signatures: Mapping[str, DirectFunction] = {
-            name: DirectFunction(f"signature {name}", fn, fn, keyword=True)
+            name: DirectFunction(f"signature {name}", fn, fn, keyword=True, refuse=refuse)
             for name, fn in module.signatures.items()}
         self._call: DirectFunction | None = None
         call = module.__call__ if callable(module) else None
         concretes = list(getattr(call, "concrete_functions", ()) or ())
         if call is not None and len(concretes) == 1:
-            self._call = DirectFunction("__call__", call, concretes[0], keyword=False)
+            self._call = DirectFunction("__call__", call, concretes[0], keyword=False,
+                                        refuse=refuse)
         self.warmed_up: dict[str, bool] = {}
-        if warmup:
+        if warmup and refuse is None:
             for name, fn in self._functions().items():
                 self.warmed_up[name] = fn.warm_up()
 
@@ -310,20 +312,6 @@ def load(export_dir: str, tags: Any = None, options: Any = None, *,
 
     native.load()
     module = tf.saved_model.load(export_dir, tags=tags, options=options)
-    if tf.config.list_logical_devices("GPU"):
-        logger.info("disc_tf.load: a GPU is visible; calls run through TF's function runtime")
-        return _TfOnly(module)
-    return DiscModel(module, warmup=warmup)
-
-
-class _TfOnly(DiscModel):
-    """A DiscModel that plans nothing (every call goes through TF)."""
-
-    def __init__(self, module: Any) -> None:  # noqa: D107 - see the class
-        self.module = module
-        self.signatures = dict(module.signatures)
-        self._call = None
-        self.warmed_up = {}
-
-    def direct_functions(self) -> dict[str, str | None]:  # noqa: D102 - see DiscModel
-        return {name: "a GPU is visible" for name in self.signatures}
+    # Direct calls place the op by its inputs; with a GPU, TF's placement must decide.
+    refuse = "a GPU is visible" if tf.config.list_logical_devices("GPU") else None
+    return DiscModel(module, warmup=warmup, refuse=refuse)

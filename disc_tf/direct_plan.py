@@ -161,15 +161,14 @@ class _Planner:
             return Source("arg", i)
         return Source("capture", i - self._num_args)
 
-    def function_outputs(self, fdef: function_pb2.FunctionDef, arg_sources: list[Source],
-                         depth: int = 0) -> list[Source]:
-        """Sources of ``fdef``'s outputs, given the sources of its inputs."""
-        if depth > 8:
-            raise NotDirect("function calls nested too deeply")
+    def function_outputs(self, fdef: function_pb2.FunctionDef,
+                         arg_sources: list[Source]) -> list[Source]:
+        """Sources of ``fdef``'s outputs, given the sources of its inputs (its calls
+        are no deeper than ``check_body`` allowed)."""
         if len(arg_sources) != len(fdef.signature.input_arg):
             raise NotDirect(f"{fdef.signature.name}: {len(arg_sources)} inputs for "
                             f"{len(fdef.signature.input_arg)} arguments")
-        frame = _Frame(self, fdef, arg_sources, depth)
+        frame = _Frame(self, fdef, arg_sources)
         return [frame.resolve(fdef.ret[a.name]) for a in fdef.signature.output_arg]
 
     def check_body(self, fdef: function_pb2.FunctionDef, depth: int = 0) -> None:
@@ -219,12 +218,9 @@ class _Planner:
         self._step_of[key] = len(self.steps) - 1
         return len(self.steps) - 1
 
-    def is_resource(self, source: Source) -> bool:
-        if source.kind == "arg":
-            return self._is_resource[source.index]
-        if source.kind == "capture":
-            return self._is_resource[self._num_args + source.index]
-        return False
+    def capture_is_resource(self, index: int) -> bool:
+        """Whether captured input ``index`` is a resource handle."""
+        return self._is_resource[self._num_args + index]
 
     def lookup(self, name: str) -> function_pb2.FunctionDef:
         fdef = self._lookup(name)
@@ -237,11 +233,10 @@ class _Frame:
     """One function body being resolved."""
 
     def __init__(self, planner: _Planner, fdef: function_pb2.FunctionDef,
-                 arg_sources: list[Source], depth: int) -> None:
+                 arg_sources: list[Source]) -> None:
         self.id = planner.next_frame_id()
         self.planner = planner
         self.fdef = fdef
-        self.depth = depth
         self.args = {a.name: s for a, s in zip(fdef.signature.input_arg, arg_sources)}
         self.nodes = {n.name: n for n in fdef.node_def}
         self._memo: dict[str, Source | list[Source]] = {}
@@ -260,7 +255,7 @@ class _Frame:
             return self.resolve(data_inputs[0])
         if node.op == "ReadVariableOp":
             handle = self.resolve(data_inputs[0])
-            if handle.kind != "capture" or not self.planner.is_resource(handle):
+            if handle.kind != "capture" or not self.planner.capture_is_resource(handle.index):
                 raise NotDirect(f"{name}: reads a variable that is not a captured handle")
             return Source("variable", handle.index)
         if node.op == "DiscCluster":
@@ -276,7 +271,7 @@ class _Frame:
             if outs is None:
                 callee = self.planner.lookup(node.attr["f"].func.name)
                 outs = self.planner.function_outputs(
-                    callee, [self.resolve(i) for i in data_inputs], self.depth + 1)
+                    callee, [self.resolve(i) for i in data_inputs])
                 self._memo[name] = outs
             return outs[index]
         raise NotDirect(f"{name}: op {node.op} cannot feed a direct call")

@@ -51,6 +51,18 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "  }",
     ]
 
+def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
+                      cols: str) -> tuple[list[str], str, str]:
+    """Host lines building ``epilogue``'s args and the closure ``epi`` a GEMM hands it
+    (``rows`` rows of C per product, ``cols`` columns), and the function and closure
+    arguments of ``sgemm_epilogue``."""
+    struct = epilogue.epilogue_struct
+    lines = epilogue.launch_args(buffer_ptr) + [
+        f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
+        f"    const {struct} epi{{&k, {rows}, inner_rows > 0 ? {cols} / inner_rows : 1}};"]
+    return lines, f"{epilogue.k.name}_epilogue", f"const_cast<{struct}*>(&epi)"
+
+
 def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
                     epilogue: KernelEmitter) -> list[str]:
     """The GEMM through ``sgemm_epilogue``: the epilogue kernel's args, then the
@@ -62,7 +74,6 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     e = epilogue.k.name
     lines = [f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, "
              f"{e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block"]
-    lines += epilogue.launch_args(buffer_ptr)
     if "strided" in op.attrs:
         f = op.attrs["strided"]
         g = strided_gemm_exprs(f, lhs, rhs, plan)
@@ -84,16 +95,14 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         sa, sb = [of(lhs, form.stride_a), "0"], [of(rhs, form.stride_b), "0"]
         ta, tb = int(form.transpose_a), int(form.transpose_b)
         lda, ldb, sc = of(lhs, form.lda), of(rhs, form.ldb), ["m * n", "0"]
-    lines += [
-        f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
-        f"    const {epilogue.epilogue_struct} epi{{&k, m, inner_rows > 0 ? n / inner_rows : 1}};",
+    epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
+    lines += epi + [
         "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
         f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
         f"{sa[0]}, {sa[1]}, {ta},",
         f"                          {buffer_ptr[rhs.name]}, {ldb}, {sb[0]}, {sb[1]}, {tb},",
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
-        f"                          {e}_epilogue, const_cast<{epilogue.epilogue_struct}*>(&epi), "
-        f"{int(k.epilogue_full_rows)}, 0);",
+        f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
         "    }",
         "  }",
     ]
@@ -166,13 +175,10 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
              " of the input (no im2col buffer)")
     fn, closure, full_rows, epi = "nullptr", "nullptr", 0, []
     if epilogue is not None:
-        e = epilogue.k.name
-        title += f", {e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block"
-        fn, closure, full_rows = (f"{e}_epilogue", f"const_cast<{epilogue.epilogue_struct}*>(&epi)",
-                                  int(k.epilogue_full_rows))
-        epi = epilogue.launch_args(buffer_ptr) + [
-            f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // its row length",
-            f"    const {epilogue.epilogue_struct} epi{{&k, ow, inner_rows > 0 ? co / inner_rows : 1}};"]
+        title += (f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each "
+                  "block")
+        epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "ow", "co")
+        full_rows = int(k.epilogue_full_rows)
     return [
         title,
         *dims,

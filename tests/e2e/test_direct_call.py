@@ -303,3 +303,19 @@ def test_a_keyword_signature_with_several_inputs_and_outputs(tmp_path):
                 assert got[key].dtype == want[key].dtype
                 np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), RTOL, ATOL)
     assert sig.direct_calls == 4 and model._call.direct_calls == 4
+
+
+def test_a_refused_model_runs_every_call_through_tf(mlp_dirs):
+    """What ``load`` builds when a GPU is visible: nothing planned or warmed up."""
+    reference = tf.saved_model.load(str(mlp_dirs / "orig"))
+    model = disc_tf.DiscModel(tf.saved_model.load(str(mlp_dirs / "opt")),
+                              refuse="a GPU is visible")
+    assert model.direct_functions() == {"serving_default": "a GPU is visible",
+                                        "__call__": "a GPU is visible"}
+    assert model.warmed_up == {}
+    x = tf.constant(_rows(np.random.default_rng(13), 9))
+    _check(reference(x), model(x))
+    _check(reference.signatures["serving_default"](x=x),
+           model.signatures["serving_default"](x=x))
+    assert model._call.tf_calls == 1 and model._call.direct_calls == 0
+    assert model.signatures["serving_default"].tf_calls == 1
