@@ -72,6 +72,13 @@ def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: in
     return jitted
 
 
+def assert_ops_compiled(jitted, op_types: set[str]) -> None:
+    """Every TF op type in ``op_types`` is inside a cluster that compiled."""
+    inside = {op for c in jitted.report.compiled for _, op in c.ops}
+    missing = set(op_types) - inside
+    assert not missing, f"not in a compiled cluster: {sorted(missing)}; report: {jitted.report}"
+
+
 def assert_matches_tf(tf_fn, jitted, args, rtol: float, atol: float) -> None:
     """Runs both on ``args``; every output must match TF's shape, dtype and values."""
     expected = tf.nest.flatten(tf_fn(*args))

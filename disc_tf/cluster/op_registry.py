@@ -206,7 +206,7 @@ _register("MirrorPad", MOVE_TYPES, shape_inputs=(1,))
 _register("GatherNd", MOVE_TYPES, dtype_attr="Tparams", shape_check=lambda n: None if (
     n.inputs[1].dims and n.inputs[1].dims[-1] is not None) else "index depth must be static")
 for _op in ("Cumsum", "Cumprod"):
-    _register(_op, frozenset({tf.float32, tf.int32, tf.int64}), const_inputs=(1,))
+    _register(_op, FLOAT_TYPES | {tf.int32, tf.int64}, const_inputs=(1,))
 
 #: Ops refused on purpose, with the reason ``inspect`` prints.
 EXCLUDED = {

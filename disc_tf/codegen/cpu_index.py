@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
-from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, sym
+from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, rounds_once, sym
 from disc_tf.fusion.plan import FusionPlan, Kernel
 
 
@@ -230,16 +230,31 @@ class IndexKernelEmitter(KernelEmitter):
         return lines
 
     def _scan_source(self) -> str:
-        """One task per line along the scanned axis, folded in order."""
+        """One task per line along the scanned axis, folded in order.
+
+        A float sum carries its rounding error along (Neumaier's compensated
+        summation: every prefix is as accurate as a pairwise sum, where a plain
+        float running sum stops growing once it is large); half types accumulate
+        in float and round each output once; float products accumulate in double.
+        """
         from disc_tf.codegen.cpu_ops import expression
 
         k, op = self.k, self.op
         axis = op.attrs["axis"]
-        ct = COMPUTE[op.elem]
+        combiner = op.attrs["combiner"]
+        acc_elem = accumulator_elem(op.elem, combiner)
+        ct = COMPUTE[acc_elem]
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
-        identity = literal(0 if op.attrs["combiner"] == "add" else 1, op.elem)
-        comb = expression(op.attrs["combiner"], ["acc", "v"], op.elem, [op.elem] * 2, {})
+        identity = literal(0 if combiner == "add" else 1, acc_elem)
+        compensated = combiner == "add" and acc_elem == "f32"
+        if compensated:
+            comb = "disc_neumaier_add(acc, err, v)"
+        else:
+            comb = expression(combiner, ["acc", "v"], acc_elem, [acc_elem] * 2, {})
+        value = "acc + err" if compensated else "acc"
+        if rounds_once(op.elem):
+            value = f"disc_round_{op.elem}((float)({value}))"
         lines = [
             f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
@@ -255,14 +270,15 @@ class IndexKernelEmitter(KernelEmitter):
         index = "n - 1 - q" if op.attrs["reverse"] else "q"
         lines += [
             f"    {ct} acc = {identity};",
+            *(["    float err = 0.0f;  // the rounding error acc has dropped so far"] if compensated else []),
             "    for (int64_t q = 0; q < n; ++q) {",
             f"      const int64_t off = base + ({index}) * step;",
             f"      const {ct} v = ({ct})a.in0[off];",
         ]
         if op.attrs["exclusive"]:
-            lines += [f"      a.out0[off] = ({st})acc;", f"      acc = {comb};"]
+            lines += [f"      a.out0[off] = ({st})({value});", f"      acc = {comb};"]
         else:
-            lines += [f"      acc = {comb};", f"      a.out0[off] = ({st})acc;"]
+            lines += [f"      acc = {comb};", f"      a.out0[off] = ({st})({value});"]
         lines += ["    }", "  }", "}"]
         header = (f"// ---- {k.name}: scan ({op.attrs['combiner']}) along dim {axis}\n"
                   f"// TF ops: {comment(', '.join(k.tf_ops))}")

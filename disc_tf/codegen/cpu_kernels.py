@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.codegen import cpu_gemm
+from disc_tf.codegen import cpu_gemm, cpu_reduce
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
     COST,
@@ -20,11 +20,13 @@ from disc_tf.codegen.cpu_ops import (
 )
 from disc_tf.codegen.cpu_short_rows import SHORT_ROW, short_rows
 from disc_tf.codegen.cpu_text import (
+    CASCADED_COMBINERS,
     VECTOR_COMBINERS,
     accumulator_elem,
     comment,
     host_expr,
     product,
+    rounds_once,
     sym,
 )
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
@@ -62,7 +64,7 @@ class KernelEmitter:
     def struct(self) -> str:
         lines = [f"struct {self.args} {{", "  int64_t n;  // elements"]
         if self.k.kind == "reduce":
-            lines.append("  int64_t reduced;  // elements folded into each output")
+            lines += cpu_reduce.struct_fields(self)
         if self.rank:
             lines.append(f"  int64_t dims[{self.rank}];")
         for i, a in enumerate(self.k.inputs):
@@ -303,7 +305,7 @@ class KernelEmitter:
             parts = [header, self.struct(), self.stitch()]
             return "\n\n".join(parts + ([self.epilogue()] if self.epilogue_of else []))
         if self.k.kind == "reduce":
-            return "\n\n".join([header, self.struct(), self.generic_reduce()])
+            return "\n\n".join([header, self.struct(), cpu_reduce.reduce_source(self)])
         parts = [header, self.struct(), self.compute(), self.flat()]
         if (self.k.needs_broadcast_version or self.epilogue_of) and self.rank:
             parts.append(self.broadcast())
@@ -469,10 +471,11 @@ class KernelEmitter:
             if cached is not None and p == passes:
                 j, v, _ = cached
                 keep = [f"w{j}[c] = {names[v]};  // kept for the final pass"]
-            vector = {op.value for op in reduces if accumulator_elem(op.elem) == "f32"
+            vector = {op.value for op in reduces
+                      if accumulator_elem(op.elem, op.attrs["combiner"]) == "f32"
                       and op.attrs["combiner"] in VECTOR_COMBINERS}
             for op in reduces:
-                ct = COMPUTE[op.elem]
+                ct = COMPUTE[accumulator_elem(op.elem, op.attrs["combiner"])]
                 init = literal(op.attrs["init"], op.elem)
                 if op.value in vector:  # eight float lanes in one vector register
                     lines.append(f"  disc_f32x8 acc_{names[op.value]} = disc_splat8({init});")
@@ -492,8 +495,8 @@ class KernelEmitter:
                         out.append(f"{indent}lane_{names[op.value]}[l] = {val};")
                         continue
                     acc = f"acc_{names[op.value]}[{lane}]"
-                    comb = expression(op.attrs["combiner"], [acc, val], accumulator_elem(op.elem),
-                                      [accumulator_elem(op.elem)] * 2, {})
+                    at = accumulator_elem(op.elem, op.attrs["combiner"])
+                    comb = expression(op.attrs["combiner"], [acc, val], at, [at] * 2, {})
                     out.append(f"{indent}{acc} = {comb};")
                 return out
 
@@ -521,9 +524,31 @@ class KernelEmitter:
 
             c0 = f"c{p}"  # groups of 8 lanes, then the tail
             lines.append(f"  int64_t {c0} = 0;")
-            lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
-            lines += lane_group(c0, last=False)
-            lines.append("  }")
+            # sums and products over long rows: blocks of columns combined pairwise
+            cascaded = [names[op.value] for op in reduces
+                        if op.value in vector and op.attrs["combiner"] in CASCADED_COMBINERS]
+            if cascaded:
+                for op in reduces:
+                    if names[op.value] in cascaded:
+                        lam = cpu_reduce.combiner_lambda(op.attrs["combiner"], "f32", "disc_f32x8")
+                        lines.append(f"  disc_cascade<disc_f32x8> blocks_{names[op.value]};")
+                        lines.append(f"  const auto comb_{names[op.value]} = {lam};")
+                lines.append("  for (;;) {  // blocks of DISC_REDUCE_BLOCK columns")
+                lines.append(f"    const int64_t stop{p} = cols - {c0} > DISC_REDUCE_BLOCK ? "
+                             f"{c0} + DISC_REDUCE_BLOCK : cols;")
+                lines.append(f"    for (; {c0} + 8 <= stop{p}; {c0} += 8) {{")
+                lines += ["  " + x for x in lane_group(c0, last=False)]
+                lines.append("    }")
+                lines.append(f"    if ({c0} + 8 > cols) break;  // the tail joins the last block")
+                for v in cascaded:
+                    init = literal(next(op for op in reduces if names[op.value] == v).attrs["init"], "f32")
+                    lines.append(f"    blocks_{v}.push(acc_{v}, comb_{v});")
+                    lines.append(f"    acc_{v} = disc_splat8({init});")
+                lines.append("  }")
+            else:
+                lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
+                lines += lane_group(c0, last=False)
+                lines.append("  }")
             if len(vector) == len(reduces):  # the tail as one more (partial) group
                 lines.append(f"  if ({c0} < cols) {{")
                 lines += lane_group(c0, last=True)
@@ -534,17 +559,24 @@ class KernelEmitter:
                 lines += ["    " + x for x in keep] + ["  }"]
             for op in reduces:
                 v, ct = names[op.value], COMPUTE[op.elem]
+                if v in cascaded:  # a long row's blocks, combined pairwise
+                    init = literal(op.attrs["init"], "f32")
+                    lines.append(f"  if (blocks_{v}.count) {{")
+                    lines.append(f"    blocks_{v}.push(acc_{v}, comb_{v});")
+                    lines.append(f"    acc_{v} = blocks_{v}.total(disc_splat8({init}), comb_{v});")
+                    lines.append("  }")
                 if op.value in vector:  # lanes combined as a tree of shuffles
                     comb = expression(op.attrs["combiner"], [f"acc_{v}", f"disc_swap8(acc_{v}, k)"],
                                       "f32", ["f32", "f32"], {})
                     lines.append(f"  for (int k = 4; k > 0; k /= 2) acc_{v} = {comb};")
                     lines.append(f"  {ct} {v} = acc_{v}[0];  // {comment(op.tf_node)}")
-                else:
-                    lines.append(f"  {ct} {v} = acc_{v}[0];")
-                    comb = expression(op.attrs["combiner"], [v, f"acc_{v}[l]"],
-                                      accumulator_elem(op.elem), [accumulator_elem(op.elem)] * 2, {})
-                    lines.append(f"  for (int l = 1; l < 8; ++l) {v} = {comb};  // {comment(op.tf_node)}")
-                if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
+                else:  # lanes combined in the accumulator type
+                    at = accumulator_elem(op.elem, op.attrs["combiner"])
+                    lines.append(f"  {COMPUTE[at]} {v}_lanes = acc_{v}[0];")
+                    comb = expression(op.attrs["combiner"], [f"{v}_lanes", f"acc_{v}[l]"], at, [at] * 2, {})
+                    lines.append(f"  for (int l = 1; l < 8; ++l) {v}_lanes = {comb};")
+                    lines.append(f"  {ct} {v} = ({ct}){v}_lanes;  // {comment(op.tf_node)}")
+                if rounds_once(op.elem):  # accumulated in float, rounded once
                     lines.append(f"  {v} = disc_round_{op.elem}({v});")
                 emitted_rows.add(op.value)
             for op in k.ops:
@@ -634,126 +666,6 @@ class KernelEmitter:
             return None
         return j, next(iter(frontier)), shared
 
-    def generic_reduce(self) -> str:
-        """One task per output element; any reduced dims, read through strides."""
-        k, r = self.k, self.rank
-        kept = [d for d in range(r) if d not in k.reduce_dims]
-        if len(k.ops) > 1:
-            return self.fused_reduce(kept)
-        (op,) = k.ops
-        if op.op == "arg_reduce":
-            return self.arg_reduce(kept)
-        ct = COMPUTE[op.elem]
-        elem = self.buf(k.inputs[0]).elem
-        out_elem = self.plan.buffers[k.outputs[0][1]].elem
-        comb = expression(op.attrs["combiner"], ["acc", f"({ct})a.in0[off]"], accumulator_elem(op.elem),
-                          [accumulator_elem(op.elem)] * 2, {})
-        lines = [
-            f"// {comment(op.tf_node)}: reduce dims {k.reduce_dims} of [{r} dims] by {op.attrs['combiner']}",
-            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
-            "  for (int64_t o = begin; o < end; ++o) {",
-            *self._output_base(kept),
-        ]
-        lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
-        lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
-        lines.append("      int64_t rq = q;")
-        lines.append("      int64_t off = base;")
-        for d in reversed(k.reduce_dims):
-            lines.append(f"      off += (rq % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"      rq /= a.dims[{d}];")
-        lines.append(f"      acc = {comb};")
-        lines.append("    }")
-        lines.append(f"    a.out0[o] = ({STORAGE[out_elem]})acc;")
-        lines += ["  }", "}"]
-        del elem
-        return "\n".join(lines)
-
-    def fused_reduce(self, kept: list[int]) -> str:
-        """A reduction with its producers: at each folded element, every input is read
-        through its strides and the producer ops are evaluated (input fusion)."""
-        k = self.k
-        *producers, op = k.ops
-        n_in = len(k.inputs)
-        names = {o.value: f"v{i}" for i, o in enumerate(k.ops)}
-        acc_elem = accumulator_elem(op.elem)
-        ct = COMPUTE[op.elem]
-        kind, ref = op.operands[0]
-        value = self.ref(kind, ref, op.elem, names, "x")
-        comb = expression(op.attrs["combiner"], ["acc", value], acc_elem, [acc_elem] * 2, {})
-        lines = [
-            f"// reduce dims {k.reduce_dims} by {op.attrs['combiner']} of "
-            f"{comment(', '.join(k.tf_ops))}, producers evaluated in place",
-            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
-            "  for (int64_t o = begin; o < end; ++o) {",
-            "    int64_t rem = o;",
-            *[f"    int64_t base{i} = 0;" for i in range(n_in)],
-        ]
-        for d in reversed(kept):
-            lines.append(f"    {{ const int64_t idx = rem % a.dims[{d}]; rem /= a.dims[{d}];")
-            lines += [f"      base{i} += idx * a.in{i}_strides[{d}];" for i in range(n_in)]
-            lines.append("    }")
-        lines.append(f"    {ct} acc = {literal(op.attrs['init'], op.elem)};")
-        lines.append("    for (int64_t q = 0; q < a.reduced; ++q) {")
-        lines.append("      int64_t rq = q;")
-        lines += [f"      int64_t off{i} = base{i};" for i in range(n_in)]
-        for d in reversed(k.reduce_dims):
-            lines.append(f"      {{ const int64_t idx = rq % a.dims[{d}]; rq /= a.dims[{d}];")
-            lines += [f"        off{i} += idx * a.in{i}_strides[{d}];" for i in range(n_in)]
-            lines.append("      }")
-        for i, acc in enumerate(k.inputs):
-            elem = self.buf(acc).elem
-            lines.append(f"      const {COMPUTE[elem]} x{i} = ({COMPUTE[elem]})a.in{i}[off{i}];")
-        for o in producers:
-            args = [self.ref(kd, rf, e, names, "x") for (kd, rf), e in zip(o.operands, o.operand_elems)]
-            lines.append(f"      const {COMPUTE[o.elem]} {names[o.value]} = "
-                         f"{expression(o.op, args, o.elem, o.operand_elems, o.attrs)};"
-                         f"  // {comment(o.tf_node)}: {o.op}")
-        lines.append(f"      acc = {comb};")
-        lines.append("    }")
-        if acc_elem != op.elem:
-            lines.append(f"    acc = disc_round_{op.elem}(acc);")
-        (_, out_name), = k.outputs
-        lines.append(f"    a.out0[o] = ({STORAGE[self.plan.buffers[out_name].elem]})acc;")
-        lines += ["  }", "}"]
-        return "\n".join(lines)
-
-    @staticmethod
-    def _output_base(kept: list[int]) -> list[str]:
-        """Lines computing ``base``: the input offset of output element ``o``."""
-        lines = ["    int64_t rem = o;", "    int64_t base = 0;"]
-        for d in reversed(kept):
-            lines.append(f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];")
-            lines.append(f"    rem /= a.dims[{d}];")
-        return lines
-
-    def arg_reduce(self, kept: list[int]) -> str:
-        """ArgMax/ArgMin over one dim: the position of the first extreme value."""
-        k = self.k
-        (op,) = k.ops
-        (axis,) = k.reduce_dims
-        vt = COMPUTE[self.buf(k.inputs[0]).elem]
-        out = STORAGE[self.plan.buffers[k.outputs[0][1]].elem]
-        better = ">" if op.attrs["direction"] == "max" else "<"
-        lines = [
-            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
-            f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
-            "  for (int64_t o = begin; o < end; ++o) {",
-            *self._output_base(kept),
-            f"    {vt} best = ({vt})a.in0[base];",
-            "    int64_t at = 0;",
-            "    for (int64_t q = 1; q < a.reduced; ++q) {",
-            f"      const {vt} v = ({vt})a.in0[base + q * a.in0_strides[{axis}]];",
-            f"      if (v {better} best) {{ best = v; at = q; }}",
-            "    }",
-            f"    a.out0[o] = ({out})at;",
-            "  }",
-            "}",
-        ]
-        return "\n".join(lines)
-
     def library_launch(self, buffer_ptr: dict[str, str],
                        epilogue: KernelEmitter | None = None) -> list[str]:
         """Host-runner lines of a library kernel (``cpu_gemm.py``)."""
@@ -827,15 +739,7 @@ class KernelEmitter:
             lines += ["    }", "  }"]
             return lines
         if k.kind == "reduce":
-            kept = [s for d, s in enumerate(k.dims) if d not in k.reduce_dims]
-            reduced = [s for d, s in enumerate(k.dims) if d in k.reduce_dims]
-            lines.append(f"    k.reduced = {product(reduced, plan)};")
-            lines.append(f"    const int64_t outputs = {product(kept, plan)};")
-            lines.append("    if (outputs > 0) {")
-            lines.append(f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0,"
-                         f" {k.name}_reduce, &k);")
-            lines += ["    }", "  }"]
-            return lines
+            return lines + cpu_reduce.reduce_launch(self, cost)
         lines.append("    if (k.n > 0) {")
         if k.needs_broadcast_version and r:
             cond = " && ".join(flat_conds)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 
+from disc_tf.codegen.cpu_text import CASCADE
+
 #: Storage type of each element type in generated C++.
 STORAGE = {"f32": "float", "f16": "_Float16", "bf16": "disc_bf16", "i32": "int32_t",
-           "i64": "int64_t", "i1": "bool"}
+           "i64": "int64_t", "i1": "bool", "f64": "double"}
 #: Type values are computed in.
+#: (f64 only accumulates products of floats; no tensor holds it.)
 COMPUTE = {"f32": "float", "f16": "float", "bf16": "float", "i32": "int32_t", "i64": "int64_t",
-           "i1": "bool"}
+           "i1": "bool", "f64": "double"}
 #: RAL dtype constant of each element type.
 RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "bf16": "DISC_BF16", "i32": "DISC_I32",
              "i64": "DISC_I64", "i1": "DISC_BOOL"}
@@ -32,6 +35,8 @@ COST = {"exponential": 20, "log": 20, "tanh": 25, "logistic": 25, "power": 40,
 
 def literal(value: object, elem: str) -> str:
     """A C++ literal of ``value`` in the compute type of ``elem``."""
+    if elem == "f64":
+        return repr(float(value)) if math.isfinite(float(value)) else literal(value, "f32")
     if elem in _FLOAT:
         v = float(value)
         if math.isnan(v):
@@ -213,6 +218,35 @@ static inline disc_f32x8 disc_load8(const float* p) {
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
+// Long reductions fold DISC_REDUCE_BLOCK elements at a time (eight lanes, then a
+// tree), and combine the blocks pairwise: a binary counter of partial results in
+// which level l holds the combination of 2^l blocks. A value then passes through
+// O(BLOCK / 8 + log2(blocks)) roundings instead of one per element before it.
+#define DISC_REDUCE_BLOCK 1024
+#define DISC_CASCADE_FN inline
+""" + CASCADE + r"""// acc + v with Neumaier's compensation: err collects what each add rounds off
+// (a running sum, such as a cumsum, stays as accurate as a pairwise one).
+static inline float disc_neumaier_add(float acc, float& err, float v) {
+  const float s = acc + v;
+  err += __builtin_fabsf(acc) >= __builtin_fabsf(v) ? (acc - s) + v : (v - s) + acc;
+  return s;
+}
+// Eight lane accumulators combined as a tree.
+template <typename T, typename F>
+static inline T disc_tree8(const T* l, F comb) {
+  return comb(comb(comb(l[0], l[4]), comb(l[2], l[6])), comb(comb(l[1], l[5]), comb(l[3], l[7])));
+}
+// Parts (tasks) each of `outputs` reductions over `reduced` elements is cut into:
+// enough tasks for a large pool when there are few outputs, none shorter than
+// 16384 elements. A function of the sizes only, so results never depend on the
+// number of threads.
+static inline int64_t disc_reduce_parts(int64_t outputs, int64_t reduced) {
+  if (outputs <= 0 || outputs >= 128) return 1;
+  int64_t parts = reduced / 16384;
+  const int64_t cap = (256 + outputs - 1) / outputs;
+  if (parts > cap) parts = cap;
+  return parts > 1 ? parts : 1;
+}
 // One numpy-broadcast step of a dimension; clears *ok if incompatible.
 static inline int64_t disc_bcast_dim(int64_t acc, int64_t d, bool* ok) {
   if (acc == d || d == 1) return acc;
@@ -233,11 +267,19 @@ static inline int64_t disc_ceildiv(int64_t a, int64_t b) {
 static inline int64_t disc_rem(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
 static inline int64_t disc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t disc_min(int64_t a, int64_t b) { return a < b ? a : b; }
-// True if a buffer of these dims would not fit in int64 bytes (or a dim is negative).
+// True if a buffer of these dims would not fit in int64 bytes (or a dim is
+// negative). A zero dim makes any buffer empty, however large the others (TF
+// returns an empty [2^62, 0] tensor).
 static inline bool disc_size_overflows(const int64_t* dims, int n, int64_t itemsize) {
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] < 0) return true;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] == 0) return false;
+  }
   int64_t total = itemsize;
   for (int i = 0; i < n; ++i) {
-    if (dims[i] < 0 || __builtin_mul_overflow(total, dims[i], &total)) return true;
+    if (__builtin_mul_overflow(total, dims[i], &total)) return true;
   }
   return false;
 }

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, expression, literal
-from disc_tf.codegen.cpu_text import accumulator_elem, comment
+from disc_tf.codegen.cpu_text import accumulator_elem, comment, rounds_once
 
 if TYPE_CHECKING:
     from disc_tf.codegen.cpu_kernels import KernelEmitter
@@ -86,7 +86,7 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
         full = closure([ref for op in reduces for kind, ref in op.operands if kind == "val"])
         lines.append(f"  // pass {p}: {', '.join(comment(op.tf_node) for op in reduces)}")
         for op in reduces:
-            acc = accumulator_elem(op.elem)
+            acc = accumulator_elem(op.elem, op.attrs["combiner"])
             lines.append(f"  {COMPUTE[acc]} acc_{var[op.value]}[8];")
             lines.append(f"  for (int l = 0; l < 8; ++l) acc_{var[op.value]}[l] = "
                          f"{literal(op.attrs['init'], op.elem)};")
@@ -98,7 +98,7 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
             kind, ref = op.operands[0]
             val = em.ref(kind, ref, op.elem, names, "x")
             acc = f"acc_{var[op.value]}[l]"
-            elem = accumulator_elem(op.elem)
+            elem = accumulator_elem(op.elem, op.attrs["combiner"])
             comb = expression(op.attrs["combiner"], [acc, val], elem, [elem] * 2, {})
             lines.append(f"      {acc} = {comb};")
         lines += ["    }", "  }"]
@@ -106,8 +106,8 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
         for op in reduces:
             v = names[op.value]
             value = f"acc_{var[op.value]}[l]"
-            if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
-                value = f"disc_round_{op.elem}({value})"
+            if rounds_once(op.elem):  # accumulated in float, rounded once
+                value = f"disc_round_{op.elem}((float){value})"
             lines.append(f"    {v} = {value};  // {comment(op.tf_node)}")
         for op in k.ops:
             if op.row and op.op != "reduce" and ready[op.value] == p:

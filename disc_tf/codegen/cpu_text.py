@@ -21,10 +21,58 @@ def product(syms: list[int], plan: FusionPlan) -> str:
 #: lanes keep the order of the scalar fold: lane l takes columns l, l + 8, ...).
 VECTOR_COMBINERS = ("add", "multiply", "maximum", "minimum")
 
+#: Combiners whose long folds round at every step (sums, products): they fold in
+#: blocks combined pairwise (``disc_cascade``), so the error grows with log(n).
+#: Max, min and the logical ones are exact in any order.
+CASCADED_COMBINERS = ("add", "multiply")
 
-def accumulator_elem(elem: str) -> str:
-    """Element type reductions accumulate in: f32 for f16/bf16 (rounded once at the end)."""
+
+#: ``disc_cascade<T>``, the pairwise combination of block partials (C++ for both
+#: backends; the prelude defines ``DISC_CASCADE_FN`` as ``inline`` or ``__device__``).
+#: Level l of this binary counter holds the combination of 2^l pushed values.
+CASCADE = r"""template <typename T>
+struct disc_cascade {
+  T level[48];
+  unsigned long long count = 0;
+  template <typename F>
+  DISC_CASCADE_FN void push(T v, F comb) {
+    int l = 0;
+    for (unsigned long long c = count; c & 1ull; c >>= 1, ++l) v = comb(level[l], v);
+    level[l] = v;
+    ++count;
+  }
+  // Every value pushed, combined (init if none).
+  template <typename F>
+  DISC_CASCADE_FN T total(T init, F comb) const {
+    T acc = init;
+    bool any = false;
+    int l = 0;
+    for (unsigned long long c = count; c; c >>= 1, ++l) {
+      if (c & 1ull) {
+        acc = any ? comb(level[l], acc) : level[l];
+        any = true;
+      }
+    }
+    return acc;
+  }
+};
+"""
+
+
+def accumulator_elem(elem: str, combiner: str = "") -> str:
+    """Element type a reduction by ``combiner`` accumulates in: f32 for f16/bf16
+    (rounded once at the end), f64 for floating-point products (a multiply's
+    rounding error is relative to the product, so every multiply of a fold, in any
+    order, adds its own to the result's: only a wider accumulator makes a long
+    product as accurate as a sum)."""
+    if combiner == "multiply" and elem in ("f32", "f16", "bf16"):
+        return "f64"
     return "f32" if elem in ("f16", "bf16") else elem
+
+
+def rounds_once(elem: str) -> bool:
+    """True if a reduction to ``elem`` (a half type) rounds its float result once."""
+    return elem in ("f16", "bf16")
 
 
 def comment(text: str) -> str:

@@ -22,10 +22,12 @@ no CUDA headers) and nvcc lay them out identically.
 from __future__ import annotations
 
 from disc_tf.codegen.cpu_text import (
+    CASCADED_COMBINERS,
     accumulator_elem,
     comment,
     host_expr,
     product,
+    rounds_once,
     strided_gemm_exprs,
     sym,
 )
@@ -359,9 +361,9 @@ class CudaKernelEmitter:
         return lines
 
     def _group_reduce(self, op: KernelOp, var: str) -> list[str]:
-        """All-reduce of ``var`` over the GROUP threads of a row."""
-        ct = COMPUTE[op.elem]
-        acc = accumulator_elem(op.elem)  # halves accumulate in float
+        """All-reduce of ``var`` (in the accumulator type) over the GROUP threads of a row."""
+        acc = accumulator_elem(op.elem, op.attrs["combiner"])  # halves accumulate in float
+        ct = COMPUTE[acc]
         comb = cuda_expression(op.attrs["combiner"], [var, "peer"], acc, [acc] * 2, {})
         lines = [
             f"  for (int m = 16; m > 0; m >>= 1) {{ const {ct} peer = disc_shfl_xor({var}, m); "
@@ -376,6 +378,40 @@ class CudaKernelEmitter:
             "  }",
         ]
         return lines
+
+    def _accumulator(self, op: KernelOp, var: str, cascaded: bool) -> list[str]:
+        """Declares a thread's accumulator ``var`` of reduce ``op`` (and, for a long
+        sum or product, the cascade ``blocks_{var}`` with its combiner ``comb_{var}``)."""
+        at = accumulator_elem(op.elem, op.attrs["combiner"])
+        lines = [f"  {COMPUTE[at]} {var} = {cuda_literal(op.attrs['init'], at)};"]
+        if cascaded:
+            body = cuda_expression(op.attrs["combiner"], ["x", "y"], at, [at] * 2, {})
+            lines += [f"  disc_cascade<{COMPUTE[at]}> blocks_{var};",
+                      f"  const auto comb_{var} = []({COMPUTE[at]} x, {COMPUTE[at]} y) "
+                      f"{{ return {body}; }};"]
+        return lines
+
+    @staticmethod
+    def _block_end(accs: list[str], ops: list[KernelOp], filled: str = "filled") -> list[str]:
+        """Inside a thread's fold: every DISC_THREAD_BLOCK elements (counted by
+        ``filled``), ``accs`` go to their cascades."""
+        if not accs:
+            return []
+        lines = [f"    if (++{filled} == DISC_THREAD_BLOCK) {{  // a full block: into the cascade"]
+        for var, op in zip(accs, ops):
+            at = accumulator_elem(op.elem, op.attrs["combiner"])
+            lines += [f"      blocks_{var}.push({var}, comb_{var});",
+                      f"      {var} = {cuda_literal(op.attrs['init'], at)};"]
+        return lines + [f"      {filled} = 0;", "    }"]
+
+    @staticmethod
+    def _cascade_total(var: str, op: KernelOp) -> list[str]:
+        """After a thread's fold: ``var`` becomes the combination of all its blocks."""
+        at = accumulator_elem(op.elem, op.attrs["combiner"])
+        return [f"  if (blocks_{var}.count) {{",
+                f"    blocks_{var}.push({var}, comb_{var});",
+                f"    {var} = blocks_{var}.total({cuda_literal(op.attrs['init'], at)}, comb_{var});",
+                "  }"]
 
     def stitch_row(self) -> str:
         """The row function: a pass per level of reductions, then the outputs."""
@@ -414,23 +450,31 @@ class CudaKernelEmitter:
             full = self._full_ops([ref for op in reduces for kind, ref in op.operands if kind == "val"],
                                   ready)
             lines.append(f"  // pass {p}: {comment(', '.join(op.tf_node for op in reduces))}")
+            cascaded = [op for op in reduces if op.attrs["combiner"] in CASCADED_COMBINERS]
             for op in reduces:
-                lines.append(f"  {COMPUTE[op.elem]} {names[op.value]} = "
-                             f"{cuda_literal(op.attrs['init'], op.elem)};")
+                lines += self._accumulator(op, f"acc_{names[op.value]}", op in cascaded)
+            if cascaded:
+                lines.append(f"  int filled{p} = 0;  // this thread's elements in its current block")
             lines.append("  for (int64_t c = tid; c < cols; c += GROUP) {")
             lines += self._element(full, reduces, names, "    ", loaded)
             for op in reduces:
                 kind, ref = op.operands[0]
                 val = self.ref(kind, ref, op.elem, names, "x")
-                acc = accumulator_elem(op.elem)
-                comb = cuda_expression(op.attrs["combiner"], [names[op.value], val], acc,
+                acc = accumulator_elem(op.elem, op.attrs["combiner"])
+                comb = cuda_expression(op.attrs["combiner"], [f"acc_{names[op.value]}", val], acc,
                                        [acc] * 2, {})
-                lines.append(f"    {names[op.value]} = {comb};")
+                lines.append(f"    acc_{names[op.value]} = {comb};")
+            lines += self._block_end([f"acc_{names[op.value]}" for op in cascaded], cascaded,
+                                     f"filled{p}")
             lines.append("  }")
             for op in reduces:
-                lines += self._group_reduce(op, names[op.value])
-                if accumulator_elem(op.elem) != op.elem:  # accumulated in float, rounded once
-                    lines.append(f"  {names[op.value]} = disc_round_{op.elem}({names[op.value]});")
+                v = names[op.value]
+                lines += self._cascade_total(f"acc_{v}", op) if op in cascaded else []
+                lines += self._group_reduce(op, f"acc_{v}")
+                value = f"({COMPUTE[op.elem]})acc_{v}"
+                if rounds_once(op.elem):  # accumulated in float, rounded once
+                    value = f"disc_round_{op.elem}({value})"
+                lines.append(f"  const {COMPUTE[op.elem]} {v} = {value};")
             for op in k.ops:
                 if op.row and op.op != "reduce" and ready[op.value] == p:
                     lines.append(self.op_line(op, names[op.value], names, "x", "  ") + " (per row)")
@@ -506,17 +550,19 @@ class CudaKernelEmitter:
             raise CudaCodegenError(f"CUDA codegen: reduce kernel {k.name} is not a single reduction")
         (op,) = k.ops
         kept = [d for d in range(r) if d not in k.reduce_dims]
-        ct, in_elem, out_elem = COMPUTE[op.elem], self.buf(k.inputs[0]).elem, self.out_elem(0)
-        acc_elem = accumulator_elem(op.elem)
+        in_elem, out_elem = self.buf(k.inputs[0]).elem, self.out_elem(0)
+        acc_elem = accumulator_elem(op.elem, op.attrs["combiner"])
+        ct = COMPUTE[acc_elem]
         comb = cuda_expression(op.attrs["combiner"], ["acc", "x"], acc_elem, [acc_elem] * 2, {})
-        init = cuda_literal(op.attrs["init"], op.elem)
+        cascaded = op.attrs["combiner"] in CASCADED_COMBINERS
         base = ["  int64_t rem = o;", "  int64_t base = 0;"]
         for d in reversed(kept):
             base += [f"  base += (rem % a.dims[{d}]) * a.in0_strides[{d}];", f"  rem /= a.dims[{d}];"]
         offset = ["    int64_t rq = q;", "    int64_t off = base;"]
         for d in reversed(k.reduce_dims):
             offset += [f"    off += (rq % a.dims[{d}]) * a.in0_strides[{d}];", f"    rq /= a.dims[{d}];"]
-        fold = [f"    const {ct} x = {load('r0[off]', in_elem)};", f"    acc = {comb};"]
+        fold = [f"    const {ct} x = {load('r0[off]', in_elem)};", f"    acc = {comb};",
+                *self._block_end(["acc"] if cascaded else [], [op])]
         st = STORAGE[in_elem]
         head = [f"  const {st}* __restrict__ r0 = static_cast<const {st}*>(a.in0);",
                 f"  {STORAGE[out_elem]}* __restrict__ w0 = static_cast<{STORAGE[out_elem]}*>(a.out0);"]
@@ -524,8 +570,10 @@ class CudaKernelEmitter:
         lines = [
             f"// {comment(op.tf_node)}: reduce dims {k.reduce_dims} of {r} by {op.attrs['combiner']}",
             f"DISC_DEV {ct} {k.name}_fold(const {self.args}& a, int64_t o, int64_t q0, int64_t step) {{",
-            *head[:1], *base, f"  {ct} acc = {init};",
+            *head[:1], *base, *self._accumulator(op, "acc", cascaded),
+            *(["  int filled = 0;  // this thread's elements in its current block"] if cascaded else []),
             "  for (int64_t q = q0; q < a.reduced; q += step) {", *offset, *fold, "  }",
+            *(self._cascade_total("acc", op) if cascaded else []),
             "  return acc;", "}", "",
             "// One thread per output: adjacent threads read adjacent kept elements.",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {thread}(const {self.args} a) {{',

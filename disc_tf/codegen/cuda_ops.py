@@ -9,6 +9,7 @@ handled here by rounding to bf16 where the CPU backend rounds to f16.
 from __future__ import annotations
 
 from disc_tf.codegen.cpu_ops import expression, literal
+from disc_tf.codegen.cpu_text import CASCADE
 from disc_tf.runtime.compiler import CompileError
 
 
@@ -19,10 +20,10 @@ class CudaCodegenError(CompileError):
 
 #: Storage type of each element type in device code.
 STORAGE = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "i32": "int32_t",
-           "i64": "int64_t", "i1": "bool"}
-#: Type values are computed in.
+           "i64": "int64_t", "i1": "bool", "f64": "double"}
+#: Type values are computed in (f64 only accumulates products of floats).
 COMPUTE = {"f32": "float", "f16": "float", "bf16": "float", "i32": "int32_t",
-           "i64": "int64_t", "i1": "bool"}
+           "i64": "int64_t", "i1": "bool", "f64": "double"}
 #: RAL dtype constant of each element type.
 RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "bf16": "DISC_BF16", "i32": "DISC_I32",
              "i64": "DISC_I64", "i1": "DISC_BOOL"}
@@ -106,7 +107,14 @@ DISC_DEV int64_t disc_shfl_xor(int64_t v, int m) {
   return (int64_t)__shfl_xor_sync(0xffffffffu, (long long)v, m);
 }
 DISC_DEV bool disc_shfl_xor(bool v, int m) { return __shfl_xor_sync(0xffffffffu, (int)v, m) != 0; }
-// Dynamic shared memory of a launch (an embedder may predefine this).
+DISC_DEV double disc_shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// A thread's long sum (or product) folds DISC_THREAD_BLOCK of its elements at a
+// time and combines the blocks pairwise: level l of this binary counter holds
+// the combination of 2^l blocks, so the rounding error grows with the log of
+// the length, not the length (a float running sum of 2^24 ones stops at 2^24).
+#define DISC_THREAD_BLOCK 64
+#define DISC_CASCADE_FN __device__
+""" + CASCADE + r"""// Dynamic shared memory of a launch (an embedder may predefine this).
 #ifndef DISC_DYNAMIC_SMEM
 #define DISC_DYNAMIC_SMEM(name) extern __shared__ double name[]
 #endif

@@ -51,6 +51,9 @@ CLUSTERS = {
     "matmul_bias": (lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b), dyn(2), dyn(2), dyn(1)),
     "broadcast": (lambda x, y: x * y + 1.0, dyn(3), dyn(3)),
     "column_reduce": (lambda x: tf.reduce_max(x * 2.0, axis=0), dyn(2)),
+    "row_sum": (lambda x: tf.reduce_sum(x, axis=-1), dyn(2)),
+    "column_sum": (lambda x: tf.reduce_sum(x, axis=0), dyn(2)),
+    "row_prod": (lambda x: tf.reduce_prod(x, axis=-1), dyn(2)),
 }
 
 
@@ -382,6 +385,29 @@ def test_emulated_column_reduce_matches_numpy(built, emulated, tmp_path, shape):
     x = rand(np.random.default_rng(6), *shape)
     got = emulate(emulated, built, "column_reduce", tmp_path, x)
     np.testing.assert_array_equal(got, (x * 2.0).max(axis=0))
+
+
+# 1 + 2^-12: a thread's float running sum drops the 2^-12 of every element once it
+# passes 2^13, so 2^15 elements a thread (256 threads, block per row or per output)
+# lose most of them (relative error 2e-4); folded in blocks combined pairwise, every
+# partial sum is exact.
+LONG = 2**23
+
+
+@pytest.mark.parametrize("name,shape", [("row_sum", (1, LONG)), ("column_sum", (LONG, 2))])
+def test_emulated_long_sums_fold_pairwise(built, emulated, tmp_path, name, shape):
+    x = np.full(shape, 1 + 2**-12, np.float32)
+    got = emulate(emulated, built, name, tmp_path, x)
+    np.testing.assert_array_equal(got, np.full(got.shape, LONG + LONG // 2**12, np.float32))
+    y = np.random.default_rng(8).random(shape, dtype=np.float32)
+    want = y.astype(np.float64).sum(axis=-1 if name == "row_sum" else 0)
+    np.testing.assert_allclose(emulate(emulated, built, name, tmp_path, y), want, rtol=1e-6)
+
+
+def test_emulated_long_product_accumulates_in_double(built, emulated, tmp_path):
+    x = (1.0 + (np.random.default_rng(9).random((2, 2**20)) - 0.5) * 1e-5).astype(np.float32)
+    got = emulate(emulated, built, "row_prod", tmp_path, x)
+    np.testing.assert_allclose(got, np.prod(x.astype(np.float64), -1), rtol=1e-6)
 
 
 @pytest.mark.slow

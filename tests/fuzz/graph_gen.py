@@ -179,9 +179,25 @@ def sizes_for(draw, program: Program) -> dict:
     return sizes
 
 
+#: Sizes of the one long dim of a large shape set (every other dim is 1 or 2).
+LARGE_DIMS = (1000, 4099, 65537, 2**20 + 3)
+
+
 @st.composite
-def shape_sets(draw, program: Program, count: int = 3) -> list[list[tuple]]:
-    return [program.shapes_from_sizes(draw(sizes_for(program))) for _ in range(count)]
+def large_sizes_for(draw, program: Program) -> dict:
+    """Sizes with one dim symbol long (up to 2^20) and the others 1 or 2: long
+    reductions, scans and rows, at most 8 * 2^20 elements a tensor."""
+    names = [d for d in program.symbols if not is_unit(d)]
+    sizes = {d: 1 if is_unit(d) else draw(st.sampled_from([2, 1])) for d in program.symbols}
+    if names:
+        sizes[draw(st.sampled_from(names))] = draw(st.sampled_from(LARGE_DIMS))
+    return sizes
+
+
+@st.composite
+def shape_sets(draw, program: Program, count: int = 3, large: bool = False) -> list[list[tuple]]:
+    sizes = large_sizes_for if large else sizes_for
+    return [program.shapes_from_sizes(draw(sizes(program))) for _ in range(count)]
 
 
 @st.composite
