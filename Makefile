@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py
 install: $(STAMP) native
 
 native: $(STAMP)
-	$(VPY) -c "from disc_tf.runtime import native_build; native_build.main()"
+	$(VPY) -m disc_tf.runtime.native_build
 
 demo: install
 	$(VPY) -m disc_tf.demo

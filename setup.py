@@ -3,6 +3,7 @@ installed TensorFlow (see disc_tf/runtime/native_build.py), plus
 ``disc_tf_autoload.pth``, which loads disc_tf after TensorFlow in any script
 run with ``TF_DISC_ENABLE=1``."""
 
+import importlib.util
 import os
 import shutil
 
@@ -28,10 +29,15 @@ class BuildPyWithNative(build_py):
         self.mkpath(self.build_lib)
         shutil.copyfile(os.path.join(HERE, PTH_FILE), os.path.join(self.build_lib, PTH_FILE))
         try:
-            from disc_tf.runtime import native_build
+            import tensorflow  # noqa: F401
         except ImportError:  # TensorFlow not importable in an isolated build env
             return
-        native_build.ensure_built()
+        # By path: importing the disc_tf package would load the libraries first.
+        spec = importlib.util.spec_from_file_location(
+            "disc_tf_native_build", os.path.join(HERE, "disc_tf", "runtime", "native_build.py"))
+        native_build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(native_build)
+        native_build.build()
 
 
 cmdclass = {"build_py": BuildPyWithNative}

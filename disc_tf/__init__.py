@@ -6,6 +6,8 @@ fused kernels and a generated host runner, and run at any input shape.
 
 from __future__ import annotations
 
+import sys
+
 from disc_tf.direct_call import DiscModel, load
 from disc_tf.enable import enable
 from disc_tf.jit import JitFunction, jit
@@ -16,7 +18,12 @@ __all__ = ["optimize", "load", "DiscModel", "enable", "jit", "JitFunction", "sta
            "reset_stats"]
 __version__ = "0.1.0"
 
-_native.load()  # registers the DiscCluster op, so optimized models load
+# Registers the DiscCluster op, so optimized models load. Never builds: missing
+# libraries raise one error naming the build command, except while that command
+# (`python -m disc_tf.runtime.native_build`) imports this package to run.
+_BUILD_COMMAND = ["-m", "disc_tf.runtime.native_build"]
+if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_argv))):
+    _native.load()
 
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",

@@ -1,8 +1,12 @@
 """Loads disc_tf's native libraries.
 
-``load()`` builds them if needed (see ``native_build``), loads the op library
-with ``tf.load_op_library`` and then imports the ``_disc_py`` extension, which
-is linked against that same library so both see one set of runtime counters.
+``load()`` never builds: it checks that this environment's libraries exist
+(``native_build.check_built``: missing ones raise one clear error naming the
+command that builds them; a build older than the checkout's sources only
+warns), loads the op library with ``tf.load_op_library`` and then imports the
+``_disc_py`` extension, which is linked against that same library so both see
+one set of runtime counters. A host without a compiler loads and serves
+optimized models.
 """
 
 from __future__ import annotations
@@ -93,7 +97,9 @@ def load() -> Native:
         if _native is None:
             import tensorflow as tf
 
-            native_dir = native_build.ensure_built()
+            native_dir = native_build.native_dir(tf.__version__)
+            for warning in native_build.check_built(native_dir):
+                logger.warning("%s", warning)
             ops_lib = native_build.ops_lib_path(native_dir)
             ops = tf.load_op_library(str(ops_lib))
             # Imported only now, so that its dependency on libdisc_tf_ops.so is
@@ -107,7 +113,4 @@ def load() -> Native:
 
 def ral_include_dir() -> pathlib.Path:
     """Directory containing ``disc_ral.h`` for compiling cluster artifacts."""
-    inc = native_build.include_dir()
-    if not (inc / native_build.RAL_HEADER_NAME).is_file():
-        native_build.ensure_built()
-    return inc
+    return native_build.include_dir(load().native_dir)

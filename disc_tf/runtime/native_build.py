@@ -1,6 +1,9 @@
-"""Builds the native part of disc_tf.
+"""Builds the native part of disc_tf (an explicit step: ``make``, ``pip install``
+or ``python -m disc_tf.runtime.native_build``; importing disc_tf never builds).
 
-Outputs, all in ``disc_tf/_native/``:
+Outputs, all in ``disc_tf/_native/<environment tag>/`` (``cpython-311-tf2.21.0``:
+the Python ABI and TensorFlow version they are built for, so that two virtual
+environments sharing one checkout never rebuild each other's library):
 
 * ``libdisc_tf_ops.so``: the DiscCluster op, its kernel, the TensorFlow-backed
   runtime abstraction layer, the artifact loader and the runtime counters
@@ -9,8 +12,10 @@ Outputs, all in ``disc_tf/_native/``:
   linked against ``libdisc_tf_ops.so`` (rpath ``$ORIGIN``) so both share the
   same counters;
 * ``include/disc_ral.h``: the header generated cluster code compiles against;
-* ``build.stamp``: a hash of every input (sources, headers, flags, compiler,
-  TensorFlow version); the build is skipped while it matches.
+* ``build.stamp`` (JSON): a hash of every input (sources, headers, flags,
+  compiler, TensorFlow version; no paths of the environment), by which the build
+  is skipped while it matches, and the hash of the sources alone, which
+  ``check_built`` compares at import (a mismatch warns; it does not build).
 
 The build is safe to run from several processes at once: it holds an
 ``fcntl`` lock on ``disc_tf/_native/.build.lock``, compiles into a temporary
@@ -43,7 +48,7 @@ logger = logging.getLogger("disc_tf.runtime")
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
 CC_DIR = REPO_ROOT / "cc"
-NATIVE_DIR = PACKAGE_DIR / "_native"
+NATIVE_ROOT = PACKAGE_DIR / "_native"
 
 OPS_LIB_NAME = "libdisc_tf_ops.so"
 PY_MODULE_NAME = "_disc_py"
@@ -63,24 +68,46 @@ ISA_SOURCES = {
 }
 
 
+REBUILD_HINT = ("python -m disc_tf.runtime.native_build (or `make native` in a checkout, "
+                "or `pip install .`)")
+
+
+class NativeLibraryError(ImportError):
+    """The native libraries for this environment are missing or unusable."""
+
+
+def env_tag(tf_version: str | None = None) -> str:
+    """What the native libraries are built for: Python ABI and TensorFlow version."""
+    if tf_version is None:
+        import tensorflow as tf
+
+        tf_version = tf.__version__
+    return f"{sys.implementation.cache_tag}-tf{tf_version}"
+
+
+def native_dir(tf_version: str | None = None) -> pathlib.Path:
+    """Directory of this environment's native libraries."""
+    return NATIVE_ROOT / env_tag(tf_version)
+
+
 def py_module_filename() -> str:
     """File name of the pybind11 module for this interpreter."""
     return PY_MODULE_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 
 
-def ops_lib_path(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+def ops_lib_path(out_dir: pathlib.Path) -> pathlib.Path:
     """Path of the built op library."""
-    return native_dir / OPS_LIB_NAME
+    return out_dir / OPS_LIB_NAME
 
 
-def py_module_path(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+def py_module_path(out_dir: pathlib.Path) -> pathlib.Path:
     """Path of the built pybind11 module."""
-    return native_dir / py_module_filename()
+    return out_dir / py_module_filename()
 
 
-def include_dir(native_dir: pathlib.Path = NATIVE_DIR) -> pathlib.Path:
+def include_dir(out_dir: pathlib.Path) -> pathlib.Path:
     """Directory holding the installed copy of ``disc_ral.h``."""
-    return native_dir / "include"
+    return out_dir / "include"
 
 
 @dataclass(frozen=True)
@@ -97,24 +124,40 @@ class BuildConfig:
     headers: tuple[pathlib.Path, ...]
 
     def stamp(self) -> str:
-        """A hash of all sources, flags and tool versions."""
+        """A hash of all sources, flags and tool versions (no paths of the
+        environment: two venvs with one TensorFlow version share the build)."""
         h = hashlib.sha256()
         meta = {
             "cxx": self.cxx,
             "cxx_version": _compiler_version(self.cxx),
             "base_flags": _BASE_CXXFLAGS,
             "isa_flags": ISA_SOURCES,
-            "tf_compile_flags": self.tf_compile_flags,
-            "tf_link_flags": self.tf_link_flags,
+            "tf_compile_flags": _without_paths(self.tf_compile_flags),
+            "tf_link_flags": _without_paths(self.tf_link_flags),
             "tf_version": self.tf_version,
-            "py_includes": self.py_includes,
             "ext_suffix": py_module_filename(),
         }
         h.update(json.dumps(meta, sort_keys=True).encode())
-        for path in sorted(self.ops_sources + self.py_sources + self.headers):
-            h.update(b"\0" + str(path.relative_to(REPO_ROOT)).encode() + b"\0")
-            h.update(path.read_bytes())
+        h.update(self.sources_hash().encode())
         return h.hexdigest()
+
+    def sources_hash(self) -> str:
+        """A hash of the sources and headers alone."""
+        return sources_hash(self.ops_sources + self.py_sources + self.headers)
+
+
+def sources_hash(paths: Sequence[pathlib.Path]) -> str:
+    """A hash of ``paths`` (names relative to the checkout, and contents)."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(b"\0" + str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _without_paths(flags: Sequence[str]) -> list[str]:
+    """Compiler or linker flags without the include and library directories."""
+    return [f for f in flags if not f.startswith(("-I", "-L", "-Wl,-rpath"))]
 
 
 def _compiler_version(cxx: str) -> str:
@@ -135,13 +178,22 @@ def _sources(pattern_dirs: Sequence[pathlib.Path], suffix: str) -> list[pathlib.
     return files
 
 
+_OPS_DIRS = (CC_DIR / "ral", CC_DIR / "kernels")
+_PY_DIRS = (CC_DIR / "python",)
+
+
+def checkout_sources() -> list[pathlib.Path]:
+    """The native sources and headers of this checkout (none in an installed package)."""
+    dirs = [*_OPS_DIRS, *_PY_DIRS]
+    return _sources(dirs, ".cc") + _sources(dirs, ".h")
+
+
 def make_config() -> BuildConfig:
     """Collects sources and compiler flags (imports TensorFlow and pybind11)."""
     import pybind11
     import tensorflow as tf
 
-    ops_dirs = [CC_DIR / "ral", CC_DIR / "kernels"]
-    py_dirs = [CC_DIR / "python"]
+    ops_dirs, py_dirs = list(_OPS_DIRS), list(_PY_DIRS)
     py_includes = [pybind11.get_include(), sysconfig.get_paths()["include"]]
     plat_include = sysconfig.get_paths().get("platinclude")
     if plat_include and plat_include not in py_includes:
@@ -158,24 +210,55 @@ def make_config() -> BuildConfig:
     )
 
 
-def _read_stamp(native_dir: pathlib.Path) -> str | None:
+def read_stamp(out_dir: pathlib.Path) -> dict:
+    """The stamp of the build in ``out_dir`` (empty if missing or unreadable)."""
     try:
-        return (native_dir / STAMP_NAME).read_text().strip()
-    except OSError:
-        return None
+        stamp = json.loads((out_dir / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
 
 
-def _outputs_exist(native_dir: pathlib.Path) -> bool:
+def _outputs_exist(out_dir: pathlib.Path) -> bool:
     return (
-        ops_lib_path(native_dir).is_file()
-        and py_module_path(native_dir).is_file()
-        and (include_dir(native_dir) / RAL_HEADER_NAME).is_file()
+        ops_lib_path(out_dir).is_file()
+        and py_module_path(out_dir).is_file()
+        and (include_dir(out_dir) / RAL_HEADER_NAME).is_file()
     )
 
 
-def is_up_to_date(config: BuildConfig, native_dir: pathlib.Path = NATIVE_DIR) -> bool:
+def is_up_to_date(config: BuildConfig, out_dir: pathlib.Path) -> bool:
     """True if the outputs exist and were built from exactly these inputs."""
-    return _outputs_exist(native_dir) and _read_stamp(native_dir) == config.stamp()
+    return _outputs_exist(out_dir) and read_stamp(out_dir).get("inputs") == config.stamp()
+
+
+def check_built(out_dir: pathlib.Path) -> list[str]:
+    """Checks, without building, that ``out_dir`` holds libraries this process can
+    load. Raises NativeLibraryError (naming the command that builds them) if they
+    are missing or were built for another Python or TensorFlow; returns warnings
+    for a build that is only older than the checkout's sources (it is used)."""
+    if not _outputs_exist(out_dir):
+        raise NativeLibraryError(
+            f"disc_tf: the native libraries for this environment ({out_dir.name}) are not "
+            f"built in {out_dir}; build them with: {REBUILD_HINT}")
+    stamp = read_stamp(out_dir)
+    for key, want in (("ext_suffix", py_module_filename()),
+                      ("tf_version", out_dir.name.rsplit("-tf", 1)[-1])):
+        if key in stamp and stamp[key] != want:
+            raise NativeLibraryError(
+                f"disc_tf: the native libraries in {out_dir} were built for {key} "
+                f"{stamp[key]!r}, this environment has {want!r}; rebuild with: {REBUILD_HINT}")
+    sources = checkout_sources()
+    if not sources:
+        return []  # an installed package: no sources to compare with
+    if not stamp:
+        return [f"disc_tf: {out_dir / STAMP_NAME} is missing or unreadable; using the native "
+                f"libraries as they are (rebuild with: {REBUILD_HINT})"]
+    if stamp.get("sources") != sources_hash(sources):
+        return [f"disc_tf: the native libraries in {out_dir} were built from other sources "
+                f"than the checkout's {CC_DIR}; using them as they are (rebuild with: "
+                f"{REBUILD_HINT})"]
+    return []
 
 
 @contextlib.contextmanager
@@ -212,7 +295,9 @@ def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
     # What the outputs are built from, read before compiling: a source edited
     # while the build runs then leaves a stamp that no longer matches it (so the
     # next build runs again), never fresh-looking outputs of the old source.
-    stamp = config.stamp()
+    stamp = json.dumps({"inputs": config.stamp(), "sources": config.sources_hash(),
+                        "tf_version": config.tf_version, "ext_suffix": py_module_filename()},
+                       sort_keys=True)
     header = (CC_DIR / "ral" / RAL_HEADER_NAME).read_bytes()
     cflags = _compile_flags(config)
     py_cflags = cflags + [f"-I{p}" for p in config.py_includes]
@@ -258,36 +343,32 @@ def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:
         os.replace(stamp_tmp, native_dir / STAMP_NAME)
 
 
-def build(force: bool = False, native_dir: pathlib.Path = NATIVE_DIR) -> bool:
-    """Builds the native outputs unless they are up to date.
+def build(force: bool = False, out_dir: pathlib.Path | None = None) -> bool:
+    """Builds the native outputs (into this environment's ``native_dir()`` unless
+    ``out_dir`` is given) unless they are up to date.
 
     Returns True if a build ran. Raises RuntimeError if compiling fails or, for
     an installation without sources, if the prebuilt outputs are missing.
     """
+    out_dir = out_dir or native_dir()
     if not (CC_DIR / "ral" / RAL_HEADER_NAME).is_file():
-        if _outputs_exist(native_dir):
+        if _outputs_exist(out_dir):
             return False  # installed package without sources: use prebuilt
         raise RuntimeError(
             f"disc_tf native sources not found under {CC_DIR} and no prebuilt "
-            f"libraries in {native_dir}"
+            f"libraries in {out_dir}"
         )
     config = make_config()
-    if not force and is_up_to_date(config, native_dir):
+    if not force and is_up_to_date(config, out_dir):
         return False
-    with _build_lock(native_dir):
-        if not force and is_up_to_date(config, native_dir):
+    with _build_lock(out_dir):
+        if not force and is_up_to_date(config, out_dir):
             return False  # another process built it while we waited
         start = time.monotonic()
-        logger.info("building disc_tf native libraries in %s", native_dir)
-        _build(config, native_dir)
+        logger.info("building disc_tf native libraries in %s", out_dir)
+        _build(config, out_dir)
         logger.info("built disc_tf native libraries in %.1fs", time.monotonic() - start)
     return True
-
-
-def ensure_built() -> pathlib.Path:
-    """Builds the native outputs if needed; returns the ``_native`` directory."""
-    build()
-    return NATIVE_DIR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -299,10 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     built = build(force=args.force)
     elapsed = time.monotonic() - start
+    out_dir = native_dir()
     if built:
-        print(f"built {ops_lib_path()} and {py_module_path()} in {elapsed:.1f}s")
+        print(f"built {ops_lib_path(out_dir)} and {py_module_path(out_dir)} in {elapsed:.1f}s")
     else:
-        print(f"up to date: {NATIVE_DIR}")
+        print(f"up to date: {out_dir}")
     return 0
 
 
