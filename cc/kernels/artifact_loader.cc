@@ -5,7 +5,6 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -19,9 +18,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -249,73 +249,28 @@ absl::Status LoadFromMemfd(absl::string_view bytes, const std::string& sha,
   return s;
 }
 
-std::string CacheRoot() {
-  const char* env = std::getenv("DISC_TF_CACHE_DIR");
-  if (env != nullptr && env[0] != '\0') return env;
-  const char* home = std::getenv("HOME");
-  std::string h = (home != nullptr && home[0] != '\0') ? home : "";
-  if (h.empty()) {
-    struct passwd* pw = ::getpwuid(::getuid());
-    if (pw != nullptr && pw->pw_dir != nullptr) h = pw->pw_dir;
-  }
-  if (h.empty()) h = "/tmp";
-  return h + "/.cache/disc_tf";
-}
-
-// mkdir -p; directories created here get mode 0700.
-absl::Status MakeDirs(const std::string& dir) {
-  if (dir.empty()) return absl::OkStatus();
-  std::string cur;
-  size_t pos = 0;
-  while (pos <= dir.size()) {
-    size_t next = dir.find('/', pos);
-    if (next == std::string::npos) next = dir.size();
-    cur = dir.substr(0, next);
-    pos = next + 1;
-    if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) {
-      return absl::InternalError(
-          absl::StrCat("mkdir ", cur, ": ", ErrnoString(errno)));
-    }
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InternalError(absl::StrCat(dir, " is not a directory"));
-  }
-  return absl::OkStatus();
-}
-
-// Loads through $DISC_TF_CACHE_DIR/artifacts/<sha>.so (temp file + rename).
-absl::Status LoadFromCacheFile(absl::string_view bytes, const std::string& sha,
-                               LoadedArtifact* art) {
-  const std::string dir = CacheRoot() + "/artifacts";
-  absl::Status s = MakeDirs(dir);
-  if (!s.ok()) return s;
-  const std::string final_path = absl::StrCat(dir, "/", sha, ".so");
-  std::random_device rd;
-  const std::string tmp_path = absl::StrCat(final_path, ".tmp.", ::getpid(),
-                                            ".", static_cast<uint32_t>(rd()));
-  const int fd =
-      ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0700);
+// Loads through an unnamed file (O_TMPFILE) in $TMPDIR (else /tmp), for hosts
+// where memfd_create is missing or disabled (DISC_TF_NO_MEMFD). The file never
+// has a name, so nobody can open or swap it between the write and the dlopen of
+// /proc/self/fd/N; its fd stays open for the life of the process, like memfd's.
+absl::Status LoadFromUnnamedFile(absl::string_view bytes, const std::string& sha,
+                                 LoadedArtifact* art) {
+  const char* env = std::getenv("TMPDIR");
+  const std::string dir = (env != nullptr && env[0] != '\0') ? env : "/tmp";
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0700);
   if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("creating ", tmp_path, ": ", ErrnoString(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("unnamed file in ", dir, ": ", ErrnoString(errno)));
   }
-  s = WriteAll(fd, bytes, tmp_path);
-  if (::close(fd) != 0 && s.ok()) {
-    s = absl::InternalError(
-        absl::StrCat("closing ", tmp_path, ": ", ErrnoString(errno)));
-  }
-  if (s.ok() && ::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-    s = absl::InternalError(absl::StrCat("renaming ", tmp_path, " to ",
-                                         final_path, ": ",
-                                         ErrnoString(errno)));
-  }
+  absl::Status s = WriteAll(fd, bytes, "unnamed file");
   if (!s.ok()) {
-    ::unlink(tmp_path.c_str());
+    ::close(fd);
     return s;
   }
-  return OpenAndResolve(final_path, art);
+  (void)sha;
+  s = OpenAndResolve(absl::StrCat("/proc/self/fd/", fd), art);
+  if (!s.ok() && art->handle == nullptr) ::close(fd);
+  return s;
 }
 
 struct RegistryEntry {
@@ -361,6 +316,45 @@ absl::Status CheckElfBounds(absl::string_view bytes) {
       return absl::InvalidArgumentError("artifact segment lies outside the file (truncated?)");
     }
   }
+  // The entry points this kernel calls, defined and exported as functions in
+  // the dynamic symbol table (as disc_tf/runtime/elf_check.py checks them).
+  if (eh.e_shnum == 0 || eh.e_shentsize != sizeof(Elf64_Shdr)) {
+    return absl::InvalidArgumentError("artifact has no section headers");
+  }
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  std::memcpy(sections.data(), bytes.data() + eh.e_shoff, eh.e_shnum * sizeof(Elf64_Shdr));
+  std::set<std::string> exported;
+  for (const Elf64_Shdr& sh : sections) {
+    if (sh.sh_type != SHT_NOBITS && !within(sh.sh_offset, sh.sh_size)) {
+      return absl::InvalidArgumentError("artifact section lies outside the file (truncated?)");
+    }
+    if (sh.sh_type != SHT_DYNSYM) continue;
+    if (sh.sh_entsize != sizeof(Elf64_Sym) || sh.sh_link >= eh.e_shnum) {
+      return absl::InvalidArgumentError("artifact has a malformed dynamic symbol table");
+    }
+    const Elf64_Shdr& strtab = sections[sh.sh_link];
+    if (!within(strtab.sh_offset, strtab.sh_size)) {
+      return absl::InvalidArgumentError("artifact string table lies outside the file");
+    }
+    for (uint64_t at = 0; at + sizeof(Elf64_Sym) <= sh.sh_size; at += sizeof(Elf64_Sym)) {
+      Elf64_Sym sym;
+      std::memcpy(&sym, bytes.data() + sh.sh_offset + at, sizeof(sym));
+      const int bind = ELF64_ST_BIND(sym.st_info);
+      if (sym.st_shndx == SHN_UNDEF || ELF64_ST_TYPE(sym.st_info) != STT_FUNC ||
+          (bind != STB_GLOBAL && bind != STB_WEAK) || sym.st_name >= strtab.sh_size) {
+        continue;
+      }
+      const char* name = bytes.data() + strtab.sh_offset + sym.st_name;
+      exported.insert(std::string(name, strnlen(name, strtab.sh_size - sym.st_name)));
+    }
+  }
+  std::string missing;
+  for (const char* name : {"disc_abi_version", "disc_num_kernels", "disc_entry"}) {
+    if (!exported.count(name)) absl::StrAppend(&missing, " ", name);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("artifact does not export:", missing));
+  }
   return absl::OkStatus();
 }
 
@@ -383,7 +377,7 @@ RegistryEntry LoadUncached(absl::string_view bytes, const std::string& sha) {
       return entry;
     }
   }
-  absl::Status file_status = LoadFromCacheFile(bytes, sha, art.get());
+  absl::Status file_status = LoadFromUnnamedFile(bytes, sha, art.get());
   if (file_status.ok()) {
     entry.artifact = std::move(art);
     return entry;
@@ -393,7 +387,7 @@ RegistryEntry LoadUncached(absl::string_view bytes, const std::string& sha) {
   } else {
     entry.status = absl::InternalError(absl::StrCat(
         "could not load artifact ", sha, ": in-memory load: ",
-        mem_status.message(), "; cache file load: ", file_status.message()));
+        mem_status.message(), "; unnamed file load: ", file_status.message()));
   }
   return entry;
 }

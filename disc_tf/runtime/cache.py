@@ -1,15 +1,26 @@
-"""The on-disk artifact cache: content-addressed, atomic, locked, size-capped.
+"""The on-disk artifact cache: content-addressed, authenticated, atomic, locked,
+size-capped.
 
 Layout: ``<DISC_TF_CACHE_DIR>/<key[:2]>/<key>.so`` plus ``<key>.json`` (the
-artifact's metadata: its size and sha256). Writes go to a temp file and are
-renamed into place; a lock file per key makes concurrent processes build a
+artifact's metadata: its size, sha256 and an HMAC). Writes go to a temp file and
+are renamed into place; a lock file per key makes concurrent processes build a
 cluster once. Directories are 0700 and files 0600.
 
-Every lookup verifies the entry (metadata parses, size and sha256 of the bytes
-match it); a corrupt entry is logged, deleted and reported as a miss, so the
-caller rebuilds it. A hit touches the entry's mtime; after each store the
-least recently used entries are evicted, under a cache-wide lock, until the
-cache is within ``$DISC_TF_CACHE_MAX_BYTES`` (default 2 GiB).
+No one else may write the cache: a root that is not a directory owned by this
+user, or that group or others may write, is refused (one warning) for a private
+directory of this process. Every entry carries an HMAC-SHA256 of its key, bytes
+and kernel count under a per-user secret (``~/.config/disc_tf/cache.key``, or
+``$DISC_TF_CACHE_KEY_FILE``; 32 random bytes, 0600, owned by the user), so a
+``.so`` + ``.json`` pair planted by anyone without that secret is never used.
+
+Every lookup verifies the entry (metadata parses; size, sha256 and HMAC match
+the bytes); a corrupt entry is logged, deleted and reported as a miss, so the
+caller rebuilds it. A lookup takes no lock and writes nothing when asked not to
+(``repair=False``), so a read-only cache with valid entries serves them. Lock
+waits are bounded (``key_lock(key, timeout)`` yields whether it got the lock).
+A hit touches the entry's mtime; after each store the least recently used
+entries are evicted, under a cache-wide lock, until the cache is within
+``$DISC_TF_CACHE_MAX_BYTES`` (default 2 GiB).
 """
 
 from __future__ import annotations
@@ -18,11 +29,13 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import hmac
 import json
 import logging
 import os
 import pathlib
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -37,18 +50,100 @@ STALE_TEMP_SECONDS = 3600.0
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 
+#: Seconds a lock wait may take by default (``key_lock``'s callers pass their own).
+DEFAULT_LOCK_TIMEOUT = 300.0
+_HMAC_KEY_BYTES = 32
+
 _reported_lock = threading.Lock()
 _reported: set[tuple[str, str]] = set()
+_private: dict[str, pathlib.Path] = {}
+_secret: dict[str, bytes] = {}
+
+
+def _unsafe(path: pathlib.Path) -> str | None:
+    """Why another user could write ``path`` (None if only this user can)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory (or is a symbolic link)"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def cache_dir() -> pathlib.Path:
-    """``$DISC_TF_CACHE_DIR``, else ``~/.cache/disc_tf`` (created 0700)."""
+    """``$DISC_TF_CACHE_DIR``, else ``~/.cache/disc_tf`` (created 0700), if only this
+    user can write it; else (one warning) a private directory of this process."""
     root = os.environ.get("DISC_TF_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "disc_tf"
     )
     path = pathlib.Path(root)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = _unsafe(path)
+    except OSError as e:
+        problem = f"cannot be created or read ({e})"
+    if problem is None:
+        return path
+    with _reported_lock:
+        private = _private.get(root)
+        if private is None:
+            private = _private[root] = pathlib.Path(tempfile.mkdtemp(prefix="disc_tf_cache_"))
+            log.warning("artifact cache %s %s; using the private directory %s instead",
+                        root, problem, private)
+    return private
+
+
+def _key_file() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("DISC_TF_CACHE_KEY_FILE") or os.path.join(
+        os.path.expanduser("~"), ".config", "disc_tf", "cache.key"))
+
+
+def _read_secret(path: pathlib.Path) -> bytes:
+    """The secret in ``path``, created (0600) if absent; ValueError if anyone else
+    could have written or read it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(_HMAC_KEY_BYTES))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ValueError(f"is not owned by this user with mode 0600 "
+                             f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+        secret = f.read(_HMAC_KEY_BYTES + 1)
+    if len(secret) != _HMAC_KEY_BYTES:
+        raise ValueError(f"does not hold {_HMAC_KEY_BYTES} bytes")
+    return secret
+
+
+def _hmac_secret() -> bytes:
+    """This user's cache secret; a random one of this process (one warning) if it
+    cannot be kept safely, so that entries then only serve this process."""
+    path = _key_file()
+    with _reported_lock:
+        secret = _secret.get(str(path))
+        if secret is None:
+            try:
+                secret = _read_secret(path)
+            except (OSError, ValueError) as e:
+                secret = os.urandom(_HMAC_KEY_BYTES)
+                log.warning("artifact cache key file %s: %s; cached artifacts of other "
+                            "processes will not be used", path, e)
+            _secret[str(path)] = secret
+    return secret
+
+
+def entry_mac(key: str, sha256: str, num_kernels: int) -> str:
+    """The HMAC authenticating an entry: its key, bytes (by sha256) and kernel count."""
+    message = f"disc_tf cache entry 1\0{key}\0{sha256.lower()}\0{num_kernels}".encode()
+    return hmac.new(_hmac_secret(), message, hashlib.sha256).hexdigest()
 
 
 def max_bytes() -> int:
@@ -75,14 +170,15 @@ def _report_once(kind: str, what: str, msg: str, *args) -> None:
     log.warning(msg, *args)
 
 
-def _shard(key: str) -> pathlib.Path:
+def _shard(key: str, create: bool = True) -> pathlib.Path:
     d = cache_dir() / key[:2]
-    d.mkdir(mode=0o700, exist_ok=True)
+    if create:
+        d.mkdir(mode=0o700, exist_ok=True)
     return d
 
 
-def _paths(key: str) -> tuple[pathlib.Path, pathlib.Path]:
-    d = _shard(key)
+def _paths(key: str, create: bool = True) -> tuple[pathlib.Path, pathlib.Path]:
+    d = _shard(key, create)
     return d / f"{key}.so", d / f"{key}.json"
 
 
@@ -92,7 +188,7 @@ def _remove(*paths: pathlib.Path) -> None:
             p.unlink()
 
 
-def _check(data: bytes, raw_meta: str) -> tuple[dict | None, str | None]:
+def _check(key: str, data: bytes, raw_meta: str) -> tuple[dict | None, str | None]:
     """(metadata, None) for a sound entry, else (None, what is wrong)."""
     try:
         info = json.loads(raw_meta)
@@ -107,32 +203,41 @@ def _check(data: bytes, raw_meta: str) -> tuple[dict | None, str | None]:
         return None, f"sha256 of the bytes != recorded {sha!r}"
     if not isinstance(info.get("num_kernels"), int):
         return None, "metadata lacks num_kernels"
+    mac = info.get("hmac")
+    if not isinstance(mac, str) or not hmac.compare_digest(
+            mac, entry_mac(key, sha, info["num_kernels"])):
+        return None, "not authenticated by this user's cache key (HMAC mismatch)"
     return info, None
 
 
-def lookup(key: str) -> tuple[bytes, dict] | None:
+def lookup(key: str, repair: bool = True) -> tuple[bytes, dict] | None:
     """The cached (artifact bytes, metadata) of ``key``, or None.
 
-    A corrupt entry is logged (once per process), deleted and reported
-    as a miss. Call under ``key_lock(key)``.
+    With ``repair`` (call under ``key_lock(key)``), a corrupt entry is logged
+    (once per process), deleted and reported as a miss. Without it, nothing is
+    written or deleted (no lock needed; a read-only cache is read this way): a
+    corrupt entry, or one being replaced while read, is just a miss.
     """
-    so, meta = _paths(key)
+    so, meta = _paths(key, create=False)
     try:
         data = so.read_bytes()
         raw_meta = meta.read_text(errors="replace")
     except FileNotFoundError:
         return None  # absent, or half of an entry whose writer died: rebuilt
     except OSError as e:
-        _report_once("unreadable", key, "artifact cache entry %s is unreadable (%s); rebuilding",
-                     so, e)
-        _remove(so, meta)
+        if repair:
+            _report_once("unreadable", key, "artifact cache entry %s is unreadable (%s); "
+                         "rebuilding", so, e)
+            _remove(so, meta)
         return None
-    info, problem = _check(data, raw_meta)
+    info, problem = _check(key, data, raw_meta)
     if info is None:
-        # Logged once per entry and problem, even if the entry cannot be deleted.
-        _report_once("corrupt", f"{key}: {problem}",
-                     "artifact cache entry %s is corrupt: %s; deleted, rebuilding", so, problem)
-        _remove(so, meta)
+        if repair:  # logged once per entry and problem, even if it cannot be deleted
+            _report_once("corrupt", f"{key}: {problem}",
+                         "artifact cache entry %s is corrupt: %s; deleted, rebuilding", so,
+                         problem)
+            with contextlib.suppress(OSError):
+                _remove(so, meta)
         return None
     now = time.time()
     for p in (so, meta):  # least recently used entries are evicted first
@@ -155,13 +260,15 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
 
 
 def store(key: str, data: bytes, info: dict) -> None:
-    """Stores an artifact and its metadata under ``key``, then evicts down to the cap.
+    """Stores an artifact and its metadata (with the entry's HMAC) under ``key``,
+    then evicts down to the cap. ``info`` holds ``sha256`` and ``num_kernels``.
 
-    Call under ``key_lock(key)``.
+    Call under ``key_lock(key)``. Raises OSError (e.g. ENOSPC) if it cannot store.
     """
     so, meta = _paths(key)
+    mac = entry_mac(key, info["sha256"], info["num_kernels"])
     _atomic_write(so, data)
-    _atomic_write(meta, json.dumps({**info, "size": len(data)}, indent=1).encode())
+    _atomic_write(meta, json.dumps({**info, "size": len(data), "hmac": mac}, indent=1).encode())
     try:
         evict(keep=key)
     except OSError as e:  # a full or read-only cache must not fail a build
@@ -237,7 +344,9 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
     limit = max_bytes() if limit is None else limit
     root = cache_dir()
     evicted: list[str] = []
-    with _cache_lock(root):
+    with _cache_lock(root) as locked:
+        if not locked:
+            return evicted
         _remove_stale_temps(root)
         found = entries()
         total = sum(size for _, size, _ in found)
@@ -258,22 +367,52 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_file: pathlib.Path) -> Iterator[None]:
-    """Holds an exclusive ``flock`` on ``lock_file`` (created 0600)."""
-    with open(lock_file, "a") as f:
-        os.fchmod(f.fileno(), 0o600)
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _exclusive(lock_file: pathlib.Path, timeout: float) -> Iterator[bool]:
+    """Holds an exclusive ``flock`` on ``lock_file`` (created 0600), waiting at most
+    ``timeout`` seconds; yields whether it holds it (not when the file cannot be
+    opened, e.g. in a read-only cache, or the wait timed out)."""
+    try:
+        f = open(lock_file, "a")
+    except OSError as e:
+        _report_once("lock", str(lock_file.parent), "artifact cache lock %s cannot be created "
+                     "(%s); going on without it", lock_file, e)
+        yield False
+        return
+    with f:
+        with contextlib.suppress(OSError):
+            os.fchmod(f.fileno(), 0o600)
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                log.warning("artifact cache lock %s still held after %.0fs; going on without it",
+                            lock_file, timeout)
+                yield False
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _cache_lock(root: pathlib.Path):
+def _cache_lock(root: pathlib.Path, timeout: float = DEFAULT_LOCK_TIMEOUT):
     """The cache-wide lock (eviction)."""
-    return _exclusive(root / ".lock")
+    return _exclusive(root / ".lock", timeout)
 
 
-def key_lock(key: str):
-    """Holds an exclusive inter-process lock for ``key``."""
-    return _exclusive(_shard(key) / f"{key}.lock")
+def key_lock(key: str, timeout: float = DEFAULT_LOCK_TIMEOUT):
+    """An exclusive inter-process lock for ``key``, waited for at most ``timeout``
+    seconds: a context manager yielding whether it is held."""
+    try:
+        shard = _shard(key)
+    except OSError:  # a read-only cache: no lock file can be made
+        shard = cache_dir() / key[:2]
+    return _exclusive(shard / f"{key}.lock", timeout)

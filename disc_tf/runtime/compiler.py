@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from disc_tf.runtime import cache, native
+from disc_tf.runtime import cache, elf_check, native
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -174,28 +174,55 @@ def build(source: str, name: str, num_kernels: int, target: str = "cpu") -> Arti
                         lambda: _run_compiler(source, name))
 
 
+def _hit(key: str, name: str, target: str, repair: bool) -> Artifact | None:
+    """The cached artifact of ``key`` if it is sound (``cache.lookup``) and loadable."""
+    hit = cache.lookup(key, repair=repair)
+    if hit is None:
+        return None
+    data, info = hit
+    problem = elf_check.artifact_problem(data, target)
+    if problem is not None:  # authentic but not loadable: an older disc_tf's, or a bug
+        log.warning("cluster %s: cached artifact %s is not loadable (%s); rebuilding", name,
+                    key[:12], problem)
+        return None
+    native.load().py.add_stat("cache_hits", 1)
+    log.info("cluster %s: %s artifact %s from cache", name, target, key[:12])
+    return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
+
+
 def cached_build(key: str, name: str, num_kernels: int, target: str,
                  compile_fn: Callable[[], bytes]) -> Artifact:
     """The artifact stored under ``key``, or ``compile_fn()``'s bytes stored there.
 
-    Holds the key's lock, so concurrent processes compile once; counts
-    ``compilations`` or ``cache_hits``.
+    A sound entry is read without a lock (so a read-only cache serves); else the
+    key's lock is taken (waiting at most the compile timeout), so concurrent
+    processes compile once. The compiler's output must be a loadable artifact of
+    ``target`` (CompileError otherwise). A store that fails (a full disk, a
+    read-only cache) only warns: the artifact is returned, and travels in the
+    model. Counts ``compilations`` or ``cache_hits``.
     """
-    stats = native.load().py
+    hit = _hit(key, name, target, repair=False)
+    if hit is not None:
+        return hit
     start = time.perf_counter()
-    with cache.key_lock(key):
-        hit = cache.lookup(key)
+    with cache.key_lock(key, compile_timeout()) as locked:
+        hit = _hit(key, name, target, repair=locked)
         if hit is not None:
-            data, info = hit
-            stats.add_stat("cache_hits", 1)
-            log.info("cluster %s: %s artifact %s from cache", name, target, key[:12])
-            return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
+            return hit
         data = compile_fn()
+        problem = elf_check.artifact_problem(data, target)
+        if problem is not None:
+            raise CompileError(f"cluster {name}: the compiler exited 0 but its output is not a "
+                               f"loadable {target} artifact: {problem}")
         seconds = time.perf_counter() - start
         sha = hashlib.sha256(data).hexdigest()
-        cache.store(key, data, {"sha256": sha, "num_kernels": num_kernels, "name": name,
-                                "compile_seconds": seconds, "target": target})
-    stats.add_stat("compilations", 1)
+        try:
+            cache.store(key, data, {"sha256": sha, "num_kernels": num_kernels, "name": name,
+                                    "compile_seconds": seconds, "target": target})
+        except OSError as e:
+            log.warning("cluster %s: artifact not stored in the cache (%s); it is kept in "
+                        "memory and in the model", name, e)
+    native.load().py.add_stat("compilations", 1)
     log.info("cluster %s: %s artifact compiled in %.2fs (%d kernels)", name, target, seconds,
              num_kernels)
     return Artifact(data, sha, num_kernels, key, False, seconds)

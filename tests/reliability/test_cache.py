@@ -58,12 +58,19 @@ def _corrupt(case: str, so: pathlib.Path, meta: pathlib.Path) -> None:
         so.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     elif case == "wrong_recorded_sha":
         meta.write_text(json.dumps({**info, "sha256": "0" * 64}))
+    elif case == "json_rewritten_to_match":  # bytes changed, size and sha recorded anew
+        data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        so.write_bytes(data)
+        meta.write_text(json.dumps({**info, "size": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()}))
+    elif case == "no_hmac":
+        meta.write_text(json.dumps({k: v for k, v in info.items() if k != "hmac"}))
     else:
         raise AssertionError(case)
 
 
 CORRUPTIONS = ["truncated_so", "empty_so", "bad_json", "json_not_object", "size_mismatch",
-               "sha_mismatch", "wrong_recorded_sha"]
+               "sha_mismatch", "wrong_recorded_sha", "json_rewritten_to_match", "no_hmac"]
 
 
 def test_store_lookup_modes(cache_root: pathlib.Path) -> None:
@@ -219,7 +226,8 @@ def _fn():
     return f
 
 
-@pytest.mark.parametrize("case", ["truncated_so", "sha_mismatch", "bad_json"])
+@pytest.mark.parametrize("case", ["truncated_so", "sha_mismatch", "bad_json",
+                                  "json_rewritten_to_match"])
 def test_corrupt_cached_cluster_is_rebuilt_end_to_end(cache_root: pathlib.Path, case: str) -> None:
     x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
     disc_tf.reset_stats()
@@ -246,7 +254,10 @@ def test_corrupt_cached_cluster_is_rebuilt_end_to_end(cache_root: pathlib.Path, 
 
 
 def test_compiler_build_counts_a_hit_after_a_rebuild(cache_root: pathlib.Path) -> None:
-    source = 'extern "C" int disc_probe(void) { return 7; }\n'
+    source = ("#include <stdint.h>\n"
+              'extern "C" int32_t disc_abi_version(void) { return 4; }\n'
+              'extern "C" int32_t disc_num_kernels(void) { return 7; }\n'
+              'extern "C" int32_t disc_entry(void*) { return 0; }\n')
     disc_tf.reset_stats()
     a = compiler.build(source, "probe", 0)
     b = compiler.build(source, "probe", 0)

@@ -20,7 +20,11 @@ from tests.reliability import models
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
-SOURCE = 'extern "C" int disc_probe(void) { return 42; }\n'
+#: The smallest loadable CPU artifact: the three entry points, no kernels.
+SOURCE = ("#include <stdint.h>\n"
+          'extern "C" int32_t disc_abi_version(void) { return 4; }\n'
+          'extern "C" int32_t disc_num_kernels(void) { return 0; }\n'
+          'extern "C" int32_t disc_entry(void*) { return 42; }\n')
 
 
 @pytest.fixture()

@@ -1,0 +1,80 @@
+"""Checks that bytes are a loadable artifact before anyone ``dlopen``s them.
+
+A shared object whose segments lie past its end loads with ``dlopen`` and then
+dies with SIGBUS on first touch; one without the entry points loads and is
+useless. Both are refused here, from the ELF headers alone (no loading): every
+program and section header lies inside the file, and the dynamic symbol table
+exports the functions the runtime calls for the artifact's target. The
+``DiscCluster`` op repeats the same checks in C++ (``artifact_loader.cc``).
+"""
+
+from __future__ import annotations
+
+import struct
+
+#: Functions an artifact of each target exports (C linkage).
+REQUIRED_SYMBOLS = {
+    "cpu": ("disc_abi_version", "disc_num_kernels", "disc_entry"),
+    "cuda": ("disc_abi_version", "disc_num_kernels", "disc_cuda_entry"),
+}
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SYM = struct.Struct("<IBBHQQ")
+_PT_LOAD, _ET_DYN, _SHT_DYNSYM = 1, 3, 11
+
+
+def exported_functions(data: bytes) -> set[str]:
+    """Names of the functions ``data`` (a 64-bit little-endian ELF shared object)
+    defines and exports. Raises ValueError naming what is wrong with it."""
+    size = len(data)
+
+    def within(offset: int, length: int) -> bool:
+        return 0 <= offset <= size and 0 <= length <= size - offset
+
+    if size < _EHDR.size or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    (_, e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+     _) = _EHDR.unpack_from(data)
+    if e_type != _ET_DYN:
+        raise ValueError("not a shared object")
+    if phentsize != _PHDR.size or not within(phoff, phnum * _PHDR.size):
+        raise ValueError("program headers lie outside the file")
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz, _, _ = _PHDR.unpack_from(data, phoff + i * _PHDR.size)
+        if p_type == _PT_LOAD and not within(p_offset, p_filesz):
+            raise ValueError("a loadable segment lies outside the file (truncated?)")
+    if shnum == 0 or shentsize != _SHDR.size or not within(shoff, shnum * _SHDR.size):
+        raise ValueError("section headers are missing or lie outside the file")
+    sections = [_SHDR.unpack_from(data, shoff + i * _SHDR.size) for i in range(shnum)]
+    for _, sh_type, _, _, offset, length, _, _, _, _ in sections:
+        if sh_type != 8 and not within(offset, length):  # 8: SHT_NOBITS (.bss)
+            raise ValueError("a section lies outside the file (truncated?)")
+    names: set[str] = set()
+    for _, sh_type, _, _, offset, length, link, _, _, entsize in sections:
+        if sh_type != _SHT_DYNSYM:
+            continue
+        if entsize != _SYM.size or link >= shnum:
+            raise ValueError("malformed dynamic symbol table")
+        str_off, str_len = sections[link][4], sections[link][5]
+        for at in range(offset, offset + length - _SYM.size + 1, _SYM.size):
+            st_name, st_info, _, st_shndx, _, _ = _SYM.unpack_from(data, at)
+            if st_shndx == 0 or st_info >> 4 not in (1, 2) or st_info & 0xF != 2:
+                continue  # undefined, local, or not a function
+            if st_name >= str_len:
+                raise ValueError("a symbol name lies outside its string table")
+            end = data.find(b"\0", str_off + st_name, str_off + str_len)
+            names.add(data[str_off + st_name:end if end >= 0 else str_off + str_len].decode(
+                "ascii", "replace"))
+    return names
+
+
+def artifact_problem(data: bytes, target: str) -> str | None:
+    """Why ``data`` is not a loadable artifact of ``target`` (None if it is)."""
+    try:
+        exported = exported_functions(data)
+    except ValueError as e:
+        return str(e)
+    missing = [s for s in REQUIRED_SYMBOLS.get(target, REQUIRED_SYMBOLS["cpu"]) if s not in exported]
+    return f"does not export {', '.join(missing)}" if missing else None
