@@ -106,6 +106,20 @@ def _nonnegative_check(plan: FusionPlan, check, lines: list[str]) -> None:
     lines.append("  }")
 
 
+_C_PREDICATES = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "sge": ">="}
+
+
+def _require_check(plan: FusionPlan, check, lines: list[str]) -> None:
+    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    text = check.message.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    a, b = (sym(s, plan) for s in check.result)
+    lines.append(f"  // TF op '{comment(check.tf_node)}': {comment(check.message)}")
+    lines.append(f"  if (!({a} {_C_PREDICATES[check.predicate]} {b})) {{")
+    lines.append(f'    snprintf(msg, sizeof(msg), "TF op \'{tf}\': {text}: %lld", (long long){a});')
+    lines.append("    return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+    lines.append("  }")
+
+
 def _slice_check(plan: FusionPlan, check, lines: list[str]) -> None:
     tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     start, limit, dims = check.operands
@@ -169,6 +183,9 @@ def host_checks(plan: FusionPlan, lines: list[str]) -> None:
             continue
         if check.kind == "slice":
             _slice_check(plan, check, lines)
+            continue
+        if check.kind == "require":
+            _require_check(plan, check, lines)
             continue
         shapes = check.operands + ([check.result] if check.kind == "expand" else [])
         tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"')

@@ -259,12 +259,41 @@ class DhloBuilder:
         )
         return ssa
 
+    def require(self, predicate: str, a: str, b: str, message: str) -> None:
+        """``shape.cstr_require`` that ``a <predicate> b`` (host ``index`` scalars):
+        the host fails the call with TF op '<node>': ``message`` (and ``a``) if not."""
+        x, y = self.index_values.get(a), self.index_values.get(b)
+        if x is not None and y is not None:
+            return  # known at compile time
+        preds = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
+        cond = self._fresh("p")
+        self.lines.append(
+            f'{cond} = "arith.cmpi"({a}, {b}) {{predicate = {preds[predicate]} : i64}} : '
+            f"(index, index) -> i1 {self._loc()}"
+        )
+        text = message.replace("\\", "\\\\").replace('"', '\\"')
+        self.lines.append(
+            f'{self._fresh("w")} = "shape.cstr_require"({cond}) {{msg = "{text}"}} : (i1) -> '
+            f"!shape.witness {self._loc()}"
+        )
+
+    def require_int32(self, value: str) -> None:
+        """The host checks that ``value`` (the host scalar of an int32 result) fits
+        in int32: TF computes such values in int32, so a larger one would have
+        wrapped (or, for Shape and Size, been refused) there."""
+        for predicate, bound in (("sle", 2**31 - 1), ("sge", -(2**31))):
+            self.require(predicate, value, self.index_const(bound),
+                         "int32 result out of range (TF computes it in 32 bits)")
+
     def host_tensor(self, elements: list[str], elem: str, rank: int,
                     dims: tuple | None = None) -> TValue:
         """A rank-0 or rank-1 integer tensor of host ``index`` scalars (a shape or
-        size computed on the host); it keeps the scalars for shape consumers."""
+        size computed on the host); it keeps the scalars for shape consumers. The
+        host checks that an int32 tensor's scalars fit in int32."""
         scalars = []
         for e in elements:
+            if elem == "i32":
+                self.require_int32(e)
             wide = self._fresh("n")
             self.lines.append(f'{wide} = "arith.index_cast"({e}) : (index) -> i64 {self._loc()}')
             if elem != "i64":

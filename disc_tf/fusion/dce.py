@@ -4,7 +4,8 @@ eliminated.
 TF prunes ops whose results nobody reads; so must a cluster. Otherwise a dead
 op would still be computed and, worse, its shape checks could reject inputs
 TF accepts. Constraint ops (``shape.cstr_*``) have no users: they stay exactly
-when the TF op they check stays.
+when the TF op they check stays, or (``shape.cstr_require`` on a host value,
+such as an int32 shape value's range) when the value they check is live.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ def eliminate_dead_code(func: DFunc) -> DFunc:
     """``func`` without the ops that no result (or live TF op's check) needs."""
     live_values = set(func.returns)
     live_nodes: set[str] = set()
+    producer = {r: op for op in func.ops for r in op.results}
+
+    def checks_live_value(op) -> bool:
+        """A ``shape.cstr_require`` of ``a <predicate> bound`` whose ``a`` is live."""
+        cond = producer.get(op.operands[0]) if op.name == "shape.cstr_require" else None
+        return cond is not None and cond.operands[0] in live_values
     kept: set[int] = set()
     changed = True
     while changed:
@@ -28,7 +35,7 @@ def eliminate_dead_code(func: DFunc) -> DFunc:
                 continue
             needed = any(r in live_values for r in op.results) or (
                 op.name.startswith("shape.cstr") and op.tf_node in live_nodes
-            )
+            ) or checks_live_value(op)
             if needed:
                 kept.add(i)
                 live_values.update(op.operands)

@@ -54,7 +54,8 @@ class ShapeCheck:
     #: "broadcast" | "equal" | "expand" (operand dim i is 1 or result dim d) |
     #: "matmul" (lhs dim i equals rhs dim j for each pair in ``dims``) |
     #: "reshape" (element counts of the operand and ``result`` are equal) |
-    #: "nonnegative" (every dim of ``result``, computed on the host, is >= 0)
+    #: "nonnegative" (every dim of ``result``, computed on the host, is >= 0) |
+    #: "require" (``result`` = [a, b]: a <predicate> b holds, else ``message``)
     kind: str
     operands: list[list[int]]
     result: list[int]
@@ -64,6 +65,9 @@ class ShapeCheck:
     #: "reshape" with a -1 entry: the product of the other entries, which must
     #: divide the operand's element count
     multiple_of: int | None = None
+    #: for "require": the comparison ("sle", ...) and what fails if it does not hold
+    predicate: str | None = None
+    message: str | None = None
 
     def __str__(self) -> str:
         shapes = " vs ".join("[" + ", ".join(f"s{s}" for s in o) + "]"
@@ -306,6 +310,7 @@ def analyze(func: DFunc) -> ShapeAnalysis:
     arith_syms: dict[tuple, int] = {}
     convs: dict[str, ConvInfo] = {}
     predicates: dict[str, tuple[str, str, str]] = {}  # i1 value -> (predicate, a, b)
+    required: set[tuple] = set()  # (predicate, a, b) classes of "require" checks made
     host_arrays: dict[str, list[HostScalar]] = {}
 
     def arith(op_name: str, operands: list[str]) -> HostScalar:
@@ -347,6 +352,15 @@ def analyze(func: DFunc) -> ShapeAnalysis:
         elif kind == "arith.cmpi":
             pred = _PREDICATES[int(op.attrs["predicate"].split(":")[0].strip())]
             predicates[op.results[0]] = (pred, op.operands[0], op.operands[1])
+        elif kind == "shape.cstr_require":
+            pred, a, b = predicates[op.operands[0]]
+            pair = [as_symbol(a), as_symbol(b)]
+            key = (pred, *(syms.find(s) for s in pair))
+            values = [syms.constant_value(s) for s in pair]
+            if key not in required and (None in values or not _compare(pred, *values)):
+                required.add(key)
+                checks.append(ShapeCheck("require", [], pair, op.tf_node, predicate=pred,
+                                         message=op.attrs["msg"].strip('"')))
         elif kind == "arith.select":
             pred, a, b = predicates[op.operands[0]]
             scalars[op.results[0]] = arith(f"select_{pred}", [a, b, op.operands[1], op.operands[2]])
@@ -573,13 +587,17 @@ def _slice_proven(syms: SymbolTable, lo: int, hi: int, dim: int) -> bool:
     return vl == 0 and syms.same(hi, dim)
 
 
+def _compare(predicate: str, a: int, b: int) -> bool:
+    """``a <predicate> b`` for an ``arith.cmpi`` predicate name (slt, sge, ...)."""
+    return {"eq": a == b, "ne": a != b, "slt": a < b, "sle": a <= b, "sgt": a > b,
+            "sge": a >= b}[predicate]
+
+
 def _fold(op: str, values: list[int]) -> int | None:
     """Compile-time value of an arith symbol over constants (None if undefined)."""
     if op.startswith("select_"):
         a, b, c, d = values
-        taken = {"eq": a == b, "ne": a != b, "slt": a < b, "sle": a <= b, "sgt": a > b,
-                 "sge": a >= b}[op[len("select_"):]]
-        return c if taken else d
+        return c if _compare(op[len("select_"):], a, b) else d
     x, y = values
     if op in ("floordivsi", "ceildivsi", "remsi") and y == 0:
         return None
