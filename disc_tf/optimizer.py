@@ -14,7 +14,7 @@ from tensorflow.core.framework import function_pb2, graph_pb2
 
 from disc_tf import pipeline
 from disc_tf.cluster import clustering, rewrite
-from disc_tf.cluster.graph_view import GraphView, view_of_function_def, view_of_graph_def
+from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.runtime import native
 
 log = logging.getLogger("disc_tf")
@@ -69,14 +69,29 @@ def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozense
     """
     result = clustering.find_clusters(view, min_cluster_size=min_cluster_size,
                                       protected=protected)
-    specs = []
-    for k, nodes in enumerate(result.clusters):
+    names = []
+    for k in range(len(result.clusters)):
         name = f"disc_cluster_{k}"
         while name in taken:
             name += "_"
         taken.add(name)
-        outs = {t.name for n in nodes if n in protected for t in view.nodes[n].outputs}
-        specs.append(rewrite.extract_cluster(view, nodes, name, fetched | outs))
+        names.append(name)
+    outs = {t.name for nodes in result.clusters for n in nodes if n in protected
+            for t in view.nodes[n].outputs}
+
+    def extract(wanted: frozenset[str]) -> list[rewrite.ClusterSpec]:
+        return [rewrite.extract_cluster(view, nodes, name, wanted)
+                for name, nodes in zip(names, result.clusters)]
+
+    specs = extract(fetched | outs)
+    # A shape computation copied into a cluster (Shape(x) -> Reshape) reads x, which
+    # may be computed inside another cluster although nothing outside it read x
+    # before: that cluster must return x too.
+    read = frozenset(t.name for s in specs for t in s.inputs)
+    produced = {t.name for s in specs for t in s.outputs}
+    members = {n for s in specs for n in s.node_names}
+    if any(t not in produced and producer(t) in members for t in read):
+        specs = extract(fetched | outs | read)
     return result, specs
 
 
@@ -144,8 +159,10 @@ class BodyOptimizer:
         ]
         return rewrite.rewrite_graph_def(graph_def, nodes, protected)
 
-    def optimize_function_def(self, fdef: function_pb2.FunctionDef) -> function_pb2.FunctionDef:
-        """Clusters the body of a FunctionDef (its signature is unchanged)."""
+    def optimize_function_def(self, fdef: function_pb2.FunctionDef,
+                              protected: frozenset[str] = frozenset()) -> function_pb2.FunctionDef:
+        """Clusters the body of a FunctionDef (its signature is unchanged); nodes
+        named in ``protected`` keep their names (and every output)."""
         body = fdef.signature.name
         try:
             view, nested_to_flat = view_of_function_def(fdef, self.library)
@@ -153,8 +170,9 @@ class BodyOptimizer:
             log.warning("function %s not analysed (%s); left unchanged", body, e)
             return fdef
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
+        protected = frozenset(n for n in protected if n in view.nodes)
         taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
-        replaced = self._compile(body, view, fetched, frozenset(), taken)
+        replaced = self._compile(body, view, fetched, protected, taken)
         if not replaced:
             return fdef
         flat_to_nested: dict[str, str] = {}
@@ -167,10 +185,13 @@ class BodyOptimizer:
                                      spec.control_inputs, fb, attrs))
             for spec, fb, attrs in replaced
         ]
-        return rewrite.rewrite_function_def(fdef, nested_to_flat, nodes)
+        return rewrite.rewrite_function_def(fdef, nested_to_flat, nodes, protected)
 
-    def optimize_library(self) -> function_pb2.FunctionDefLibrary:
-        """A new library: every function optimized, fallback functions added."""
+    def optimize_library(self, protected: dict[str, frozenset[str]] | None = None
+                         ) -> function_pb2.FunctionDefLibrary:
+        """A new library: every function optimized, fallback functions added.
+        ``protected[f]``: nodes of function ``f`` whose names must survive."""
+        protected = protected or {}
         result = function_pb2.FunctionDefLibrary()
         result.CopyFrom(self.library)
         del result.function[:]
@@ -178,7 +199,8 @@ class BodyOptimizer:
             if fdef.signature.name.startswith(FALLBACK_PREFIX):
                 result.function.add().CopyFrom(fdef)
             else:
-                result.function.add().CopyFrom(self.optimize_function_def(fdef))
+                keep = protected.get(fdef.signature.name, frozenset())
+                result.function.add().CopyFrom(self.optimize_function_def(fdef, keep))
         self.add_new_functions(result)
         return result
 

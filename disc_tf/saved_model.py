@@ -39,6 +39,9 @@ def referenced_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
     saver = meta_graph.saver_def
     for t in (saver.filename_tensor_name, saver.save_tensor_name, saver.restore_op_name):
         add(t)
+    for node in meta_graph.object_graph_def.nodes:
+        if node.WhichOneof("kind") == "constant":  # a Const of the main graph, by name
+            add(node.constant.operation)
     for col in meta_graph.collection_def.values():
         for n in col.node_list.value:
             add(n)
@@ -48,6 +51,19 @@ def referenced_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
             except UnicodeDecodeError:
                 pass
     return frozenset(names)
+
+
+def object_graph_references(meta_graph: meta_graph_pb2.MetaGraphDef
+                            ) -> dict[str, frozenset[str]]:
+    """Per library function, the nodes whose tensors the object graph names: a
+    ``captured_tensor`` (e.g. Keras' swish captures a Dense layer's BiasAdd) is
+    looked up by name in its function's graph when the model loads."""
+    found: dict[str, set[str]] = {}
+    for node in meta_graph.object_graph_def.nodes:
+        if node.WhichOneof("kind") == "captured_tensor":
+            tensor = node.captured_tensor
+            found.setdefault(tensor.concrete_function, set()).add(tensor.name.split(":")[0])
+    return {fn: frozenset(names) for fn, names in found.items()}
 
 
 def resolve_target(target: str) -> str:
@@ -71,7 +87,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     report = OptimizeReport()
     for meta_graph in sm.meta_graphs:
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
-        library = opt.optimize_library()
+        library = opt.optimize_library(object_graph_references(meta_graph))
         graph = opt.optimize_graph_def(
             meta_graph.graph_def, referenced_nodes(meta_graph), body="main_graph"
         )

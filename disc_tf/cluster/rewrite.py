@@ -201,6 +201,25 @@ def _replace_refs(
     return result
 
 
+def _name_keepers(spec: ClusterSpec, protected: frozenset[str],
+                  output_ref: str) -> list[node_def_pb2.NodeDef]:
+    """An IdentityN named like each protected node of ``spec``, re-exposing that
+    node's outputs (all of them cluster outputs, in order) from the DiscCluster
+    node; ``output_ref`` formats the reference of cluster output k."""
+    by_node: dict[str, list[tuple[int, TensorInfo]]] = {}
+    for k, t in enumerate(spec.outputs):
+        by_node.setdefault(producer(t.name), []).append((k, t))
+    keepers = []
+    for n in spec.node_names:
+        if n in protected:
+            outs = by_node.get(n, [])
+            ident = node_def_pb2.NodeDef(name=n, op="IdentityN")
+            ident.input.extend(output_ref.format(name=spec.name, k=k) for k, _ in outs)
+            ident.attr["T"].list.type.extend(t.dtype.as_datatype_enum for _, t in outs)
+            keepers.append(ident)
+    return keepers
+
+
 def rewrite_graph_def(
     graph_def: graph_pb2.GraphDef,
     replaced: list[tuple[ClusterSpec, node_def_pb2.NodeDef]],
@@ -221,16 +240,7 @@ def rewrite_graph_def(
             out_ref[t.name] = f"{spec.name}:{k}"
         for n in spec.node_names:
             ctrl[n] = spec.name
-        by_node: dict[str, list[tuple[int, TensorInfo]]] = {}
-        for k, t in enumerate(spec.outputs):
-            by_node.setdefault(producer(t.name), []).append((k, t))
-        for n in spec.node_names:
-            if n in protected:
-                outs = by_node.get(n, [])
-                ident = node_def_pb2.NodeDef(name=n, op="IdentityN")
-                ident.input.extend(f"{spec.name}:{k}" for k, _ in outs)
-                ident.attr["T"].list.type.extend(t.dtype.as_datatype_enum for _, t in outs)
-                extra.append(ident)
+        extra += _name_keepers(spec, protected, "{name}:{k}")
     result = graph_pb2.GraphDef()
     result.versions.CopyFrom(graph_def.versions)
     result.library.CopyFrom(graph_def.library)
@@ -255,17 +265,25 @@ def rewrite_function_def(
     fdef: function_pb2.FunctionDef,
     nested_to_flat: dict[str, str],
     replaced: list[tuple[ClusterSpec, node_def_pb2.NodeDef]],
+    protected: frozenset[str] = frozenset(),
 ) -> function_pb2.FunctionDef:
-    """Returns ``fdef`` with each cluster replaced by its DiscCluster node."""
+    """Returns ``fdef`` with each cluster replaced by its DiscCluster node.
+
+    Nodes named in ``protected`` (tensors the SavedModel's object graph names)
+    keep their names: an IdentityN of that name re-exposes their outputs, so the
+    function's graph still has tensors ``<name>:<i>``.
+    """
     out_ref: dict[str, str] = {}
     ctrl: dict[str, str] = {}
     removed: set[str] = set()
+    extra: list[node_def_pb2.NodeDef] = []
     for spec, _ in replaced:
         removed.update(spec.node_names)
         for k, t in enumerate(spec.outputs):
             out_ref[t.name] = f"{spec.name}:outputs:{k}"
         for n in spec.node_names:
             ctrl[n] = spec.name
+        extra += _name_keepers(spec, protected, "{name}:outputs:{k}")
 
     def to_flat(ref: str) -> str:
         return nested_to_flat.get(ref, ref)
@@ -285,6 +303,7 @@ def rewrite_function_def(
         new.CopyFrom(node)
         del new.input[:]
         new.input.extend(_replace_refs(node.input, to_flat, out_ref, ctrl))
+    result.node_def.extend(extra)
     for key, ref in fdef.ret.items():
         result.ret[key] = out_ref.get(to_flat(ref), ref)
     for key, node_name in fdef.control_ret.items():
