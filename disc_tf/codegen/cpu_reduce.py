@@ -218,12 +218,122 @@ def arg_reduce(em: KernelEmitter, kept: list[int]) -> str:
     ])
 
 
+#: Columns one task of a column reduction folds (consecutive outputs).
+COLUMN_BLOCK = 32
+
+
+def has_columns(em: KernelEmitter) -> bool:
+    """True if the kernel keeps its innermost dim (a column reduction): it then has a
+    version folding blocks of consecutive outputs, picked when every input is
+    contiguous along that dim."""
+    return em.rank - 1 not in em.k.reduce_dims and em.k.ops[-1].op != "arg_reduce"
+
+
+def column_reduce(em: KernelEmitter, kept: list[int]) -> str:
+    """Task ``t``: part ``t % parts`` of the outputs [c0, c0 + 64) of one row of
+    outputs (the innermost kept dim, contiguous in every input). The reduced
+    elements are visited in order, each a contiguous run of the block's columns
+    loaded as vectors; each column folds DISC_REDUCE_BLOCK elements at a time into
+    its own pairwise cascade."""
+    k = em.k
+    op = k.ops[-1]
+    n_in, r = len(k.inputs), em.rank
+    acc_elem = accumulator_elem(op.elem, op.attrs["combiner"])
+    at = COMPUTE[acc_elem]
+    init = literal(op.attrs["init"], acc_elem)
+    names = {o.value: f"v{i}" for i, o in enumerate(k.ops)}
+    value = em.ref(*op.operands[0], op.elem, names, "x")
+    outer = [d for d in kept if d != r - 1]
+    (_, out_name), = k.outputs
+    store = STORAGE[em.plan.buffers[out_name].elem]
+    result = f"disc_round_{op.elem}((float)acc)" if rounds_once(op.elem) else "acc"
+    lines = [
+        f"// {comment(', '.join(k.tf_ops))}: reduce dims {k.reduce_dims} by "
+        f"{op.attrs['combiner']}, {COLUMN_BLOCK} contiguous columns a task.",
+        f"DISC_CLONES static void {k.name}_columns(void* p, int64_t begin, int64_t end) {{",
+        f"  const {em.args}& a = *static_cast<const {em.args}*>(p);",
+        f"  const auto comb = {combiner_lambda(op.attrs['combiner'], acc_elem)};",
+        f"  const int64_t cols = a.dims[{r - 1}];",
+        f"  const int64_t blocks = (cols + {COLUMN_BLOCK - 1}) / {COLUMN_BLOCK};",
+        "  for (int64_t t = begin; t < end; ++t) {",
+        "    const int64_t part = t % a.parts, unit = t / a.parts;",
+        f"    const int64_t c0 = unit % blocks * {COLUMN_BLOCK}, row = unit / blocks;",
+        f"    const int64_t width = cols - c0 < {COLUMN_BLOCK} ? cols - c0 : {COLUMN_BLOCK};",
+        *(["    int64_t rem = row;"] if outer else []),
+        *[f"    int64_t base{i} = c0;" for i in range(n_in)],
+    ]
+    for d in reversed(outer):
+        lines.append(f"    {{ const int64_t idx = rem % a.dims[{d}]; rem /= a.dims[{d}];")
+        lines += [f"      base{i} += idx * a.in{i}_strides[{d}];" for i in range(n_in)]
+        lines.append("    }")
+    lines += [
+        "    const int64_t share = a.reduced / a.parts, extra = a.reduced % a.parts;",
+        "    const int64_t q0 = share * part + (part < extra ? part : extra);",
+        "    const int64_t q_end = q0 + share + (part < extra ? 1 : 0);",
+        f"    disc_cascade<{at}> blocks_of[{COLUMN_BLOCK}];",
+        f"    {at} lane[{COLUMN_BLOCK}];",
+        f"    for (int c = 0; c < {COLUMN_BLOCK}; ++c) lane[c] = {init};",
+        "    int64_t filled = 0;",
+        "    // the reduced coordinates of q0; later elements step through them in order",
+        "    int64_t rq = q0;",
+        *[f"    int64_t off{i} = base{i};" for i in range(n_in)],
+    ]
+    for d in reversed(k.reduce_dims):
+        lines.append(f"    int64_t i{d} = rq % a.dims[{d}]; rq /= a.dims[{d}];")
+        lines += [f"    off{i} += i{d} * a.in{i}_strides[{d}];" for i in range(n_in)]
+    lines.append("    for (int64_t q = q0; q < q_end; ++q) {")
+    body = [_strided(x, False, n_in) for x in _element(em, "c", "        ")]
+    for bound in (str(COLUMN_BLOCK), "width"):
+        lines += [
+            f"      {'if' if bound != 'width' else '} else'} (width == {COLUMN_BLOCK}) {{"
+            if bound != "width" else "      } else {",
+            "        #pragma omp simd",
+            f"        for (int64_t c = 0; c < {bound}; ++c) {{",
+            *["  " + x for x in body],
+            f"          lane[c] = comb(lane[c], {value});",
+            "        }",
+        ]
+    lines.append("      }")
+    lines.append("      do {  // the next reduced element: innermost coordinate first")
+    for d in reversed(k.reduce_dims):
+        lines.append(f"        if (++i{d} < a.dims[{d}]) {{ "
+                     + " ".join(f"off{i} += a.in{i}_strides[{d}];" for i in range(n_in)) + " break; }")
+        lines.append(f"        i{d} = 0; "
+                     + " ".join(f"off{i} -= (a.dims[{d}] - 1) * a.in{i}_strides[{d}];"
+                                for i in range(n_in)))
+    lines.append("      } while (false);")
+    lines += [
+        "      if (++filled == DISC_REDUCE_BLOCK) {  // full blocks: into the cascades",
+        "        for (int64_t c = 0; c < width; ++c) {",
+        "          blocks_of[c].push(lane[c], comb);",
+        f"          lane[c] = {init};",
+        "        }",
+        "        filled = 0;",
+        "      }",
+        "    }",
+        "    for (int64_t c = 0; c < width; ++c) {",
+        "      blocks_of[c].push(lane[c], comb);",
+        f"      {at} acc = blocks_of[c].total({init}, comb);",
+        "      const int64_t o = row * cols + c0 + c;",
+        "      if (a.parts > 1) {",
+        "        a.partials[o * a.parts + part] = acc;",
+        "      } else {",
+        f"        a.out0[o] = ({store})({result});",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
 def reduce_source(em: KernelEmitter) -> str:
     """The reduce kernel's functions (arg-reductions, or any fold with producers)."""
     kept = [d for d in range(em.rank) if d not in em.k.reduce_dims]
     if em.k.ops[-1].op == "arg_reduce":
         return arg_reduce(em, kept)
-    return fold_reduce(em, kept)
+    source = fold_reduce(em, kept)
+    return source + "\n\n" + column_reduce(em, kept) if has_columns(em) else source
 
 
 def struct_fields(em: KernelEmitter) -> list[str]:
@@ -250,18 +360,32 @@ def reduce_launch(em: KernelEmitter, cost: int) -> list[str]:
             f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0, {k.name}_reduce, &k);",
             "    }", "  }"]
     at = COMPUTE[accumulator_elem(k.ops[-1].elem, k.ops[-1].attrs["combiner"])]
+    r = em.rank
+    if has_columns(em):  # blocks of contiguous columns, when every input has them
+        contiguous = " && ".join(f"k.in{i}_strides[{r - 1}] == 1" for i in range(len(k.inputs)))
+        lines += [
+            f"    const bool columns = k.dims[{r - 1}] >= 8 && {contiguous};",
+            f"    const int64_t units = columns ? outputs / k.dims[{r - 1}] * "
+            f"((k.dims[{r - 1}] + {COLUMN_BLOCK - 1}) / {COLUMN_BLOCK}) : outputs;",
+            f"    const disc_range_fn fold = columns ? {k.name}_columns : {k.name}_reduce;",
+            f"    const double unit_cost = {cost}.0 * (columns ? {COLUMN_BLOCK} : 1);",
+        ]
+    else:
+        lines += ["    const int64_t units = outputs;",
+                  f"    const disc_range_fn fold = {k.name}_reduce;",
+                  f"    const double unit_cost = {cost}.0;"]
     return lines + [
-        "    k.parts = disc_reduce_parts(outputs, k.reduced);",
+        "    k.parts = disc_reduce_parts(units, k.reduced);",
         "    if (outputs > 0 && k.parts > 1) {  // few outputs: each cut into parts",
         f"      const int64_t partial_bytes = outputs * k.parts * (int64_t)sizeof({at});",
         f"      k.partials = static_cast<{at}*>(ral->alloc_temp(ral, partial_bytes));",
         "      if (!k.partials) return 1;",
-        f"      ral->parallel_for(ral, outputs * k.parts, {cost}.0 * (k.reduced / k.parts) + 1.0,"
-        f" {k.name}_reduce, &k);",
+        "      ral->parallel_for(ral, units * k.parts, unit_cost * (k.reduced / k.parts) + 1.0,"
+        " fold, &k);",
         f"      {k.name}_combine(k, outputs);",
         "      ral->free_temp(ral, k.partials);",
         "    } else if (outputs > 0) {",
-        f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0, {k.name}_reduce, &k);",
+        "      ral->parallel_for(ral, units, unit_cost * k.reduced + 1.0, fold, &k);",
         "    }",
         "  }",
     ]

@@ -121,6 +121,27 @@ def test_sums_over_long_columns_and_whole_tensors():
            (y.astype(np.float64) * 2.0).sum((0, 1)), {"Sum"})
 
 
+@pytest.mark.parametrize("axes,shape", [([0], (50000, 37)), ([0, 1], (40, 3000, 9)),
+                                        ([1], (7, 30000, 64)), ([0, 2], (50, 9, 700, 33))],
+                         ids=str)
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Prod"])
+def test_column_reductions(op, axes, shape):
+    """The innermost dim kept: blocks of contiguous columns a task (and the strided
+    version for a transposed read)."""
+    rng = np.random.default_rng(len(shape) * 7 + len(op))
+    x = _uniform(rng, shape)
+    if op == "Prod":  # factors x * 1.5 + 0.25 within 1e-3 of 1: a finite product
+        x = ((1.0 + (x - 0.5) * 2e-3 - 0.25) / 1.5).astype(np.float32)
+    fn = {"Sum": tf.reduce_sum, "Mean": tf.reduce_mean, "Max": tf.reduce_max,
+          "Prod": tf.reduce_prod}[op]
+    v = (x * np.float32(1.5) + np.float32(0.25)).astype(np.float64)  # as float32 computes it
+    ref = {"Sum": np.sum, "Mean": np.mean, "Max": np.max, "Prod": np.prod}[op](v, axis=tuple(axes))
+    spec = [tf.TensorSpec([None] * len(shape), tf.float32)]
+    _check(lambda x: fn(x * 1.5 + 0.25, axis=axes), spec, [x], ref, {op})
+    if len(shape) == 2:  # a transposed read: not contiguous along the kept dim
+        _check(lambda x: fn(tf.transpose(x) * 1.5 + 0.25, axis=axes), spec, [x.T.copy()], ref, {op})
+
+
 def test_long_products():
     rng = np.random.default_rng(4)
     x = (1.0 + (_uniform(rng, (2, 2**22)) - 0.5) * 1e-5).astype(np.float32)
