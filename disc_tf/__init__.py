@@ -13,9 +13,10 @@ from disc_tf.enable import enable
 from disc_tf.jit import JitFunction, jit
 from disc_tf.runtime import native as _native
 from disc_tf.saved_model import optimize_saved_model as _optimize_saved_model
+from disc_tf.strict import StrictModeError
 
 __all__ = ["optimize", "load", "DiscModel", "enable", "jit", "JitFunction", "stats",
-           "reset_stats"]
+           "reset_stats", "StrictModeError"]
 __version__ = "0.1.0"
 
 # Registers the DiscCluster op, so optimized models load. Never builds: missing
@@ -27,13 +28,15 @@ if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_
 
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
-             signatures=None) -> str:
+             signatures=None, strict: bool | None = None) -> str:
     """Optimizes a SavedModel ahead of time; returns ``output_dir``.
 
     Every cluster's compiled artifact is stored inside the output model, which
-    loads anywhere after ``import disc_tf``.
+    loads anywhere after ``import disc_tf``. With ``strict`` (default
+    ``$DISC_TF_STRICT``), a cluster that fails to compile raises StrictModeError.
     """
-    _optimize_saved_model(saved_model_dir, output_dir, target=target, signatures=signatures)
+    _optimize_saved_model(saved_model_dir, output_dir, target=target, signatures=signatures,
+                          strict=strict)
     return str(output_dir)
 
 

@@ -29,16 +29,11 @@ from disc_tf.cluster.graph_view import (
     view_of_function_def,
     view_of_graph_def,
 )
-from disc_tf.optimizer import FALLBACK_PREFIX, OptimizeReport, carve_clusters
+from disc_tf.optimizer import FALLBACK_PREFIX, NON_COMPUTE_OPS, OptimizeReport, carve_clusters
 from disc_tf.saved_model import optimize_saved_model, referenced_nodes
 
 log = logging.getLogger("disc_tf")
 
-#: Ops that move, name or hold data rather than compute; left out of the ratio.
-NON_COMPUTE_OPS = frozenset(
-    {"Placeholder", "Const", "Identity", "NoOp", "_Arg", "_Retval", "ReadVariableOp",
-     "VarHandleOp", "StatefulPartitionedCall", "PartitionedCall"}
-)
 STAGES = ("cluster", "dhlo", "fusion", "codegen")
 MIN_CLUSTER_SIZE = 2  # what optimize uses
 MAX_NAMES = 20  # names listed per unclustered reason

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from tensorflow.core.framework import graph_pb2
 
+from disc_tf import strict
 from disc_tf.cluster import op_registry
 from disc_tf.runtime import native
 
@@ -67,8 +68,10 @@ def is_enabled() -> bool:
 
 
 def compile_mode() -> str:
-    """``$DISC_TF_COMPILE_MODE``: 'async' (default) or 'sync'."""
-    mode = os.environ.get(MODE_VAR, "").strip().lower() or "async"
+    """``$DISC_TF_COMPILE_MODE``: 'async' (default) or 'sync' (the default in strict
+    mode, where a call that runs the original ops while compiling is an error)."""
+    mode = os.environ.get(MODE_VAR, "").strip().lower() or (
+        "sync" if strict.strict_from_env() else "async")
     if mode not in MODES:
         log.warning("disc_tf: %s=%r is not one of %s; using async", MODE_VAR, mode, MODES)
         return "async"

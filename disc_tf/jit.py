@@ -71,11 +71,14 @@ class JitFunction:
         return tf.nest.pack_sequence_as(self._structured_outputs, outs)
 
 
-def jit(fn: Callable | None = None, *, input_signature=None, min_cluster_size: int = 2):
+def jit(fn: Callable | None = None, *, input_signature=None, min_cluster_size: int = 2,
+        strict: bool | None = None):
     """Compiles ``fn`` (a tf.function with an input signature, or a Python
     function plus ``input_signature``) into a JitFunction. Usable as a decorator.
+    ``strict`` (default ``$DISC_TF_STRICT``): a cluster that fails to compile
+    raises StrictModeError instead of staying as TF ops.
     """
-    options = Options(min_cluster_size=min_cluster_size)
+    options = Options(min_cluster_size=min_cluster_size, strict=strict)
     if fn is None:
         return lambda f: JitFunction(f, input_signature, options)
     return JitFunction(fn, input_signature, options)

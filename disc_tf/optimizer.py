@@ -12,7 +12,7 @@ import logging
 
 from tensorflow.core.framework import function_pb2, graph_pb2
 
-from disc_tf import pipeline
+from disc_tf import pipeline, strict
 from disc_tf.cluster import clustering, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.runtime import native
@@ -39,17 +39,40 @@ class ClusterReport:
     error: str | None = None
 
 
+#: Ops that move, name or hold data rather than compute: left out of coverage ratios.
+NON_COMPUTE_OPS = frozenset(
+    {"Placeholder", "Const", "Identity", "NoOp", "_Arg", "_Retval", "ReadVariableOp",
+     "VarHandleOp", "StatefulPartitionedCall", "PartitionedCall"}
+)
+
+
 @dataclasses.dataclass
 class OptimizeReport:
     """Clusters built and the reason each other node stayed out."""
 
     clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
     unclustered: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: body -> unclustered node -> its op type
+    unclustered_ops: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def compiled(self) -> list[ClusterReport]:
         """Clusters that became DiscCluster nodes."""
         return [c for c in self.clusters if c.error is None]
+
+    def compiled_share(self, bodies: set[str] | None = None) -> tuple[int, int]:
+        """(compute ops inside compiled clusters, all compute ops) of ``bodies``
+        (every body if None); a cluster that failed counts as not compiled."""
+        def inside(body: str) -> bool:
+            return bodies is None or body in bodies
+
+        done = sum(op not in NON_COMPUTE_OPS for c in self.compiled if inside(c.body)
+                   for _, op in c.ops)
+        left = sum(op not in NON_COMPUTE_OPS for c in self.clusters
+                   if c.error is not None and inside(c.body) for _, op in c.ops)
+        left += sum(op not in NON_COMPUTE_OPS for body, ops in self.unclustered_ops.items()
+                    if inside(body) for op in ops.values())
+        return done, done + left
 
 
 @dataclasses.dataclass
@@ -58,6 +81,9 @@ class Options:
 
     target: str = "cpu"
     min_cluster_size: int = 2
+    #: raise StrictModeError instead of leaving a cluster or body as TF ops
+    #: (None: ``$DISC_TF_STRICT``)
+    strict: bool | None = None
 
 
 def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozenset[str],
@@ -110,6 +136,7 @@ class BodyOptimizer:
         result, specs = carve_clusters(view, fetched, protected, taken,
                                        self.options.min_cluster_size)
         self.report.unclustered[body] = result.reasons
+        self.report.unclustered_ops[body] = {n: view.nodes[n].op for n in result.reasons}
         replaced = []
         for spec in specs:
             name, nodes = spec.name, spec.node_names
@@ -120,6 +147,10 @@ class BodyOptimizer:
                 fallback = rewrite.fallback_function(spec)
             except Exception as e:  # noqa: BLE001 - any failure keeps the original ops
                 rep.error = f"{type(e).__name__}: {e}"
+                if strict.resolve(self.options.strict):
+                    raise strict.StrictModeError(
+                        f"cluster {name} of {body} ({len(nodes)} ops) failed to compile: "
+                        f"{rep.error}") from e
                 log.warning("cluster %s of %s left as TF ops: %s", name, body, rep.error)
                 for n in nodes:
                     result.reasons[n] = f"cluster {name} failed to compile"
@@ -135,6 +166,13 @@ class BodyOptimizer:
             replaced.append((spec, fallback.signature.name, attrs))
         return replaced
 
+    def _not_analysed(self, body: str, error: Exception) -> None:
+        """A body that cannot be analysed stays as it is (StrictModeError if strict)."""
+        if strict.resolve(self.options.strict):
+            raise strict.StrictModeError(f"body {body} could not be analysed: "
+                                         f"{type(error).__name__}: {error}") from error
+        log.warning("body %s not analysed (%s); left unchanged", body, error)
+
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
                            body: str = "graph", graph=None) -> graph_pb2.GraphDef:
         """Clusters a flat GraphDef; ``protected`` node names survive.
@@ -144,7 +182,7 @@ class BodyOptimizer:
         try:
             view = view_of_graph_def(graph_def, self.library, graph)
         except Exception as e:  # noqa: BLE001
-            log.warning("body %s not analysed (%s); left unchanged", body, e)
+            self._not_analysed(body, e)
             return graph_def
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
@@ -167,7 +205,7 @@ class BodyOptimizer:
         try:
             view, nested_to_flat = view_of_function_def(fdef, self.library)
         except Exception as e:  # noqa: BLE001
-            log.warning("function %s not analysed (%s); left unchanged", body, e)
+            self._not_analysed(body, e)
             return fdef
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
         protected = frozenset(n for n in protected if n in view.nodes)

@@ -72,8 +72,11 @@ def resolve_target(target: str) -> str:
 
 
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
-                         signatures=None, min_cluster_size: int = 2) -> OptimizeReport:
-    """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report."""
+                         signatures=None, min_cluster_size: int = 2,
+                         strict: bool | None = None) -> OptimizeReport:
+    """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
+    ``strict`` (default ``$DISC_TF_STRICT``): any cluster that fails to compile
+    raises StrictModeError (and nothing is written)."""
     native.load()
     src = pathlib.Path(saved_model_dir)
     dst = pathlib.Path(output_dir)
@@ -81,7 +84,8 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
         raise FileNotFoundError(f"{src} has no saved_model.pb")
     if signatures is not None:
         log.info("signatures=%s: every function is optimized regardless", signatures)
-    options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size)
+    options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
+                      strict=strict)
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((src / "saved_model.pb").read_bytes())
     report = OptimizeReport()

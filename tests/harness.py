@@ -64,11 +64,27 @@ def assert_same(expected, actual, dtype: tf.DType) -> None:
         np.testing.assert_allclose(a, e, rtol=RTOL[dtype], atol=ATOL[dtype], equal_nan=True)
 
 
-def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: int = 1):
-    """jit-compiles ``fn`` and checks it really produced DiscCluster kernels."""
+#: Ops that compute nothing: they stay outside clusters by design.
+NOT_COMPUTE = frozenset({"Placeholder", "Const", "Identity", "IdentityN", "NoOp", "_Arg",
+                         "_Retval", "ReadVariableOp", "VarHandleOp"})
+
+
+def tf_ops_left(jitted) -> list[str]:
+    """Op types of the jitted graph that still run as TF ops (not DiscCluster)."""
+    return sorted({n.op for n in jitted.graph_def.node
+                   if n.op not in NOT_COMPUTE and n.op != "DiscCluster"})
+
+
+def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: int = 1,
+             allow_tf: tuple[str, ...] = ()):
+    """jit-compiles ``fn`` and checks it really produced DiscCluster kernels: every
+    computation of the graph is inside a compiled cluster, except op types in
+    ``allow_tf`` (left to TF on purpose)."""
     jitted = disc_tf.jit(fn, min_cluster_size=min_cluster_size)
     built = jitted.report.compiled
     assert built, f"nothing compiled: {jitted.report}"
+    left = [op for op in tf_ops_left(jitted) if op not in allow_tf]
+    assert not left, f"TF ops left outside compiled clusters: {left}; {jitted.report.unclustered}"
     return jitted
 
 

@@ -143,6 +143,7 @@ class DiscClusterOp : public AsyncOpKernel {
 
     if (EnvTrue("DISC_TF_FORCE_FALLBACK")) {
       VLOG(1) << prefix_ << "DISC_TF_FORCE_FALLBACK is set; using fallback";
+      fallback_reason_ = "DISC_TF_FORCE_FALLBACK is set";
       pending_key_.clear();
       return;
     }
@@ -150,12 +151,14 @@ class DiscClusterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("artifact", &artifact));
     if (artifact.empty()) {
       VLOG(1) << prefix_ << "no artifact; using fallback";
+      fallback_reason_ = "the node carries no compiled artifact";
       return;
     }
     const LoadedArtifact* loaded = nullptr;
     absl::Status s = LoadArtifact(artifact, sha256_, &loaded);
     if (!s.ok()) {
       WarnOnce(cluster_name_, sha256_, std::string(s.message()));
+      fallback_reason_ = absl::StrCat("its artifact did not load: ", s.message());
       return;
     }
     artifact_.store(loaded, std::memory_order_release);
@@ -179,10 +182,28 @@ class DiscClusterOp : public AsyncOpKernel {
       done();
       return;
     }
+    if (EnvTrue("DISC_TF_STRICT")) {
+      ctx->SetStatus(absl::FailedPreconditionError(absl::StrCat(
+          prefix_, "strict mode (DISC_TF_STRICT): this call would run the original TF ops "
+          "instead of compiled code: ", FallbackReason())));
+      done();
+      return;
+    }
     RunFallback(ctx, std::move(inputs), std::move(done));
   }
 
  private:
+  // Why a call runs the fallback function (for strict mode's error).
+  std::string FallbackReason() const {
+    if (!pending_key_.empty()) {
+      return pending_failed_.load(std::memory_order_relaxed)
+                 ? "its background compile failed"
+                 : "its artifact is still being compiled in the background "
+                   "(DISC_TF_COMPILE_MODE=sync waits for it)";
+    }
+    return fallback_reason_.empty() ? "no artifact is available" : fallback_reason_;
+  }
+
   // The value of every input: the input itself, or for a resource input the
   // variable's current value, read as ReadVariableOp does (shared lock; a copy
   // in copy-on-read mode). The reference held for the call makes a concurrent
@@ -363,6 +384,7 @@ class DiscClusterOp : public AsyncOpKernel {
   std::vector<PartialTensorShape> output_shapes_;
   std::string sha256_;
   NameAttrList fallback_;
+  std::string fallback_reason_;  // set when the constructor settles on the fallback
   std::string cluster_name_;
   int64_t num_kernels_ = 0;
   std::string prefix_;

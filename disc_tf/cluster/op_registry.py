@@ -166,6 +166,7 @@ _register("SplitV", MOVE_TYPES, const_inputs=(1, 2))
 _register("Pad", MOVE_TYPES, shape_inputs=(1,))
 _register("PadV2", MOVE_TYPES, shape_inputs=(1,))
 _register("Tile", MOVE_TYPES, shape_inputs=(1,))
+_register("BroadcastTo", MOVE_TYPES, shape_inputs=(1,))
 _register("Range", INT_TYPES | {tf.float32}, dtype_attr="Tidx", shape_inputs=(0, 1),
           const_inputs=(2,))
 _register("OneHot", MOVE_TYPES, shape_inputs=(1,), check=lambda n: None if n.attr["TI"].type in (

@@ -280,6 +280,20 @@ def _fill(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     return [b.op("convert", [filled], filled.elem, filled.dims)]
 
 
+@register("BroadcastTo")
+def _broadcast_to(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    """numpy broadcasting of ``x`` to a host shape (every dim of ``x`` is 1 or the
+    target's: the host checks it)."""
+    x, shape_v = xs
+    extents = host_shape(b, node, shape_v, "shape")
+    if len(extents) < x.rank:
+        raise LoweringError(f"BroadcastTo {node.name}: target rank {len(extents)} is below the "
+                            f"input's {x.rank}")
+    rank = len(extents)
+    # An index map on its readers (a result gets its own copy), never a kernel.
+    return [b.broadcast_to(x, b.shape_from(extents), rank, list(range(rank - x.rank, rank)))]
+
+
 def iota(b: DhloBuilder, extents: list[str], dim: int, elem: str) -> TValue:
     """``stablehlo.dynamic_iota``: the index along ``dim`` of a shape of host extents."""
     dims = tuple(b.index_values.get(e) for e in extents)

@@ -226,6 +226,7 @@ class Block(tf.Module):
         return tf.nn.gelu(tf.nn.softmax(h) + 0.1, approximate=False)
 
 
+@pytest.mark.fallback
 def test_saved_model_for_cuda_carries_device_code_and_falls_back_on_cpu(tmp_path, monkeypatch,
                                                                         capsys):
     monkeypatch.setenv("DISC_TF_DUMP_DIR", str(tmp_path / "dump"))

@@ -1,7 +1,7 @@
 """Data movement and host shape computation inside clusters, against TF at random
 shapes (zero-size and size-1 dims included): Slice, StridedSlice (masks, negative
 bounds, strides), ConcatV2, Pack, Unpack, Split/SplitV, Pad/PadV2, Fill, Range,
-Tile, OneHot, GatherV2, and Shape/Size/Rank arithmetic feeding Reshape."""
+Tile, BroadcastTo, OneHot, GatherV2, and Shape/Size/Rank arithmetic feeding Reshape."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ CASES = {
     "range_step": (lambda x: tf.reduce_sum(
         tf.cast(tf.range(1, tf.shape(x)[0] * 3 + 1, 2), tf.float32)) + x * 2.0, 2, 0),
     "tile": (lambda x: tf.tile(x, [2, 1, 3]) * 2.0 + 1.0, 3, 0),
+    "broadcast_to": (lambda x: tf.broadcast_to(x[:1], tf.shape(x)) * 2.0 + x, 2, 1),
+    "broadcast_to_rank": (lambda x: tf.broadcast_to(x, tf.concat([[3], tf.shape(x)], 0)) + 1.0,
+                          2, 0),
     "one_hot": (lambda x: tf.one_hot(tf.cast(x[:, 0] * 3.0, tf.int32), 4) * 2.0 + 1.0, 2, 1),
     "shape_arith_reshape": (lambda x: tf.reshape(x * 2.0, [tf.shape(x)[0] * tf.shape(x)[1], -1])
                             + 1.0, 3, 0),
@@ -124,6 +127,15 @@ def test_slice_out_of_bounds_is_invalid_argument():
     with pytest.raises(tf.errors.InvalidArgumentError, match="out of bounds"):
         jitted(np.ones(4, np.float32))
     assert_same(tf_fn(np.ones(6, np.float32)), jitted(np.ones(6, np.float32)), F32)
+
+
+def test_broadcast_to_an_incompatible_shape_is_invalid_argument():
+    tf_fn = tf.function(lambda x: tf.broadcast_to(x, [4, 2, 3]) + 1.0, input_signature=[dyn(3)])
+    jitted = compiled(tf_fn)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="BroadcastTo.*Incompatible shapes"):
+        jitted(np.ones((1, 3, 2), np.float32))
+    x = np.arange(3, dtype=np.float32).reshape(1, 1, 3)
+    assert_same(tf_fn(x), jitted(x), F32)
 
 
 def test_range_with_limit_below_start_is_invalid_argument():

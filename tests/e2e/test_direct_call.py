@@ -228,6 +228,7 @@ _SUBPROCESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.fallback
 @pytest.mark.parametrize("env, fallbacks", [({}, 0), ({"DISC_TF_FORCE_FALLBACK": "1"}, 4)])
 def test_direct_calls_in_a_fresh_process(mlp_dirs, env, fallbacks):
     """A fresh process (artifacts loaded from the model only); with the fallback

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 import disc_tf
@@ -15,7 +16,9 @@ def test_dump_dir_has_every_stage(tmp_path, monkeypatch):
     def f(x, b):
         return tf.nn.relu(x + b) * 2.0
 
-    disc_tf.jit(f)
+    jitted = disc_tf.jit(f)
+    x, b = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)
+    np.testing.assert_allclose(jitted(x, b), f(x, b), rtol=1e-6)  # what was dumped runs
     (cluster_dir,) = list(tmp_path.iterdir())
     files = {p.name: p.read_text() for p in cluster_dir.iterdir()}
     assert set(files) == {"cluster.pbtxt", "dhlo.mlir", "shapes.txt", "fusion_plan.txt",

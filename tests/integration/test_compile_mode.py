@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 import types
 
+import pytest
+
 from disc_tf.background import CompileQueue, cluster_key
 from disc_tf.enable import compile_mode
 
 
+@pytest.mark.fallback
 def test_compile_mode_defaults_to_async(monkeypatch):
     monkeypatch.delenv("DISC_TF_COMPILE_MODE", raising=False)
     assert compile_mode() == "async"

@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 SHAPES = [(2, 3), (5, 7), (1, 129)]
 
@@ -216,11 +217,13 @@ def check_async(tmp_path: pathlib.Path, extra_env: dict[str, str] | None = None,
     return disc
 
 
+@pytest.mark.fallback
 def test_async_mode_serves_tf_ops_first_then_the_compiled_cluster(tmp_path):
     disc = check_async(tmp_path)
     assert disc["before"]["compilations"] >= 1, disc["log"]  # compiled in this process
 
 
+@pytest.mark.fallback
 def test_async_mode_tf1_session(tmp_path):
     check_async(tmp_path, script=ASYNC_TF1_SCRIPT)
 

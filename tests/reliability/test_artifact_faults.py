@@ -31,6 +31,7 @@ def optimized(tmp_path_factory):
     return model, root
 
 
+@pytest.mark.fallback
 def test_wrong_sha_in_the_node_runs_the_fallback(optimized, tmp_path) -> None:
     model, root = optimized
     bad = tmp_path / "wrong_sha"
@@ -85,6 +86,7 @@ DAMAGE = {
 # dlopen maps PT_LOAD segments that lie past the end of a truncated file, and the
 # first touch of such a page is a SIGBUS: the loader checks the ELF headers
 # against the size before dlopen ("truncated_elf" guards that).
+@pytest.mark.fallback
 @pytest.mark.parametrize("case", ["garbage", "elf_header_only", "empty", "truncated_elf"])
 def test_corrupt_bytes_with_matching_sha_fall_back_without_crashing(optimized, tmp_path, case):
     model, root = optimized

@@ -257,6 +257,7 @@ def test_a_full_disk_keeps_the_artifact_in_memory_and_in_the_model(
 _OUTPUT = 'out=""; prev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
 
 
+@pytest.mark.fallback
 @pytest.mark.parametrize("fault", ["truncated", "no_entry_points"])
 def test_a_compiler_exiting_0_with_an_unloadable_library_fails_the_cluster(
         original, fault, root, monkeypatch, tmp_path, caplog):

@@ -161,6 +161,7 @@ def original(tmp_path_factory):
     return models.save_original(tmp_path_factory.mktemp("faults"))
 
 
+@pytest.mark.fallback
 @pytest.mark.parametrize("fault", ["missing", "error", "timeout"])
 def test_optimize_with_a_faulty_compiler_leaves_tf_ops(
     original, fault, fresh_cache, monkeypatch, tmp_path, caplog
@@ -199,6 +200,7 @@ def test_optimize_with_a_faulty_compiler_leaves_tf_ops(
     assert_same(model(x, y), loaded(x, y), tf.float32)
 
 
+@pytest.mark.fallback
 def test_jit_with_a_failing_compiler_runs_the_original_ops(fresh_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("DISC_TF_CXX", str(_script(tmp_path / "cxx", "exit 1\n")))
 

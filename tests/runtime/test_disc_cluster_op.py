@@ -189,6 +189,7 @@ def test_shape_mismatch_is_invalid_argument(
 @pytest.mark.parametrize(
     "case", ["wrong_sha", "empty_artifact", "not_a_shared_object"]
 )
+@pytest.mark.fallback
 def test_fallback(
     nat: native.Native,
     artifact: tuple[bytes, str],
@@ -293,6 +294,7 @@ _LOAD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.fallback
 def test_saved_model_roundtrip(
     nat: native.Native, artifact: tuple[bytes, str], tmp_path: pathlib.Path
 ) -> None:
@@ -320,6 +322,7 @@ def test_saved_model_roundtrip(
         assert expected in proc.stdout, proc.stdout
 
 
+@pytest.mark.fallback
 def test_load_failure_warns_once(
     nat: native.Native,
     tmp_path: pathlib.Path,

@@ -1,0 +1,157 @@
+"""Strict mode (``DISC_TF_STRICT=1``, ``strict=True``): every silent fallback to TF ops
+becomes an error naming the cluster and the cause, and the test suite runs strict
+(so forcing a fallback makes any e2e test fail: shown per file in the self-test)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from disc_tf import strict
+from disc_tf.saved_model import optimize_saved_model
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _fn():
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(x):
+        return tf.tanh(x * 0.5 + 1.0) * tf.sigmoid(x)
+
+    return f
+
+
+@pytest.fixture()
+def failing_compiler(tmp_path, monkeypatch):
+    fake = tmp_path / "cxx"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fake 1"; exit 0; fi\n'
+                    'echo "simulated failure" >&2\nexit 1\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("DISC_TF_CXX", str(fake))
+    monkeypatch.setenv("DISC_TF_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_the_suite_runs_strict():
+    assert strict.strict_from_env(), "tests/conftest.py sets DISC_TF_STRICT=1"
+
+
+def test_a_cluster_that_fails_to_compile_raises(failing_compiler):
+    with pytest.raises(disc_tf.StrictModeError, match=r"(?s)cluster disc_cluster_0 .*simulated failure"):
+        disc_tf.jit(_fn(), min_cluster_size=1)
+    with pytest.raises(disc_tf.StrictModeError):
+        disc_tf.jit(_fn(), min_cluster_size=1, strict=True)
+
+
+@pytest.mark.fallback
+def test_without_strict_the_cluster_stays_tf_ops(failing_compiler):
+    jitted = disc_tf.jit(_fn(), min_cluster_size=1)
+    assert jitted.report.clusters and not jitted.report.compiled
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(jitted(x), _fn()(x), rtol=1e-6)
+    with pytest.raises(disc_tf.StrictModeError):  # an explicit strict=True still raises
+        disc_tf.jit(_fn(), min_cluster_size=1, strict=True)
+
+
+def test_optimize_strict_raises_and_writes_nothing(failing_compiler, tmp_path):
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def __call__(self, x):
+            return tf.exp(x) * 2.0 + 1.0
+
+    tf.saved_model.save(M(), str(tmp_path / "orig"))
+    with pytest.raises(disc_tf.StrictModeError, match="failed to compile"):
+        disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"), strict=True)
+    assert not (tmp_path / "opt").exists()
+
+
+def _saved(tmp_path: pathlib.Path) -> pathlib.Path:
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def __call__(self, x):
+            return tf.exp(x) * 2.0 + 1.0
+
+    tf.saved_model.save(M(), str(tmp_path / "orig"))
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    assert report.compiled
+    return tmp_path / "opt"
+
+
+_CALL = """
+import sys
+import numpy as np
+import tensorflow as tf
+import disc_tf
+m = tf.saved_model.load(sys.argv[1])
+print(m(np.ones(3, np.float32)).numpy())
+"""
+
+
+@pytest.mark.parametrize("strict_on", [True, False], ids=["strict", "lenient"])
+def test_a_forced_fallback_at_run_time(tmp_path, strict_on):
+    opt = _saved(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_FORCE_FALLBACK="1",
+               DISC_TF_STRICT="1" if strict_on else "0")
+    proc = subprocess.run([sys.executable, "-c", _CALL, str(opt)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    if strict_on:
+        assert proc.returncode != 0
+        assert "strict mode (DISC_TF_STRICT)" in proc.stderr
+        assert "DISC_TF_FORCE_FALLBACK is set" in proc.stderr and "DiscCluster 'disc_cluster_0'" \
+            in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_an_artifact_that_does_not_load_is_an_error(tmp_path):
+    from tests.reliability import models
+
+    opt = _saved(tmp_path)
+    bad = tmp_path / "bad"
+    models.rewrite_artifacts(opt, bad, lambda art, sha: (art[: len(art) // 2], sha))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", _CALL, str(bad)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "its artifact did not load" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_enable_compiles_synchronously_in_strict_mode(monkeypatch):
+    from disc_tf.enable import MODE_VAR, compile_mode
+
+    monkeypatch.delenv(MODE_VAR, raising=False)
+    assert compile_mode() == "sync"
+    monkeypatch.setenv("DISC_TF_STRICT", "0")
+    assert compile_mode() == "async"
+
+
+# ---- self-test: forcing a fallback makes every e2e test file fail
+
+E2E_FILES = sorted(p.name for p in (REPO / "tests" / "e2e").glob("test_*.py"))
+
+
+def _first_strict_test(path: pathlib.Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", "-m", "not slow and not fallback", str(path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert ids, proc.stdout[-2000:]
+    return ids[0]
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=() if n in ("test_elementwise_ops.py", "test_saved_model.py")
+                 else pytest.mark.slow) for n in E2E_FILES])
+def test_forcing_a_fallback_fails_the_file(name, tmp_path):
+    test_id = _first_strict_test(REPO / "tests" / "e2e" / name)
+    env = dict(os.environ, DISC_TF_FORCE_FALLBACK="1", DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           test_id], env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode != 0, f"{test_id} passed with every cluster running TF ops"
+    assert "strict mode" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
