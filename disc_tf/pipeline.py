@@ -14,14 +14,14 @@ import pathlib
 
 from tensorflow.core.framework import graph_pb2
 
+from disc_tf.backends import backend
 from disc_tf.cluster.rewrite import ClusterSpec
-from disc_tf.codegen.cpu import emit_cpu
-from disc_tf.codegen.cuda import HOST_MARKER, emit_cuda, split_source
 from disc_tf.dhlo_bridge.lower import DhloModule, lower_cluster
 from disc_tf.fusion.dhlo_reader import read_module
 from disc_tf.fusion.plan import FusionPlan
-from disc_tf.fusion.planner import PlanOptions, plan_fusion
-from disc_tf.runtime import compiler, cuda_compiler
+from disc_tf.fusion.planner import plan_fusion
+from disc_tf.runtime import compiler
+from disc_tf.sources import Sources
 
 log = logging.getLogger("disc_tf")
 
@@ -34,8 +34,13 @@ class CompiledCluster:
     dhlo: DhloModule
     shapes: str
     plan: FusionPlan
-    source: str
+    sources: Sources
     artifact: compiler.Artifact
+
+    @property
+    def source(self) -> str:
+        """The generated sources as one text."""
+        return self.sources.text
 
 
 @dataclasses.dataclass
@@ -45,19 +50,21 @@ class FrontEnd:
     dhlo: DhloModule
     shapes: str
     plan: FusionPlan
-    source: str
+    sources: Sources
+
+    @property
+    def source(self) -> str:
+        """The generated sources as one text (device, then host runner for CUDA)."""
+        return self.sources.text
 
 
 def front_end(spec: ClusterSpec, target: str = "cpu") -> FrontEnd:
     """Lowers, analyses, plans and emits ``spec`` (raises on any failure)."""
-    if target not in ("cpu", "cuda"):
-        raise ValueError(f"target {target!r} has no code generator; use 'cpu' or 'cuda'")
+    target_backend = backend(target)
     dhlo = lower_cluster(spec)
-    plan, analysis = plan_fusion(read_module(dhlo.text), spec.name,
-                                 PlanOptions.for_target(target))
-    emit = emit_cuda if target == "cuda" else emit_cpu
-    source = emit(plan, dhlo.input_names, dhlo.output_names)
-    return FrontEnd(dhlo, analysis.describe(), plan, source)
+    plan, analysis = plan_fusion(read_module(dhlo.text), spec.name, target_backend.plan_options)
+    sources = target_backend.emit(plan, dhlo.input_names, dhlo.output_names)
+    return FrontEnd(dhlo, analysis.describe(), plan, sources)
 
 
 def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
@@ -73,12 +80,11 @@ def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
     (d / "dhlo.mlir").write_text(fe.dhlo.text)
     (d / "shapes.txt").write_text(fe.shapes)
     (d / "fusion_plan.txt").write_text(fe.plan.describe())
-    if HOST_MARKER in fe.source:  # CUDA: device code for nvcc, host runner for the C++ compiler
-        device, host = split_source(fe.source)
-        (d / "kernels.cu").write_text(device)
-        (d / "host_runner.cc").write_text(host)
+    if fe.sources.host:  # device code for nvcc, host runner for the C++ compiler
+        (d / "kernels.cu").write_text(fe.sources.device)
+        (d / "host_runner.cc").write_text(fe.sources.host)
     else:
-        (d / "kernels.cc").write_text(fe.source)
+        (d / "kernels.cc").write_text(fe.sources.device)
     log.info("dumped cluster %s to %s", spec.name, d)
 
 
@@ -86,8 +92,5 @@ def compile_cluster(spec: ClusterSpec, target: str = "cpu") -> CompiledCluster:
     """Runs every stage on ``spec``; the artifact comes from the cache if present."""
     fe = front_end(spec, target)
     _dump(spec, fe)  # before compiling, so a failing compile can be inspected
-    if target == "cuda":
-        artifact = cuda_compiler.build(fe.source, spec.name, fe.plan.num_kernels)
-    else:
-        artifact = compiler.build(fe.source, spec.name, fe.plan.num_kernels, target)
-    return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.source, artifact)
+    artifact = backend(target).build(fe.sources, spec.name, fe.plan.num_kernels)
+    return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.sources, artifact)

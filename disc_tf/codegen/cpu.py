@@ -20,6 +20,7 @@ from disc_tf.codegen.cpu_ops import (
 )
 from disc_tf.codegen.cpu_text import comment, host_expr, product, sym
 from disc_tf.fusion.plan import Buffer, FusionPlan
+from disc_tf.sources import Sources
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
 CODEGEN_VERSION = "cpu-10"
@@ -311,7 +312,7 @@ def signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -
             out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
 
 
-def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
+def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> Sources:
     """The complete C++ source (kernels + ``disc_entry``) of one cluster."""
     emitters = [emitter_for(k, plan) for k in plan.kernels]
     all_emitters = emitters + (
@@ -383,4 +384,4 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         out.append("  }")
     out.append("  return 0;")
     out.append("}")
-    return "\n".join(out) + "\n"
+    return Sources("cpu", "\n".join(out) + "\n")

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from disc_tf.codegen import cpu_gemm, cpu_reduce
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
-    COST,
     STORAGE,
     expression,
     literal,
+    op_cost,
 )
 from disc_tf.codegen.cpu_short_rows import SHORT_ROW, short_rows
 from disc_tf.codegen.cpu_text import (
@@ -291,7 +291,7 @@ class KernelEmitter:
         return "\n".join(lines)
 
     def cost(self) -> int:
-        return max(1, sum(COST.get(op.op, 1) for op in self.k.ops))
+        return max(1, sum(op_cost(op.op) for op in self.k.ops))
 
     def source(self) -> str:
         header = (
@@ -647,7 +647,7 @@ class KernelEmitter:
             [ref for op in last for kind, ref in op.operands if kind == "val"])}
         final = closure([out_value])
         shared = {op.value for op in final if op.value in computed}
-        if sum(COST.get(op.op, 1) for op in final if op.value in shared) < 20:
+        if sum(op_cost(op.op) for op in final if op.value in shared) < 20:
             return None  # cheap to recompute
         frontier = {ref for op in final if op.value not in shared
                     for kind, ref in op.operands if kind == "val" and ref in shared}

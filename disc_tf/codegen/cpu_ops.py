@@ -1,174 +1,46 @@
-"""Per-op C++ expressions for the CPU backend.
+"""The CPU backend's types and the C++ helpers every generated source defines.
 
-Values are held in a *compute type* (float for f16, so that every f16 op
-computes in float and rounds once per op, as TensorFlow's CPU kernels do).
+Per-op expressions live in the op table (``disc_tf.ops.elementwise``): values are
+held in a *compute type* (float for f16, so that every f16 op computes in float
+and rounds once per op, as TensorFlow's CPU kernels do).
 """
 
 from __future__ import annotations
 
-import math
-
 from disc_tf.codegen.cpu_text import CASCADE
+from disc_tf.ops import elementwise
+from disc_tf.ops.elementwise import COMPUTE, literal
 
 #: Storage type of each element type in generated C++.
 STORAGE = {"f32": "float", "f16": "_Float16", "bf16": "disc_bf16", "i32": "int32_t",
            "i64": "int64_t", "i1": "bool", "f64": "double"}
-#: Type values are computed in.
-#: (f64 only accumulates products of floats; no tensor holds it.)
-COMPUTE = {"f32": "float", "f16": "float", "bf16": "float", "i32": "int32_t", "i64": "int64_t",
-           "i1": "bool", "f64": "double"}
 #: RAL dtype constant of each element type.
 RAL_DTYPE = {"f32": "DISC_F32", "f16": "DISC_F16", "bf16": "DISC_BF16", "i32": "DISC_I32",
              "i64": "DISC_I64", "i1": "DISC_BOOL"}
 #: Bytes per element.
 ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}
 
-_FLOAT = ("f32", "f16", "bf16")
-
-_COMPARE = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
-
-#: Rough cost in cycles per element, for the thread pool's cost model.
-COST = {"exponential": 20, "log": 20, "tanh": 25, "logistic": 25, "power": 40,
-        "sqrt": 8, "rsqrt": 10, "divide": 4, "erf": 25, "erfc": 25, "log_plus_one": 20,
-        "exponential_minus_one": 20, "sine": 20, "cosine": 20, "remainder": 10}
-
-
-def literal(value: object, elem: str) -> str:
-    """A C++ literal of ``value`` in the compute type of ``elem``."""
-    if elem == "f64":
-        return repr(float(value)) if math.isfinite(float(value)) else literal(value, "f32")
-    if elem in _FLOAT:
-        v = float(value)
-        if math.isnan(v):
-            return "NAN"
-        if math.isinf(v):
-            return "INFINITY" if v > 0 else "(-INFINITY)"
-        return f"{v.hex()}f" if v >= 0 else f"(-{(-v).hex()}f)"
-    if elem == "i1":
-        return "true" if value else "false"
-    if elem == "i64":
-        return f"INT64_C({int(value)})"
-    return f"int32_t({int(value)})"
-
-
-def _round(expr: str, elem: str) -> str:
-    """Rounds a float expression to f16 precision when ``elem`` is f16."""
-    if elem in ("f16", "bf16"):
-        return f"disc_round_{elem}({expr})"
-    return expr
-
-
-def _float_literal_value(text: str) -> float | None:
-    """The value of a float literal written by ``literal`` (None for any other text)."""
-    t = text.strip("()")
-    if not t.endswith("f"):
-        return None
-    try:
-        return float.fromhex(t[:-1])
-    except ValueError:
-        return None
-
-
-def _power(a: str, b: str) -> str:
-    """``pow(a, b)``; a constant exponent of -1, 1, 2, 3 or 4 becomes multiplies.
-
-    ``x * x * x`` is what XLA emits for ``x ** 3`` too: it keeps the loop
-    vectorized (a vector ``powf`` costs ~20x more) and differs from ``powf`` by at
-    most a rounding per multiply; NaN, infinities and signed zeros come out as
-    ``powf``'s.
-    """
-    e = _float_literal_value(b)
-    if e == 1.0:
-        return a
-    if e == 2.0:
-        return f"({a} * {a})"
-    if e == 3.0:
-        return f"({a} * {a} * {a})"
-    if e == 4.0:
-        return f"(({a} * {a}) * ({a} * {a}))"
-    if e == -1.0:
-        return f"(1.0f / {a})"
-    return f"powf({a}, {b})"
+__all__ = ["COMPUTE", "STORAGE", "RAL_DTYPE", "ITEMSIZE", "PRELUDE", "VECTOR_MATH", "expression",
+           "literal", "op_cost"]
 
 
 def expression(op: str, args: list[str], elem: str, operand_elems: list[str],
                attrs: dict[str, str]) -> str:
     """The C++ expression computing DHLO ``op`` on compute-type ``args``."""
-    a = args[0]
-    b = args[1] if len(args) > 1 else ""
-    is_float = elem in _FLOAT
-    ct = COMPUTE[elem]
-    simple = {
-        "add": f"{a} + {b}", "subtract": f"{a} - {b}", "multiply": f"{a} * {b}",
-        "divide": f"{a} / {b}", "negate": f"-{a}", "and": f"{a} && {b}", "or": f"{a} || {b}",
-        "not": f"!{a}",
-    }
-    if op in simple:
-        expr = simple[op]
-        if not is_float and elem != "i1":
-            expr = f"{ct}({expr})"
-        return _round(expr, elem)
-    if op == "maximum":
-        if is_float:
-            return f"disc_max({a}, {b})"
-        return f"({a} > {b} ? {a} : {b})"
-    if op == "minimum":
-        if is_float:
-            return f"disc_min({a}, {b})"
-        return f"({a} < {b} ? {a} : {b})"
-    if op == "abs":
-        return _round(f"fabsf({a})", elem) if is_float else f"{ct}({a} < 0 ? -{a} : {a})"
-    unary_float = {
-        "exponential": "expf", "log": "logf", "tanh": "tanhf", "sqrt": "sqrtf",
-        "floor": "floorf", "ceil": "ceilf", "round_nearest_even": "nearbyintf",
-        "log_plus_one": "log1pf", "exponential_minus_one": "expm1f", "sine": "sinf",
-        "cosine": "cosf", "erf": "erff", "erfc": "erfcf",
-    }
-    if op in unary_float:
-        return _round(f"{unary_float[op]}({a})", elem)
-    if op == "sign":
-        if is_float:
-            return f"({a} != {a} ? {a} : (float)(({a} > 0) - ({a} < 0)))"
-        return f"{ct}(({a} > 0) - ({a} < 0))"
-    if op == "is_finite":
-        return f"(bool)isfinite({a})"
-    if op == "remainder":
-        return _round(f"fmodf({a}, {b})", elem) if is_float else f"{ct}({a} % {b})"
-    if op == "rsqrt":
-        return _round(f"1.0f / sqrtf({a})", elem)
-    if op == "logistic":
-        return _round(f"1.0f / (1.0f + expf(-{a}))", elem)
-    if op == "power":
-        return _round(_power(a, b), elem)
-    if op == "compare":
-        direction = attrs["comparison_direction"].split()[-1].rstrip(">")
-        return f"({a} {_COMPARE[direction]} {b})"
-    if op == "select":
-        return f"({a} ? {b} : {args[2]})"
-    if op == "convert":
-        src = operand_elems[0]
-        if elem == "i1":
-            return f"({a} != 0)"
-        if src == elem:
-            return a
-        return _round(f"{ct}({a})", elem)
-    raise ValueError(f"CPU codegen has no expression for DHLO op {op}")
+    try:
+        return elementwise.expression(op, args, elem, operand_elems, attrs)
+    except ValueError:
+        raise ValueError(f"CPU codegen has no expression for DHLO op {op}") from None
+
+
+def op_cost(op: str) -> int:
+    """Rough cycles per element of DHLO ``op``, for the thread pool's cost model."""
+    return elementwise.cost(op)
 
 
 #: Declarations that let the compiler call glibc's vector math (libmvec) from
 #: vectorized loops; must precede any use, outside any namespace.
-VECTOR_MATH = """extern "C" {
-__attribute__((simd("notinbranch"))) float expf(float) noexcept;
-__attribute__((simd("notinbranch"))) float logf(float) noexcept;
-__attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
-__attribute__((simd("notinbranch"))) float powf(float, float) noexcept;
-__attribute__((simd("notinbranch"))) float log1pf(float) noexcept;
-__attribute__((simd("notinbranch"))) float expm1f(float) noexcept;
-__attribute__((simd("notinbranch"))) float sinf(float) noexcept;
-__attribute__((simd("notinbranch"))) float cosf(float) noexcept;
-__attribute__((simd("notinbranch"))) float erff(float) noexcept;
-__attribute__((simd("notinbranch"))) float erfcf(float) noexcept;
-}"""
+VECTOR_MATH = elementwise.vector_math_declarations()
 
 #: Helpers every generated source defines once.
 PRELUDE = r"""

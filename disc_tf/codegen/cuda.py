@@ -6,8 +6,7 @@ dim on the host from input shapes (so it never waits for the GPU), runs the
 host shape checks, allocates outputs and temporaries through the RAL and
 queues the kernels emitted by ``cuda_kernels.py`` on the RAL's stream.
 
-``emit_cuda`` returns both sources as one text: the device part, then the
-line ``HOST_MARKER``, then the host part; ``split_source`` undoes it.
+``emit_cuda`` returns both as a typed pair (``disc_tf.sources.Sources``).
 """
 
 from __future__ import annotations
@@ -28,21 +27,13 @@ from disc_tf.codegen.cuda_ops import (
     cuda_literal,
 )
 from disc_tf.fusion.plan import Buffer, FusionPlan
+from disc_tf.sources import Sources
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
 CODEGEN_VERSION = "cuda-1"
 #: Buffer roles the host runner can place in device memory.
 BUFFER_ROLES = ("input", "output", "temp", "const", "alias")
 #: The line between the device source and the host source in ``emit_cuda``'s text.
-HOST_MARKER = "// ==== host runner (C++; the lines above are the device code, for nvcc) ===="
-
-
-def split_source(text: str) -> tuple[str, str]:
-    """(device source, host source) of a text ``emit_cuda`` returned."""
-    device, sep, host = text.partition(HOST_MARKER + "\n")
-    if not sep:
-        raise CudaCodegenError("not a CUDA source: the host runner marker is missing")
-    return device, host
 
 
 def _device_const(b: Buffer) -> str:
@@ -68,14 +59,19 @@ def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> lis
     """Temp allocation, kernel launches and (stream-ordered) frees of one plan."""
     out: list[str] = []
     ptr = {name: plan.root(name) for name in plan.buffers}
+    # A temp reusing another's memory (the buffer planner's decision) keeps that
+    # memory alive: it is freed after the last reader of either.
     last_use: dict[str, int] = {}
     for n, k in enumerate(plan.kernels):
         for a in k.inputs:
-            last_use[plan.root(a.buffer)] = n
+            last_use[plan.memory(a.buffer)] = n
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         for _, bname in k.outputs:
             b = plan.buffers[bname]
-            if b.role == "temp":
+            if b.role == "temp" and b.reuses:
+                out.append(f"  void* {b.name} = {b.reuses};  // in place of {b.reuses}: same "
+                           "proven size, last read by this kernel")
+            elif b.role == "temp":
                 nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
                 out.append(f"  void* {b.name} = ral->alloc_temp(ral, {nbytes});")
                 out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
@@ -102,8 +98,8 @@ def _buffers(plans: list[FusionPlan], out: list[str]) -> None:
             out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
 
 
-def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> str:
-    """Device and host source of one cluster (see ``split_source``).
+def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> Sources:
+    """Device and host sources of one cluster.
 
     Raises CudaCodegenError for a plan the backend cannot compile exactly.
     """
@@ -177,4 +173,4 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         body.extend("  " + x for x in _launch_sequence(plan, emitters[0]))
         body.append("  }")
     host += body + ["  return 0;", "}"]
-    return "\n".join(device) + "\n" + HOST_MARKER + "\n" + "\n".join(host) + "\n"
+    return Sources("cuda", "\n".join(device), "\n".join(host) + "\n")

@@ -8,12 +8,13 @@ handled here by rounding to bf16 where the CPU backend rounds to f16.
 
 from __future__ import annotations
 
-from disc_tf.codegen.cpu_ops import expression, literal
+from disc_tf.codegen.cpu_ops import literal
 from disc_tf.codegen.cpu_text import CASCADE
-from disc_tf.runtime.compiler import CompileError
+from disc_tf.errors import CodegenError
+from disc_tf.ops import elementwise
 
 
-class CudaCodegenError(CompileError):
+class CudaCodegenError(CodegenError):
     """The CUDA backend cannot generate code for a plan (an unsupported kernel
     kind, op or element type); the optimizer leaves the cluster as TF ops."""
 
@@ -78,8 +79,8 @@ def cuda_expression(op: str, args: list[str], elem: str, operand_elems: list[str
             return f"disc_round_{elem}((float)({a}))"
         return f"{COMPUTE[elem]}({a})"
     try:
-        text = expression(op, args, _HALF.get(elem, elem), [_HALF.get(e, e) for e in operand_elems],
-                          attrs)
+        text = elementwise.expression(op, args, _HALF.get(elem, elem),
+                                      [_HALF.get(e, e) for e in operand_elems], attrs, backend="cuda")
     except (ValueError, KeyError) as e:
         raise CudaCodegenError(f"CUDA codegen has no expression for DHLO op {op}: {e}") from e
     if elem == "bf16":

@@ -14,8 +14,47 @@ import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
-from disc_tf.dhlo_bridge.rules import LoweringError, host_shape, register
+from disc_tf.dhlo_bridge.rules import LoweringError, host_shape
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
+from disc_tf.ops.table import ALL_TYPES, FLOAT_TYPES, INT_TYPES, MOVE_TYPES, NUMERIC_TYPES, tf_op
+
+
+def _strided_slice_check(node) -> str | None:
+    attr = node.attr
+    if attr["ellipsis_mask"].i & attr["new_axis_mask"].i:
+        return "StridedSlice with ellipsis and new_axis on one index"
+    return None
+
+
+def _one_hot_check(node) -> str | None:
+    if node.attr["TI"].type in (tf.int32.as_datatype_enum, tf.int64.as_datatype_enum):
+        return None
+    return "OneHot indices must be integers"
+
+
+def _nhwc_check(node) -> str | None:
+    fmt = node.attr["data_format"].s.decode() if "data_format" in node.attr else "NHWC"
+    if fmt != "NHWC":
+        return f"data_format {fmt} (only NHWC)"
+    if node.attr["padding"].s.decode() not in ("SAME", "VALID", "EXPLICIT"):
+        return "unsupported padding"
+    return None
+
+
+def _static_window(node) -> str | None:
+    """The filter window (and a depthwise conv's channel count) must be static."""
+    dims = node.inputs[1].dims if len(node.inputs) > 1 else None
+    if dims is None or len(dims) != 4 or None in dims[:2]:
+        return "filter window must be static"
+    x = node.inputs[0].dims
+    if node.op == "DepthwiseConv2dNative" and (x is None or len(x) != 4 or x[3] is None):
+        return "depthwise input channels must be static"
+    return None
+
+
+def _static_index_depth(node) -> str | None:
+    depth = node.inputs[1].dims
+    return None if depth and depth[-1] is not None else "index depth must be static"
 
 
 def _axis(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue | int, rank: int) -> int:
@@ -37,7 +76,7 @@ def _reshape_to(b: DhloBuilder, x: TValue, extents: list[str], dims: tuple) -> T
     return b.dynamic_reshape(x, extents, dims)
 
 
-@register("Slice")
+@tf_op("Slice", dtypes=MOVE_TYPES, shape_inputs=(1, 2))
 def _slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, begin_v, size_v = xs
     begin = host_shape(b, node, begin_v, "begin")
@@ -64,7 +103,8 @@ def _normalize(b: DhloBuilder, value: str, dim: str, positive: bool) -> str:
                          b.index_arith("minsi", wrapped, b.index_arith("subi", dim, b.index_const(1))))
 
 
-@register("StridedSlice")
+@tf_op("StridedSlice", dtypes=MOVE_TYPES, shape_inputs=(1, 2), const_inputs=(3,),
+       check=_strided_slice_check)
 def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, begin_v, end_v, strides_v = xs
     begin = host_shape(b, node, begin_v, "begin")
@@ -155,7 +195,7 @@ def _strided_slice(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue])
     return [_reshape_to(b, sliced, extents, dims)]
 
 
-@register("ConcatV2")
+@tf_op("ConcatV2", dtypes=MOVE_TYPES, const_inputs=(-1,))
 def _concat(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     *parts, axis_v = xs
     axis = _axis(b, node, axis_v, parts[0].rank)
@@ -165,7 +205,7 @@ def _concat(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     return [b.op("concatenate", parts, parts[0].elem, dims, f"dimension = {axis} : i64")]
 
 
-@register("Pack")
+@tf_op("Pack", dtypes=MOVE_TYPES)
 def _pack(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     rank = xs[0].rank + 1
     axis = _axis(b, node, node.attr["axis"].i, rank)
@@ -197,7 +237,7 @@ def _split_along(b: DhloBuilder, x: TValue, axis: int, sizes: list[str]) -> list
     return outs
 
 
-@register("Unpack")
+@tf_op("Unpack", dtypes=MOVE_TYPES)
 def _unpack(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     axis = _axis(b, node, node.attr["axis"].i, x.rank)
@@ -211,7 +251,7 @@ def _unpack(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     return outs
 
 
-@register("Split")
+@tf_op("Split", dtypes=MOVE_TYPES, const_inputs=(0,))
 def _split(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     axis_v, x = xs
     axis = _axis(b, node, axis_v, x.rank)
@@ -224,7 +264,7 @@ def _split(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     return _split_along(b, x, axis, [size] * num)
 
 
-@register("SplitV")
+@tf_op("SplitV", dtypes=MOVE_TYPES, const_inputs=(1, 2))
 def _split_v(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, sizes_v, axis_v = xs
     axis = _axis(b, node, axis_v, x.rank)
@@ -253,7 +293,7 @@ def _paddings(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, rank: i
     return elems[0::2], elems[1::2]
 
 
-@register("Pad", "PadV2")
+@tf_op("Pad", "PadV2", dtypes=MOVE_TYPES, shape_inputs=(1,))
 def _pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, paddings = xs[0], xs[1]
     low, high = _paddings(b, node, paddings, x.rank)
@@ -272,7 +312,7 @@ def _pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[T
     return [b.op_with_shapes("dynamic_pad", operands, x.elem, tuple(dims))]
 
 
-@register("Fill")
+@tf_op("Fill", dtypes=ALL_TYPES, shape_inputs=(0,))
 def _fill(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     dims_v, value = xs
     extents = host_shape(b, node, dims_v, "dims")
@@ -280,7 +320,7 @@ def _fill(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     return [b.op("convert", [filled], filled.elem, filled.dims)]
 
 
-@register("BroadcastTo")
+@tf_op("BroadcastTo", dtypes=MOVE_TYPES, shape_inputs=(1,))
 def _broadcast_to(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     """numpy broadcasting of ``x`` to a host shape (every dim of ``x`` is 1 or the
     target's: the host checks it)."""
@@ -321,7 +361,8 @@ def _float_range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -
                  ramp.dims)]
 
 
-@register("Range")
+@tf_op("Range", dtypes=INT_TYPES | {tf.float32}, dtype_attr="Tidx", shape_inputs=(0, 1),
+       const_inputs=(2,))
 def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     if tf.as_dtype(node.attr["Tidx"].type).is_floating:
         return _float_range(b, node, xs)
@@ -344,7 +385,7 @@ def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     return [b.op("add", [scaled, offset], elem, ramp.dims)]
 
 
-@register("Tile")
+@tf_op("Tile", dtypes=MOVE_TYPES, shape_inputs=(1,))
 def _tile(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, multiples_v = xs
     multiples = host_shape(b, node, multiples_v, "multiples")
@@ -360,7 +401,7 @@ def _tile(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     return [b.dynamic_reshape(wide, merged, dims)]
 
 
-@register("OneHot")
+@tf_op("OneHot", dtypes=MOVE_TYPES, shape_inputs=(1,), check=_one_hot_check)
 def _one_hot(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     indices, depth_v, on, off = xs
     (depth,) = host_shape(b, node, depth_v, "depth")
@@ -381,7 +422,7 @@ def _one_hot(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     return [b.op("select", [hit, on_b, off_b], on.elem, positions.dims)]
 
 
-@register("GatherV2")
+@tf_op("GatherV2", dtypes=MOVE_TYPES, dtype_attr="Tparams", const_inputs=(2,))
 def _gather(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     params, indices, axis_v = xs
     axis = _axis(b, node, axis_v, params.rank)
@@ -401,7 +442,7 @@ _ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),
                                                            "9223372036854775807")}
 
 
-@register("ArgMax", "ArgMin")
+@tf_op("ArgMax", "ArgMin", dtypes=NUMERIC_TYPES, const_inputs=(1,))
 def _arg_max(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, axis_v = xs
     if x.rank == 0:
@@ -461,7 +502,9 @@ def _nhwc(node: node_def_pb2.NodeDef) -> None:
         raise LoweringError(f"{node.op} {node.name}: data_format {fmt} (only NHWC)")
 
 
-@register("Conv2D", "DepthwiseConv2dNative")
+# f16/bf16 multiplied in f32; the window (filter kh, kw) must be static.
+@tf_op("Conv2D", "DepthwiseConv2dNative", dtypes=FLOAT_TYPES, check=_nhwc_check,
+       shape_check=_static_window)
 def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, w = xs
     _nhwc(node)
@@ -500,7 +543,7 @@ def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     return [b.op("dynamic_conv", [x, w, padding2d], x.elem, dims, attrs)]
 
 
-@register("MaxPool", "AvgPool")
+@tf_op("MaxPool", "AvgPool", dtypes=FLOAT_TYPES, check=_nhwc_check)
 def _pool(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     _nhwc(node)
@@ -539,7 +582,7 @@ def _pad_value(b: DhloBuilder, x: TValue, value: TValue, low: list[str], high: l
     return b.op_with_shapes("dynamic_pad", operands, x.elem, (None,) * x.rank)
 
 
-@register("Cumsum", "Cumprod")
+@tf_op("Cumsum", "Cumprod", dtypes=FLOAT_TYPES | INT_TYPES, const_inputs=(1,))
 def _cumulative(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     """A scan along one axis: ``stablehlo.custom_call @disc.scan`` (StableHLO's
     reduce_window needs a static window, a scan over a dynamic dim has none)."""
@@ -556,7 +599,7 @@ def _cumulative(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) ->
     return [b.op("custom_call", [x], x.elem, x.dims, attrs)]
 
 
-@register("MirrorPad")
+@tf_op("MirrorPad", dtypes=MOVE_TYPES, shape_inputs=(1,))
 def _mirror_pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     """REFLECT/SYMMETRIC padding: ``stablehlo.custom_call @disc.mirror_pad`` with host
     widths (StableHLO has no mirrored pad; each output element reads its mirror)."""
@@ -577,7 +620,7 @@ def _mirror_pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) ->
     return [b.op("custom_call", operands, x.elem, (None,) * x.rank, attrs)]
 
 
-@register("GatherNd")
+@tf_op("GatherNd", dtypes=MOVE_TYPES, dtype_attr="Tparams", shape_check=_static_index_depth)
 def _gather_nd(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     """``stablehlo.dynamic_gather`` of whole slices: indices [..., K] pick params[i0..iK-1]."""
     params, indices = xs

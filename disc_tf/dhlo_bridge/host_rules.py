@@ -19,6 +19,7 @@ from tensorflow.core.framework import node_def_pb2
 
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
+from disc_tf.ops.table import ALL_TYPES, tf_op
 
 HostRule = Callable[[DhloBuilder, node_def_pb2.NodeDef, list[TValue]], list[TValue] | None]
 _HOST_RULES: dict[str, HostRule] = {}
@@ -63,17 +64,21 @@ def _out_elem(node: node_def_pb2.NodeDef, attr: str = "T") -> str:
     return MLIR_TYPE[tf.as_dtype(node.attr[attr].type)]
 
 
+# Shape queries read dims, never data: free on the host, always evaluated there.
+@tf_op("Shape", "ShapeN", dtypes=ALL_TYPES, trivial=True)
 @host_rule("Shape", "ShapeN")
 def _shape(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     elem = _out_elem(node, "out_type")
     return [b.host_tensor([b.dim(x, d) for d in range(x.rank)], elem, 1) for x in xs]
 
 
+@tf_op("Size", dtypes=ALL_TYPES, trivial=True)
 @host_rule("Size")
 def _size(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     return [b.host_tensor([b.element_count(xs[0])], _out_elem(node, "out_type"), 0)]
 
 
+@tf_op("Rank", dtypes=ALL_TYPES, trivial=True)
 @host_rule("Rank")
 def _rank(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     return [b.host_tensor([b.index_const(xs[0].rank)], "i32", 0)]

@@ -1,13 +1,12 @@
-"""Lowering rules: one function per TF op type, registered by decorator.
+"""Lowering rules of the op table: one function per TF op type (or family), each
+defining its ops' entries with ``tf_op`` (support and lowering in one place).
 
 A rule receives the builder, the TF NodeDef and its operands (already DHLO
-values) and returns the node's outputs as DHLO values. The op names here are
-the ones in ``disc_tf.cluster.op_registry``.
+values) and returns the node's outputs as DHLO values. TF ops that are exactly
+one DHLO elementwise op are one line each in ``disc_tf.ops.elementwise``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -15,50 +14,36 @@ from tensorflow.core.framework import node_def_pb2
 
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.types import MLIR_TYPE, dense_literal
-
-Rule = Callable[[DhloBuilder, node_def_pb2.NodeDef, list[TValue]], list[TValue]]
-_RULES: dict[str, Rule] = {}
+from disc_tf.ops import table
+from disc_tf.ops.table import (
+    ALL_TYPES,
+    BOOL_TYPES,
+    FLOAT_TYPES,
+    INT_TYPES,
+    LAYOUT_TYPES,
+    NUMERIC_TYPES,
+    REDUCE_TYPES,
+    tf_op,
+)
 
 
 class LoweringError(ValueError):
     """A TF node that has no (valid) DHLO lowering."""
 
 
-def register(*op_types: str) -> Callable[[Rule], Rule]:
-    """Registers a rule for each TF op type given."""
-
-    def wrap(rule: Rule) -> Rule:
-        for op in op_types:
-            _RULES[op] = rule
-        return rule
-
-    return wrap
-
-
-def rule_for(op_type: str) -> Rule:
-    """The rule for ``op_type``; raises LoweringError naming supported ops."""
-    if op_type not in _RULES:
-        raise LoweringError(f"no DHLO lowering for TF op {op_type}; supported: {sorted(_RULES)}")
-    return _RULES[op_type]
+def rule_for(op_type: str) -> table.Rule:
+    """The lowering rule of ``op_type``; raises LoweringError naming supported ops."""
+    entry = table.lookup(op_type)
+    if entry is None or entry.lower is None:
+        raise LoweringError(f"no DHLO lowering for TF op {op_type}; supported: {lowered_ops()}")
+    return entry.lower
 
 
 def lowered_ops() -> list[str]:
     """TF op types that have a lowering."""
-    return sorted(_RULES)
+    return [op for op in table.supported_ops() if table.lookup(op).lower is not None]
 
 
-_BINARY = {
-    "Add": "add", "AddV2": "add", "Sub": "subtract", "Mul": "multiply",
-    "RealDiv": "divide", "Maximum": "maximum", "Minimum": "minimum", "Pow": "power",
-    "LogicalAnd": "and", "LogicalOr": "or",
-}
-_UNARY = {
-    "Neg": "negate", "Abs": "abs", "Exp": "exponential", "Log": "log", "Tanh": "tanh",
-    "Sigmoid": "logistic", "Rsqrt": "rsqrt", "Sqrt": "sqrt", "LogicalNot": "not",
-    "Sign": "sign", "Floor": "floor", "Ceil": "ceil", "Round": "round_nearest_even",
-    "Log1p": "log_plus_one", "Expm1": "exponential_minus_one", "Sin": "sine", "Cos": "cosine",
-    "Erf": "chlo.erf", "Erfc": "chlo.erfc",
-}
 _COMPARE = {
     "Equal": "EQ", "NotEqual": "NE", "Less": "LT", "LessEqual": "LE",
     "Greater": "GT", "GreaterEqual": "GE",
@@ -72,17 +57,7 @@ def _elementwise(b: DhloBuilder, name: str, operands: list[TValue], elem: str | 
     return b.op(name, operands, elem or first.elem, first.dims, attrs)
 
 
-@register(*_BINARY)
-def _binary(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
-    return [_elementwise(b, _BINARY[node.op], xs)]
-
-
-@register(*_UNARY)
-def _unary(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
-    return [b.op(_UNARY[node.op], xs, xs[0].elem, xs[0].dims)]
-
-
-@register("Square")
+@tf_op("Square", dtypes=NUMERIC_TYPES)
 def _square(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     return [b.op("multiply", [xs[0], xs[0]], xs[0].elem, xs[0].dims)]
 
@@ -91,26 +66,27 @@ def _scalar(b: DhloBuilder, value: float, elem: str) -> TValue:
     return b.constant(dense_literal(np.array(value), elem), elem, ())
 
 
-@register("Relu")
+@tf_op("Relu", dtypes=NUMERIC_TYPES)
 def _relu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     zero = b.broadcast_to(_scalar(b, 0, x.elem), b.shape_of(x), x.rank, [])
     return [b.op("maximum", [x, zero], x.elem, x.dims)]
 
 
-@register(*_COMPARE)
+@tf_op("Equal", "NotEqual", dtypes=ALL_TYPES)
+@tf_op("Less", "LessEqual", "Greater", "GreaterEqual", dtypes=NUMERIC_TYPES)
 def _compare(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     attr = f"comparison_direction = #stablehlo<comparison_direction {_COMPARE[node.op]}>"
     return [_elementwise(b, "compare", xs, elem="i1", attrs=attr)]
 
 
-@register("SelectV2")
+@tf_op("SelectV2", dtypes=ALL_TYPES)
 def _select_v2(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     ops = b.numpy_broadcast(xs)
     return [b.op("select", ops, ops[1].elem, ops[1].dims)]
 
 
-@register("Select")
+@tf_op("Select", dtypes=ALL_TYPES)
 def _select(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     cond, then, other = xs
     b.require_equal_shapes([then, other])
@@ -126,13 +102,13 @@ def _select(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     return [b.op("select", [cond, then, other], then.elem, then.dims)]
 
 
-@register("Cast")
+@tf_op("Cast", dtypes=ALL_TYPES, dtype_attr="SrcT")
 def _cast(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     dst = MLIR_TYPE[tf.as_dtype(node.attr["DstT"].type)]
     return [b.op("convert", xs, dst, xs[0].dims)]
 
 
-@register("Const")
+@tf_op("Const", dtypes=ALL_TYPES, dtype_attr="dtype", trivial=True)
 def _const(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     value = tf.make_ndarray(node.attr["value"].tensor)
     elem = MLIR_TYPE[tf.as_dtype(node.attr["dtype"].type)]
@@ -145,36 +121,36 @@ def _like(b: DhloBuilder, x: TValue, value: float, elem: str | None = None) -> T
     return b.broadcast_to(_scalar(b, value, elem), b.shape_of(x), x.rank, [])
 
 
-@register("Identity", "StopGradient", "Snapshot")
+@tf_op("Identity", "StopGradient", "Snapshot", dtypes=ALL_TYPES, trivial=True)
 def _identity(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     # A same-type convert: free inside a fused kernel, a copy if it is all there is.
     return [b.op("convert", xs, xs[0].elem, xs[0].dims)]
 
 
-@register("ZerosLike", "OnesLike")
+@tf_op("ZerosLike", "OnesLike", dtypes=ALL_TYPES)
 def _fill_like(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     value = 0 if node.op == "ZerosLike" else 1
     filled = _like(b, xs[0], value)
     return [b.op("convert", [filled], filled.elem, filled.dims)]
 
 
-@register("IsNan")
+@tf_op("IsNan", dtypes=FLOAT_TYPES)
 def _is_nan(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     attr = "comparison_direction = #stablehlo<comparison_direction NE>"
     return [b.op("compare", [xs[0], xs[0]], "i1", xs[0].dims, attr)]
 
 
-@register("IsFinite")
+@tf_op("IsFinite", dtypes=FLOAT_TYPES)
 def _is_finite(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     return [b.op("is_finite", xs, "i1", xs[0].dims)]
 
 
-@register("Reciprocal", "Inv")
+@tf_op("Reciprocal", "Inv", dtypes=FLOAT_TYPES)
 def _reciprocal(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     return [b.op("divide", [_like(b, xs[0], 1), xs[0]], xs[0].elem, xs[0].dims)]
 
 
-@register("SquaredDifference")
+@tf_op("SquaredDifference", dtypes=NUMERIC_TYPES)
 def _squared_difference(b: DhloBuilder, node: node_def_pb2.NodeDef,
                         xs: list[TValue]) -> list[TValue]:
     d = _elementwise(b, "subtract", xs)
@@ -190,14 +166,14 @@ def _compare(b: DhloBuilder, x: TValue, y: TValue, direction: str) -> TValue:
     return b.op("compare", [x, y], "i1", x.dims, attr)
 
 
-@register("Relu6")
+@tf_op("Relu6", dtypes=NUMERIC_TYPES)
 def _relu6(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     low = b.op("maximum", [x, _like(b, x, 0)], x.elem, x.dims)
     return [b.op("minimum", [low, _like(b, x, 6)], x.elem, x.dims)]
 
 
-@register("LeakyRelu")
+@tf_op("LeakyRelu", dtypes=FLOAT_TYPES)
 def _leaky_relu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     alpha = node.attr["alpha"].f if "alpha" in node.attr else 0.2
@@ -211,7 +187,7 @@ def _exp_minus_one(b: DhloBuilder, x: TValue) -> TValue:
     return b.op("subtract", [e, _like(b, x, 1)], x.elem, x.dims)
 
 
-@register("Elu")
+@tf_op("Elu", dtypes=FLOAT_TYPES)
 def _elu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     return [_select(b, _compare(b, x, _like(b, x, 0), "LT"), _exp_minus_one(b, x), x)]
@@ -221,7 +197,7 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 _SELU_ALPHA = 1.6732632423543772848170429916717
 
 
-@register("Selu")
+@tf_op("Selu", dtypes=FLOAT_TYPES)
 def _selu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     neg = b.op("multiply", [_exp_minus_one(b, x), _like(b, x, _SELU_SCALE * _SELU_ALPHA)],
@@ -230,7 +206,7 @@ def _selu(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     return [_select(b, _compare(b, x, _like(b, x, 0), "LT"), neg, pos)]
 
 
-@register("Softplus")
+@tf_op("Softplus", dtypes=FLOAT_TYPES)
 def _softplus(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     # TF: x if x > -t, exp(x) if x < t, else log1p(exp(x)), t = log(eps) + 2.
     x = xs[0]
@@ -242,7 +218,7 @@ def _softplus(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> l
     return [_select(b, _compare(b, x, _like(b, x, -t), "GT"), x, small)]
 
 
-@register("Softsign")
+@tf_op("Softsign", dtypes=FLOAT_TYPES)
 def _softsign(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     a = b.op("abs", [x], x.elem, x.dims)
@@ -250,13 +226,13 @@ def _softsign(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> l
     return [b.op("divide", [x, d], x.elem, x.dims)]
 
 
-@register("FloorDiv")
+@tf_op("FloorDiv", dtypes=FLOAT_TYPES, host_dtypes=INT_TYPES)
 def _floor_div(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     q = _elementwise(b, "divide", xs)
     return [b.op("floor", [q], q.elem, q.dims)]
 
 
-@register("FloorMod")
+@tf_op("FloorMod", dtypes=FLOAT_TYPES)
 def _floor_mod(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     # Python-style modulo: the result takes the divisor's sign.
     x, y = b.numpy_broadcast(xs)
@@ -270,7 +246,7 @@ def _floor_mod(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> 
     return [_select(b, fix, b.op("add", [r, y], x.elem, x.dims), r)]
 
 
-@register("BiasAdd")
+@tf_op("BiasAdd", dtypes=NUMERIC_TYPES)
 def _bias_add(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, bias = xs
     channels_first = node.attr["data_format"].s == b"NCHW" if "data_format" in node.attr else False
@@ -279,7 +255,7 @@ def _bias_add(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> l
     return [b.op("add", [x, wide], x.elem, x.dims)]
 
 
-@register("AddN")
+@tf_op("AddN", dtypes=NUMERIC_TYPES)
 def _add_n(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     if len(xs) > 1:
         b.require_equal_shapes(xs)
@@ -291,7 +267,7 @@ def _add_n(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     return [total]
 
 
-@register("ClipByValue")
+@tf_op("ClipByValue", dtypes=NUMERIC_TYPES)
 def _clip(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     t, lo, hi = xs
     low = _elementwise(b, "maximum", [t, lo])
@@ -349,14 +325,16 @@ def reduce_tf(b: DhloBuilder, op: str, x: TValue, axes: list[int], keep_dims: bo
     return r
 
 
-@register(*_REDUCE)
+@tf_op("Sum", "Mean", "Max", "Min", dtypes=REDUCE_TYPES, const_inputs=(1,))
+@tf_op("Prod", dtypes=REDUCE_TYPES - {tf.bfloat16}, const_inputs=(1,))
+@tf_op("All", "Any", dtypes=BOOL_TYPES, dtype_attr="", const_inputs=(1,))
 def _reduction(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, axes = xs
     keep = node.attr["keep_dims"].b if "keep_dims" in node.attr else False
     return [reduce_tf(b, node.op, x, _const_axes(b, node, axes, x.rank), keep)]
 
 
-@register("Softmax", "LogSoftmax")
+@tf_op("Softmax", "LogSoftmax", dtypes=FLOAT_TYPES)
 def _softmax(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     last = [x.rank - 1]
@@ -375,7 +353,7 @@ def _flag(node: node_def_pb2.NodeDef, name: str) -> bool:
     return node.attr[name].b if name in node.attr else False
 
 
-@register("MatMul")
+@tf_op("MatMul", dtypes=FLOAT_TYPES)  # f16/bf16 multiplied in f32
 def _matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, y = xs
     # Transposed operands are expressed by which dim contracts, never by a transpose.
@@ -396,7 +374,7 @@ def _batch_to(b: DhloBuilder, x: TValue, batch: tuple[str, int] | None) -> TValu
     return b.broadcast_to(x, b.shape_from(extents), nb + 2, dims)
 
 
-@register("BatchMatMulV2")
+@tf_op("BatchMatMulV2", dtypes=FLOAT_TYPES)
 def _batch_matmul(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, y = xs
     if x.rank < 2 or y.rank < 2:
@@ -428,7 +406,7 @@ def _const_ints(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, what:
     return known
 
 
-@register("Transpose")
+@tf_op("Transpose", dtypes=LAYOUT_TYPES, const_inputs=(1,))
 def _transpose(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, perm_value = xs
     perm = _const_ints(b, node, perm_value, "the permutation")
@@ -466,7 +444,8 @@ def _inferred_dim(b: DhloBuilder, x: TValue, others: list[str]) -> str:
     return b.index_select("eq", product, zero, with_zero, regular)
 
 
-@register("Reshape")
+# Reshape-like ops move no data (a view of a dense buffer): no work of their own.
+@tf_op("Reshape", dtypes=LAYOUT_TYPES, trivial=True, shape_inputs=(1,))
 def _reshape(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, shape_value = xs
     extents = host_shape(b, node, shape_value, "the shape")
@@ -494,7 +473,7 @@ def _reshape(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     return [b.dynamic_reshape(x, extents, tuple(dims))]
 
 
-@register("ExpandDims")
+@tf_op("ExpandDims", dtypes=LAYOUT_TYPES, trivial=True, const_inputs=(1,))
 def _expand_dims(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, axis_value = xs
     axis = _const_ints(b, node, axis_value, "the axis")
@@ -508,7 +487,7 @@ def _expand_dims(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -
     return [b.dynamic_reshape(x, extents, tuple(dims))]
 
 
-@register("Squeeze")
+@tf_op("Squeeze", dtypes=LAYOUT_TYPES, trivial=True)
 def _squeeze(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x = xs[0]
     listed = list(node.attr["squeeze_dims"].list.i) if "squeeze_dims" in node.attr else []
@@ -549,13 +528,41 @@ def _merge_dims(b: DhloBuilder, x: TValue, groups: list[list[int]]) -> TValue:
     return b.dynamic_reshape(x, extents, tuple(dims))
 
 
-@register("Einsum")
+def einsum_parts(equation: str) -> tuple[str, str, str] | None:
+    """(lhs, rhs, out) letters of a two-operand einsum disc_tf lowers, else None.
+
+    Supported: no ellipsis, no letter twice in one operand, every output letter
+    in an input, every dropped letter in both inputs (a contraction), and at
+    least one contraction.
+    """
+    eq = equation.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return None
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return None
+    lhs, rhs = parts
+    if any(len(set(p)) != len(p) for p in (lhs, rhs, out)):
+        return None
+    if not set(out) <= set(lhs) | set(rhs):
+        return None
+    dropped = (set(lhs) | set(rhs)) - set(out)
+    if not dropped or not dropped <= set(lhs) & set(rhs):
+        return None
+    return lhs, rhs, out
+
+
+def _einsum_check(node) -> str | None:
+    eq = node.attr["equation"].s.decode()
+    return None if einsum_parts(eq) else f"einsum equation {eq!r} not supported"
+
+
+@tf_op("Einsum", dtypes=FLOAT_TYPES, check=_einsum_check)
 def _einsum(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     """Two-operand einsum as one batched GEMM: transpose each side to
     [batch, free, contract] / [batch, contract, free], merge the contracted (and
     rhs free) dims, dot_general, split, transpose to the output order."""
-    from disc_tf.cluster.op_registry import einsum_parts
-
     parts = einsum_parts(node.attr["equation"].s.decode())
     if parts is None or len(xs) != 2:
         raise LoweringError(f"Einsum {node.name}: unsupported equation")

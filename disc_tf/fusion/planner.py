@@ -61,10 +61,9 @@ class PlanOptions:
     concat_maps: bool = True
 
     @classmethod
-    def for_target(cls, target: str) -> PlanOptions:
-        """All of them for "cpu"; none yet for "cuda"."""
-        cpu = target == "cpu"
-        return cls(input_fusion=cpu, gemm_epilogues=cpu, conv_taps=cpu, concat_maps=cpu)
+    def none(cls) -> PlanOptions:
+        """No optional fusion: plain loop, stitch, reduce and library kernels."""
+        return cls(input_fusion=False, gemm_epilogues=False, conv_taps=False, concat_maps=False)
 
 
 class _Planner:
@@ -881,7 +880,7 @@ def plan_fusion(func: DFunc, cluster_name: str,
     When assuming "no unknown dim is broadcast" lets fewer kernels do the work,
     the plan also carries that speculative plan; the host runner checks the
     assumption per call and runs whichever plan holds. ``options``: the fusions
-    the backend can emit (``PlanOptions.for_target``).
+    the backend can emit (``disc_tf.backends``: each backend's ``plan_options``).
     """
     func = eliminate_dead_code(forward_copies(func))
     analysis = analyze(func)

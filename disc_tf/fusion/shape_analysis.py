@@ -16,6 +16,7 @@ import dataclasses
 import math
 
 from disc_tf.fusion.dhlo_reader import DFunc
+from disc_tf.ops import elementwise
 
 
 class ShapeError(ValueError):
@@ -256,13 +257,8 @@ class ShapeAnalysis:
         return "\n".join(lines)
 
 
-_ELEMENTWISE_SAME_SHAPE = frozenset(
-    {"add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "and", "or",
-     "negate", "abs", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "not",
-     "compare", "select", "convert", "sign", "floor", "ceil", "round_nearest_even",
-     "log_plus_one", "exponential_minus_one", "sine", "cosine", "erf", "erfc", "is_finite",
-     "remainder"}
-)
+#: DHLO ops whose result has their operands' shape (the op table's elementwise ops)
+_ELEMENTWISE_SAME_SHAPE = elementwise.names()
 
 
 def analyze(func: DFunc) -> ShapeAnalysis:

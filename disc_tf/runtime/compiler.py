@@ -21,7 +21,11 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from disc_tf.errors import CompileError
 from disc_tf.runtime import cache, elf_check, native
+
+__all__ = ["Artifact", "CompileError", "build", "cache_key", "cached_build", "compile_timeout",
+           "compiler_version", "cxx"]
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -35,11 +39,6 @@ CXX_FLAGS = [
 ]
 #: glibc's vector math library backs the vectorized expf/logf/tanhf/powf calls.
 LINK_FLAGS = ["-lmvec", "-lm"]
-
-
-class CompileError(RuntimeError):
-    """No artifact could be built: no compiler, a rejected source (a disc_tf
-    bug) or a compile that ran past its timeout."""
 
 
 @dataclasses.dataclass

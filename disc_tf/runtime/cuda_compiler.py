@@ -20,9 +20,9 @@ import shutil
 import struct
 import tempfile
 
-from disc_tf.codegen.cuda import split_source
 from disc_tf.runtime import compiler, native
 from disc_tf.runtime.compiler import Artifact, CompileError
+from disc_tf.sources import Sources
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -95,10 +95,10 @@ def ral_cuda_header() -> pathlib.Path:
     raise CompileError("disc_ral_cuda.h not found (neither installed nor in cc/ral)")
 
 
-def cache_key(source: str) -> str:
-    """Key of a CUDA source: it, both RAL headers, flags, both compilers, the target."""
+def cache_key(sources: Sources) -> str:
+    """Key of CUDA sources: both, both RAL headers, flags, both compilers, the target."""
     h = hashlib.sha256()
-    parts = [source.encode(), (native.ral_include_dir() / "disc_ral.h").read_bytes(),
+    parts = [sources.text.encode(), (native.ral_include_dir() / "disc_ral.h").read_bytes(),
              ral_cuda_header().read_bytes(), " ".join(NVCC_FLAGS + gencode_flags()).encode(),
              " ".join(HOST_FLAGS).encode(), compiler.cxx().encode(),
              compiler.compiler_version().encode(), _nvcc_version(nvcc()).encode(), b"cuda"]
@@ -124,8 +124,8 @@ def compile_fatbin(device_source: str, tmp: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def _run_compilers(source: str, name: str) -> bytes:
-    device, host = split_source(source)
+def _run_compilers(sources: Sources, name: str) -> bytes:
+    device, host = sources.device, sources.host
     include = native.ral_include_dir()
     cuda_include = ral_cuda_header().parent
     cxx = shutil.which(compiler.cxx())
@@ -147,10 +147,12 @@ def _run_compilers(source: str, name: str) -> bytes:
         return data
 
 
-def build(source: str, name: str, num_kernels: int) -> Artifact:
-    """The artifact of a CUDA source (``emit_cuda``'s text), compiling unless cached."""
-    return compiler.cached_build(cache_key(source), name, num_kernels, "cuda",
-                                 lambda: _run_compilers(source, name))
+def build(sources: Sources, name: str, num_kernels: int) -> Artifact:
+    """The artifact of CUDA sources (device and host runner), compiling unless cached."""
+    if sources.target != "cuda" or not sources.host:
+        raise CompileError(f"cluster {name}: not CUDA sources (target {sources.target!r})")
+    return compiler.cached_build(cache_key(sources), name, num_kernels, "cuda",
+                                 lambda: _run_compilers(sources, name))
 
 
 def embedded_fatbin(artifact: bytes) -> bytes:

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from disc_tf import cli, pipeline
-from disc_tf.codegen.cuda import emit_cuda, split_source
+from disc_tf.codegen.cuda import emit_cuda
 from disc_tf.codegen.cuda_ops import CudaCodegenError
 from disc_tf.runtime import cuda_compiler
 from disc_tf.runtime.compiler import CompileError
@@ -63,7 +63,7 @@ def built():
     out = {}
     for name, (fn, *specs) in CLUSTERS.items():
         fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
-        out[name] = (fe, cuda_compiler.build(fe.source, name, fe.plan.num_kernels))
+        out[name] = (fe, cuda_compiler.build(fe.sources, name, fe.plan.num_kernels))
     return out
 
 
@@ -75,6 +75,12 @@ def mock_host(tmp_path_factory) -> pathlib.Path:
                     str(pathlib.Path(__file__).with_name("cuda_mock_host.cc")), "-o", str(exe),
                     "-ldl"], check=True)
     return exe
+
+
+def _pair(sources) -> tuple[str, str]:
+    """(device, host runner) sources of a CUDA front end."""
+    assert sources.target == "cuda" and sources.host
+    return sources.device, sources.host
 
 
 def run_mock(mock_host: pathlib.Path, artifact: bytes, tmp_path: pathlib.Path, *inputs: str) -> str:
@@ -90,23 +96,23 @@ def test_artifact_carries_sass_for_sm80_and_sm90(built, name):
     fe, art = built[name]
     entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(art.data))
     assert ("sass", 80) in entries and ("sass", 90) in entries and ("ptx", 90) in entries
-    device, host = split_source(fe.source)
+    device, host = _pair(fe.sources)
     assert "__global__" in device and "__global__" not in host
     assert "cuda_runtime" not in host and '#include "disc_ral_cuda.h"' in host
 
 
 def test_stitch_kernels_have_warp_and_block_row_versions(built):
     for name in ("layer_norm", "softmax"):
-        device, _ = split_source(built[name][0].source)
+        device, _ = _pair(built[name][0].sources)
         assert "kernel0_warp_rows" in device and "kernel0_block_rows" in device
         assert "disc_shfl_xor" in device and "__syncthreads()" in device
-    softmax, _ = split_source(built["softmax"][0].source)
+    softmax, _ = _pair(built["softmax"][0].sources)
     assert softmax.count("expf(") == 2  # pass 2 and the output pass
 
 
 def test_bias_gelu_is_one_loop_kernel_with_vector_version(built):
     fe, _ = built["bias_gelu"]
-    device, host = split_source(fe.source)
+    device, host = _pair(fe.sources)
     assert "erfcf(" in device
     assert "kernel0_vec" in device and "kernel0_bcast_rows" in device and "disc_vec<float, 4>" in device
     assert "disc_aligned(" in host
@@ -190,14 +196,14 @@ def test_bf16_plan_compiles(built, tmp_path):
                 op.elem = "bf16"
                 op.operand_elems = ["bf16"] * len(op.operand_elems)
     plan.arg_elems = ["bf16"] * len(plan.arg_elems)
-    device, host = split_source(emit_cuda(plan, ["x", "g", "b"], ["y"]))
+    device, host = _pair(emit_cuda(plan, ["x", "g", "b"], ["y"]))
     assert "__nv_bfloat16" in device and "disc_round_bf16(" in device and "DISC_BF16" in host
     cuda_compiler.compile_fatbin(device, tmp_path)
 
 
 def test_f16_rounds_after_every_op():
     fe = pipeline.front_end(cluster_of(lambda x: tf.exp(x) * x, dyn(1, tf.float16)), "cuda")
-    device, _ = split_source(fe.source)
+    device, _ = _pair(fe.sources)
     assert device.count("disc_round_f16(") >= 3 and "__half2float(" in device
 
 
@@ -279,7 +285,7 @@ MORE_CLUSTERS = {
 def test_more_clusters_compile_for_sm80_and_sm90(name, tmp_path):
     fn, *specs = MORE_CLUSTERS[name]
     fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
-    art = cuda_compiler.build(fe.source, name, fe.plan.num_kernels)
+    art = cuda_compiler.build(fe.sources, name, fe.plan.num_kernels)
     entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(art.data))
     assert ("sass", 80) in entries and ("sass", 90) in entries
 
@@ -307,7 +313,7 @@ def test_random_programs_compile_for_cuda():
         _, specs = carve_clusters(view, fetched, protected, set(view.nodes), 1)
         for spec in specs:
             fe = pipeline.front_end(spec, "cuda")
-            cuda_compiler.build(fe.source, spec.name, fe.plan.num_kernels)
+            cuda_compiler.build(fe.sources, spec.name, fe.plan.num_kernels)
 
     check()
 
@@ -322,7 +328,7 @@ def emulated(built, tmp_path_factory):
     host = cuda_emu.build_host(tmp)
     devices = {}
     for name, (fe, _) in built.items():
-        device, host_src = split_source(fe.source)
+        device, host_src = _pair(fe.sources)
         devices[name] = cuda_emu.build_device(device, host_src, tmp / name)
     return host, devices
 
@@ -419,8 +425,8 @@ def test_emulated_f16_layer_norm_and_gelu_match_tf(tmp_path):
     for name, shapes in cases:
         fn, *specs = MORE_CLUSTERS[name]
         fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
-        art = cuda_compiler.build(fe.source, name, fe.plan.num_kernels)
-        device, host_src = split_source(fe.source)
+        art = cuda_compiler.build(fe.sources, name, fe.plan.num_kernels)
+        device, host_src = _pair(fe.sources)
         emu = cuda_emu.build_device(device, host_src, tmp_path / name)
         args = [rng.standard_normal(s).astype(np.float16) for s in shapes]
         out, (got,) = cuda_emu.run(host, art.data, emu, tmp_path / f"{name}_run", args,

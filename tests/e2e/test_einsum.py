@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
-from disc_tf.cluster.op_registry import einsum_parts
+from disc_tf.dhlo_bridge.rules import einsum_parts
 from tests.harness import compiled
 
 CASES = [

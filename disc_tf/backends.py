@@ -1,0 +1,53 @@
+"""The backends: one small protocol each target implements, so that nothing above
+them branches on the target.
+
+A backend gives the fusion planner its options, emits a typed pair of sources
+(``disc_tf.sources.Sources``) from a fusion plan, and builds them into an
+artifact (through the cache). ``cpu`` builds one C++ source with g++; ``cuda``
+builds device code with nvcc and the host runner with the C++ compiler into one
+shared object. (The CUDA emulator the tests use compiles the same pair for CPU
+threads: ``tests/codegen/cuda_emu.py``.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from disc_tf.codegen.cpu import emit_cpu
+from disc_tf.codegen.cuda import emit_cuda
+from disc_tf.fusion.plan import FusionPlan
+from disc_tf.fusion.planner import PlanOptions
+from disc_tf.runtime import compiler, cuda_compiler
+from disc_tf.runtime.compiler import Artifact
+from disc_tf.sources import Sources
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A code generator and its compiler, for one target."""
+
+    name: str
+    plan_options: PlanOptions
+    #: (plan, input names, output names) -> sources
+    emit: Callable[[FusionPlan, list[str], list[str]], Sources]
+    #: (sources, cluster name, kernel count) -> artifact
+    build: Callable[[Sources, str, int], Artifact]
+
+
+def _build_cpu(sources: Sources, name: str, num_kernels: int) -> Artifact:
+    return compiler.build(sources.device, name, num_kernels, "cpu")
+
+
+BACKENDS = {
+    # the CPU backend has an emitter for every fusion; the CUDA one for none yet
+    "cpu": Backend("cpu", PlanOptions(), emit_cpu, _build_cpu),
+    "cuda": Backend("cuda", PlanOptions.none(), emit_cuda, cuda_compiler.build),
+}
+
+
+def backend(target: str) -> Backend:
+    """The backend of ``target``; ValueError naming the targets for any other."""
+    if target not in BACKENDS:
+        raise ValueError(f"target {target!r} has no code generator; use one of {sorted(BACKENDS)}")
+    return BACKENDS[target]
