@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -252,24 +251,17 @@ def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None,
 # --------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _progress(total: int, err: TextIO) -> Iterator[None]:
-    """Reports each cluster on ``err`` as the optimizer starts compiling it."""
-    compile_cluster = pipeline.compile_cluster
+def _progress(total: int, err: TextIO):
+    """A callback reporting each cluster on ``err`` as the optimizer starts compiling it."""
     count = 0
 
-    def reporting(spec: rewrite.ClusterSpec, target: str = "cpu"):
+    def reporting(spec: rewrite.ClusterSpec) -> None:
         nonlocal count
         count += 1
         print(f"[{count}/{max(total, count)}] compiling {spec.name} "
               f"({len(spec.op_summary())} ops)", file=err, flush=True)
-        return compile_cluster(spec, target)
 
-    pipeline.compile_cluster = reporting
-    try:
-        yield
-    finally:
-        pipeline.compile_cluster = compile_cluster
+    return reporting
 
 
 def summary_lines(report: OptimizeReport) -> list[str]:
@@ -292,8 +284,8 @@ def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None
     sm = _load_saved_model(src)
     total = sum(len(cluster_body(b)[1]) for b in iter_bodies(sm) if b.view is not None)
     print(f"{total} cluster(s) to compile", file=err, flush=True)
-    with _progress(total, err):
-        report = optimize_saved_model(src, dst, target=target, signatures=signatures)
+    report = optimize_saved_model(src, dst, target=target, signatures=signatures,
+                                  progress=_progress(total, err))
     for line in summary_lines(report):
         print(line, file=out)
     failed = len(report.clusters) - len(report.compiled)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from disc_tf import pipeline, strict
 from disc_tf.cluster import clustering, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
+from disc_tf.dhlo_bridge.rules import LoweringError
 from disc_tf.runtime import native
 
 log = logging.getLogger("disc_tf")
@@ -38,6 +40,10 @@ class ClusterReport:
     compile_seconds: float = 0.0
     error: str | None = None
 
+
+#: Most nodes of one body a failing lowering may push out of its cluster before the
+#: cluster is given up (each costs a new clustering and front end).
+MAX_RECARVES = 8
 
 #: Ops that move, name or hold data rather than compute: left out of coverage ratios.
 NON_COMPUTE_OPS = frozenset(
@@ -84,17 +90,20 @@ class Options:
     #: raise StrictModeError instead of leaving a cluster or body as TF ops
     #: (None: ``$DISC_TF_STRICT``)
     strict: bool | None = None
+    #: called with each cluster's spec as it starts compiling (the CLI's progress lines)
+    progress: Callable[[rewrite.ClusterSpec], None] | None = None
 
 
 def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozenset[str],
-                   taken: set[str], min_cluster_size: int
+                   taken: set[str], min_cluster_size: int, refused: dict[str, str] | None = None
                    ) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
     """Clusters ``view`` and extracts each cluster under a fresh node name.
 
-    ``taken`` holds the names in use in the body (new names are added to it).
+    ``taken`` holds the names in use in the body (new names are added to it);
+    ``refused`` nodes (a failed lowering, with why) stay out of every cluster.
     """
     result = clustering.find_clusters(view, min_cluster_size=min_cluster_size,
-                                      protected=protected)
+                                      protected=protected, refused=refused)
     names = []
     for k in range(len(result.clusters)):
         name = f"disc_cluster_{k}"
@@ -131,19 +140,54 @@ class BodyOptimizer:
         self.report = report or OptimizeReport()
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
 
+    def _front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
+                    protected: frozenset[str], taken: set[str]):
+        """Clusters ``body`` and runs every cluster's front end (lowering, planning,
+        codegen). A node whose lowering fails is refused and the body clustered
+        again without it, so one op costs that op, not its whole cluster."""
+        refused: dict[str, str] = {}
+        for _ in range(MAX_RECARVES + 1):
+            names = set(taken)
+            result, specs = carve_clusters(view, fetched, protected, names,
+                                           self.options.min_cluster_size, refused)
+            front: list = []
+            again = False
+            for spec in specs:
+                try:
+                    front.append(pipeline.front_end(spec, self.options.target))
+                except LoweringError as e:
+                    # strict mode: a refused op would run as TF, so the cluster fails
+                    if not strict.resolve(self.options.strict) and e.node in spec.node_names \
+                            and e.node not in refused and len(refused) < MAX_RECARVES:
+                        refused[e.node] = f"lowering refused: {e}"
+                        log.info("%s of %s: node %s refused (%s); clustering again without it",
+                                 spec.name, body, e.node, e)
+                        again = True
+                        break
+                    front.append(e)
+                except Exception as e:  # noqa: BLE001 - reported per cluster below
+                    front.append(e)
+            if not again:
+                taken |= names
+                return result, specs, front
+        raise AssertionError("unreachable: the loop returns once nothing more is refused")
+
     def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
                  protected: frozenset[str], taken: set[str]):
-        result, specs = carve_clusters(view, fetched, protected, taken,
-                                       self.options.min_cluster_size)
+        result, specs, front = self._front_ends(body, view, fetched, protected, taken)
         self.report.unclustered[body] = result.reasons
         self.report.unclustered_ops[body] = {n: view.nodes[n].op for n in result.reasons}
         replaced = []
-        for spec in specs:
+        for spec, fe in zip(specs, front):
             name, nodes = spec.name, spec.node_names
             rep = ClusterReport(body, name, spec.op_summary(), len(spec.inputs), len(spec.outputs))
             self.report.clusters.append(rep)
             try:
-                compiled = pipeline.compile_cluster(spec, self.options.target)
+                if isinstance(fe, Exception):
+                    raise fe
+                if self.options.progress is not None:
+                    self.options.progress(spec)
+                compiled = pipeline.build_cluster(spec, fe, self.options.target)
                 fallback = rewrite.fallback_function(spec)
             except Exception as e:  # noqa: BLE001 - any failure keeps the original ops
                 rep.error = f"{type(e).__name__}: {e}"

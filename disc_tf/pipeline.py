@@ -90,7 +90,12 @@ def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
 
 def compile_cluster(spec: ClusterSpec, target: str = "cpu") -> CompiledCluster:
     """Runs every stage on ``spec``; the artifact comes from the cache if present."""
-    fe = front_end(spec, target)
-    _dump(spec, fe)  # before compiling, so a failing compile can be inspected
+    return build_cluster(spec, front_end(spec, target), target)
+
+
+def build_cluster(spec: ClusterSpec, fe: FrontEnd, target: str = "cpu") -> CompiledCluster:
+    """Builds the artifact of a front end (from the cache if present), dumping the
+    stages first so that a failing compile can be inspected."""
+    _dump(spec, fe)
     artifact = backend(target).build(fe.sources, spec.name, fe.plan.num_kernels)
     return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.sources, artifact)

@@ -73,10 +73,11 @@ def resolve_target(target: str) -> str:
 
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
                          signatures=None, min_cluster_size: int = 2,
-                         strict: bool | None = None) -> OptimizeReport:
+                         strict: bool | None = None, progress=None) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
     ``strict`` (default ``$DISC_TF_STRICT``): any cluster that fails to compile
-    raises StrictModeError (and nothing is written)."""
+    raises StrictModeError (and nothing is written). ``progress(spec)`` is called as
+    each cluster starts compiling."""
     native.load()
     src = pathlib.Path(saved_model_dir)
     dst = pathlib.Path(output_dir)
@@ -85,7 +86,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     if signatures is not None:
         log.info("signatures=%s: every function is optimized regardless", signatures)
     options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
-                      strict=strict)
+                      strict=strict, progress=progress)
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((src / "saved_model.pb").read_bytes())
     report = OptimizeReport()

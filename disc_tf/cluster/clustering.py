@@ -275,13 +275,16 @@ def control_flow_contexts(view: GraphView) -> dict[str, str | None]:
 
 
 def find_clusters(
-    view: GraphView, *, min_cluster_size: int = 2, protected: frozenset[str] = frozenset()
+    view: GraphView, *, min_cluster_size: int = 2, protected: frozenset[str] = frozenset(),
+    refused: dict[str, str] | None = None,
 ) -> ClusteringResult:
     """Groups compilable nodes of ``view`` into clusters.
 
     ``protected`` names nodes whose names must survive the rewrite (fetches);
-    they may be clustered (the rewrite re-creates their names).
+    they may be clustered (the rewrite re-creates their names). ``refused``: nodes a
+    later stage refused (a lowering that failed), with why; they stay out.
     """
+    refused = refused or {}
     reasons: dict[str, str] = {}
     contexts = control_flow_contexts(view)
 
@@ -294,6 +297,8 @@ def find_clusters(
             why = "inputs from different TF1 control-flow contexts"
         if why is None:
             why = _why_colocated(node)
+        if why is None and name in refused:
+            why = refused[name]
         if why is None:
             compilable.add(name)
         else:

@@ -55,6 +55,24 @@ class TValue:
         return tensor_type(self.elem, self.dims)
 
 
+def _static_broadcast(values: list[TValue], rank: int) -> tuple:
+    """The dims of the numpy broadcast of ``values`` known when lowering: a dim one
+    operand has statically (other than 1) is the result's (the host checks the
+    others are 1 or equal), 1 where all operands have 1, else unknown. Channel
+    counts thus survive a batch norm's broadcasts and reach a convolution."""
+    out = []
+    for i in range(rank):
+        dims = [v.dims[v.rank - rank + i] for v in values if v.rank - rank + i >= 0]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) == 1:
+            out.append(known.pop())
+        elif dims and all(d == 1 for d in dims):
+            out.append(1)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
 class DhloBuilder:
     """Accumulates the body of one ``func.func @main``."""
 
@@ -203,9 +221,11 @@ class DhloBuilder:
             f"!shape.witness {self._loc()}"
         )
 
-    def broadcast_to(self, value: TValue, shape_ssa: str, rank: int, dims: list[int]) -> TValue:
-        """Emits ``stablehlo.dynamic_broadcast_in_dim`` of value to a shape."""
-        result = TValue(self._fresh(), value.elem, (None,) * rank)
+    def broadcast_to(self, value: TValue, shape_ssa: str, rank: int, dims: list[int],
+                     static_dims: tuple | None = None) -> TValue:
+        """Emits ``stablehlo.dynamic_broadcast_in_dim`` of value to a shape (whose dims
+        ``static_dims`` gives where they are known when lowering)."""
+        result = TValue(self._fresh(), value.elem, tuple(static_dims or (None,) * rank))
         attr = "broadcast_dimensions = array<i64" + (
             ": " + ", ".join(map(str, dims)) if dims else ""
         ) + ">"
@@ -498,8 +518,10 @@ class DhloBuilder:
         if len({v.ssa for v in values}) == 1:
             return values
         shape, rank = self.broadcast_shapes(values)
+        static = _static_broadcast(values, rank)
         return [
-            self.broadcast_to(v, shape, rank, list(range(rank - v.rank, rank))) for v in values
+            self.broadcast_to(v, shape, rank, list(range(rank - v.rank, rank)), static)
+            for v in values
         ]
 
     def module(self, args: list[TValue], results: list[TValue]) -> str:

@@ -76,9 +76,14 @@ def lower_cluster(spec: ClusterSpec) -> DhloModule:
             continue
         b.loc = node.name
         operands = [values[i] for i in node.input]
-        outs = host_rules.try_host(b, node, operands)
-        if outs is None:
-            outs = rules.rule_for(node.op)(b, node, operands)
+        try:
+            outs = host_rules.try_host(b, node, operands)
+            if outs is None:
+                outs = rules.rule_for(node.op)(b, node, operands)
+        except rules.LoweringError as e:
+            if e.node is None:
+                e.node = node.name
+            raise
         for k, v in enumerate(outs):
             values[f"{node.name}:{k}"] = v
     results = [values[t.name] for t in spec.outputs]

@@ -28,7 +28,12 @@ from disc_tf.ops.table import (
 
 
 class LoweringError(ValueError):
-    """A TF node that has no (valid) DHLO lowering."""
+    """A TF node that has no (valid) DHLO lowering. ``node``: the TF node that
+    refused, when one did (the optimizer then clusters again without it)."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 def rule_for(op_type: str) -> table.Rule:
@@ -532,8 +537,9 @@ def einsum_parts(equation: str) -> tuple[str, str, str] | None:
     """(lhs, rhs, out) letters of a two-operand einsum disc_tf lowers, else None.
 
     Supported: no ellipsis, no letter twice in one operand, every output letter
-    in an input, every dropped letter in both inputs (a contraction), and at
-    least one contraction.
+    in an input, and every dropped letter in both inputs: a contraction (one
+    GEMM), or with no dropped letter an outer or elementwise product (rotary
+    embeddings' ``ab,c->abc``).
     """
     eq = equation.replace(" ", "")
     if "..." in eq or "->" not in eq:
@@ -548,9 +554,33 @@ def einsum_parts(equation: str) -> tuple[str, str, str] | None:
     if not set(out) <= set(lhs) | set(rhs):
         return None
     dropped = (set(lhs) | set(rhs)) - set(out)
-    if not dropped or not dropped <= set(lhs) & set(rhs):
+    if not dropped <= set(lhs) & set(rhs):
         return None
     return lhs, rhs, out
+
+
+def _einsum_product(b: DhloBuilder, node: node_def_pb2.NodeDef, x: TValue, y: TValue,
+                    lhs: str, rhs: str, out: str) -> TValue:
+    """An einsum without contraction: each side transposed to the output's letter
+    order and broadcast to the output, then multiplied (letters in both sides must
+    agree in size: the host checks)."""
+    sides = []
+    for v, letters in ((x, lhs), (y, rhs)):
+        order = [c for c in out if c in letters]
+        if list(letters) != order:
+            v = b.transpose(v, [letters.index(c) for c in order])
+        sides.append((v, order))
+    for c in set(lhs) & set(rhs):
+        b.require_equal_dims(sides[0][0], sides[0][1].index(c), sides[1][0], sides[1][1].index(c))
+    extents, dims = [], []
+    for c in out:
+        v, order = sides[0] if c in lhs else sides[1]
+        extents.append(b.dim(v, order.index(c)))
+        dims.append(v.dims[order.index(c)])
+    shape = b.shape_from(extents)
+    wide = [b.broadcast_to(v, shape, len(out), [out.index(c) for c in order], tuple(dims))
+            for v, order in sides]
+    return b.op("multiply", wide, x.elem, tuple(dims))
 
 
 def _einsum_check(node) -> str | None:
@@ -568,6 +598,8 @@ def _einsum(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
         raise LoweringError(f"Einsum {node.name}: unsupported equation")
     lhs_l, rhs_l, out_l = parts
     x, y = xs
+    if set(out_l) == set(lhs_l) | set(rhs_l):  # nothing contracted
+        return [_einsum_product(b, node, x, y, lhs_l, rhs_l, out_l)]
     batch = [c for c in out_l if c in lhs_l and c in rhs_l]
     contract = [c for c in lhs_l if c in rhs_l and c not in out_l]
     lfree = [c for c in out_l if c in lhs_l and c not in rhs_l]

@@ -21,8 +21,6 @@ import threading
 import types
 from dataclasses import dataclass
 
-from disc_tf.runtime import native_build
-
 logger = logging.getLogger("disc_tf.runtime")
 
 _PY_MODULE_QUALNAME = "disc_tf._native._disc_py"
@@ -47,6 +45,8 @@ class Native:
     @property
     def ops_lib_path(self) -> pathlib.Path:
         """Path of ``libdisc_tf_ops.so``."""
+        from disc_tf.runtime import native_build
+
         return native_build.ops_lib_path(self.native_dir)
 
 
@@ -97,6 +97,10 @@ def load() -> Native:
         if _native is None:
             import tensorflow as tf
 
+            # Imported here, not at the top: `python -m disc_tf.runtime.native_build`
+            # imports this package first and must not find itself imported already.
+            from disc_tf.runtime import native_build
+
             native_dir = native_build.native_dir(tf.__version__)
             for warning in native_build.check_built(native_dir):
                 logger.warning("%s", warning)
@@ -113,4 +117,6 @@ def load() -> Native:
 
 def ral_include_dir() -> pathlib.Path:
     """Directory containing ``disc_ral.h`` for compiling cluster artifacts."""
+    from disc_tf.runtime import native_build
+
     return native_build.include_dir(load().native_dir)

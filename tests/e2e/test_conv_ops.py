@@ -71,6 +71,27 @@ def test_depthwise_with_dynamic_channels_stays_in_tf_with_a_reason():
     assert reasons["depthwise"] == "depthwise input channels must be static"
 
 
+def test_depthwise_after_a_batch_norm_knows_its_channels():
+    """MobileNet's block: the channel count comes from the first conv's filter and
+    must survive the batch norm's broadcasts to reach the depthwise conv (which
+    needs it static); the whole block is then one cluster."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    block = keras.Sequential([
+        keras.Input((None, None, 3)), keras.layers.Conv2D(8, 3, padding="same"),
+        keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
+        keras.layers.DepthwiseConv2D(3, padding="same"), keras.layers.Conv2D(4, 1)])
+    fn = tf.function(lambda x: block(x), input_signature=[tf.TensorSpec([None, None, None, 3])])
+    jitted = compiled(fn)
+    assert len(jitted.report.compiled) == 1
+    assert "DepthwiseConv2dNative" in {op for _, op in jitted.report.compiled[0].ops}
+    rng = np.random.default_rng(1)
+    for shape in [(2, 9, 7, 3), (1, 16, 16, 3), (3, 5, 12, 3)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(jitted(x), fn(x), rtol=1e-4, atol=1e-5)
+
+
 def test_conv1d_is_conv2d_with_expand_dims():
     w = np.random.default_rng(0).normal(size=(3, 4, 6)).astype(np.float32)
     tf_fn = tf.function(lambda x: tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME") + 0.5),

@@ -19,6 +19,10 @@ CASES = [
     ("acbe,aecd->abcd", [(None, 2, None, None), (None, None, 2, 4)]),  # weighted values
     ("abcd,cde->abe", [(None, None, 2, 4), (2, 4, 5)]),    # output projection
     ("ij,jk->ki", [(None, 3), (3, None)]),
+    ("ab,c->abc", [(None, None), (None,)]),                # rotary embeddings' outer product
+    ("ab,bc->abc", [(None, 4), (4, None)]),
+    ("abc,ca->abc", [(None, None, 3), (3, None)]),         # elementwise, transposed side
+    ("a,b->ba", [(None,), (None,)]),
 ]
 
 
@@ -42,8 +46,10 @@ def test_einsum_matches_tf(equation, shapes):
 
 def test_unsupported_equations_are_refused_by_the_registry():
     assert einsum_parts("abc,cd->abd") is not None
-    for eq in ("...c,cd->...d", "aa,ab->b", "ab,bc->abc", "abc->acb", "ab,cd->abcd"):
+    for eq in ("...c,cd->...d", "aa,ab->b", "abc->acb", "ab,cd->ac", "ab,b->"):
         assert einsum_parts(eq) is None, eq
+    for eq in ("ab,bc->abc", "ab,cd->abcd", "ab,c->abc"):  # products: nothing contracted
+        assert einsum_parts(eq) is not None, eq
 
 
 def test_keras_attention_block_is_one_cluster():
