@@ -238,7 +238,9 @@ def test_saved_model_for_cuda_carries_device_code_and_falls_back_on_cpu(tmp_path
     monkeypatch.setenv("DISC_TF_DUMP_DIR", str(tmp_path / "dump"))
     module = Block()
     tf.saved_model.save(module, str(tmp_path / "orig"))
-    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda")
+    # strict=False: a cluster the CUDA backend refuses (an "index" kernel) is the case here
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda",
+                                  strict=False)
     assert report.compiled and len(report.compiled) == len(report.clusters)
     dumped = sorted((tmp_path / "dump").glob("*/kernels.cu"))
     assert dumped and all((d.parent / "host_runner.cc").is_file() for d in dumped)
@@ -445,7 +447,9 @@ def test_bench_models_optimize_for_cuda(workload, tmp_path):
     from bench.workloads import WORKLOADS
 
     WORKLOADS[workload].save(tmp_path / "orig")
-    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda")
+    # strict=False: a cluster the CUDA backend refuses (an "index" kernel) is the case here
+    report = optimize_saved_model(str(tmp_path / "orig"), str(tmp_path / "out"), target="cuda",
+                                  strict=False)
     errors = [c.error for c in report.clusters if c.error]
     assert all(e.startswith("CudaCodegenError") for e in errors), errors
     if workload != "fastspeech_conv":  # its cluster gathers through an "index" kernel
