@@ -12,6 +12,9 @@ import pytest
 
 if "DISC_TF_CACHE_DIR" not in os.environ:
     os.environ["DISC_TF_CACHE_DIR"] = tempfile.mkdtemp(prefix="disc_tf_test_cache_")
+# The cache's HMAC key: one for the session and its subprocesses, whatever HOME is.
+os.environ.setdefault("DISC_TF_CACHE_KEY_FILE",
+                      os.path.join(tempfile.mkdtemp(prefix="disc_tf_test_key_"), "cache.key"))
 os.environ.setdefault("DISC_TF_STRICT", "1")
 
 
