@@ -11,12 +11,14 @@ import sys
 from disc_tf.direct_call import DiscModel, load
 from disc_tf.enable import enable
 from disc_tf.jit import JitFunction, jit
+from disc_tf.report import OptimizeReport
 from disc_tf.runtime import native as _native
+from disc_tf.saved_model import last_report
 from disc_tf.saved_model import optimize_saved_model as _optimize_saved_model
 from disc_tf.strict import StrictModeError
 
-__all__ = ["optimize", "load", "DiscModel", "enable", "jit", "JitFunction", "stats",
-           "reset_stats", "StrictModeError"]
+__all__ = ["optimize", "last_report", "OptimizeReport", "load", "DiscModel", "enable", "jit",
+           "JitFunction", "stats", "reset_stats", "StrictModeError"]
 __version__ = "0.1.0"
 
 # Registers the DiscCluster op, so optimized models load. Never builds: missing
@@ -28,15 +30,25 @@ if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_
 
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
-             signatures=None, strict: bool | None = None) -> str:
+             signatures=None, all_functions: bool = False, strict: bool | None = None,
+             quiet: bool = False) -> str:
     """Optimizes a SavedModel ahead of time; returns ``output_dir``.
 
-    Every cluster's compiled artifact is stored inside the output model, which
-    loads anywhere after ``import disc_tf``. With ``strict`` (default
-    ``$DISC_TF_STRICT``), a cluster that fails to compile raises StrictModeError.
+    Compiles what serving runs: the functions reachable from ``signatures``
+    (names; default every serving signature and the root object's tf.functions),
+    or every function with ``all_functions``. Every cluster's compiled artifact is
+    stored inside the output model, which loads anywhere after ``import disc_tf``.
+    With ``strict`` (default ``$DISC_TF_STRICT``), a cluster that fails to compile
+    raises StrictModeError. The report (per cluster: ops, kernels, compiled or
+    refused and why, compile time) is printed to stderr unless ``quiet``, stored
+    in ``assets.extra/disc/report.json`` and returned by :func:`last_report`.
     """
-    _optimize_saved_model(saved_model_dir, output_dir, target=target, signatures=signatures,
-                          strict=strict)
+    report = _optimize_saved_model(saved_model_dir, output_dir, target=target,
+                                   signatures=signatures, all_functions=all_functions,
+                                   strict=strict)
+    if not quiet:
+        print("\n".join(f"disc_tf.optimize: {line}" for line in report.summary().splitlines()),
+              file=sys.stderr)
     return str(output_dir)
 
 

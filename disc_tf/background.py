@@ -60,8 +60,10 @@ class DeferredBodyOptimizer(BodyOptimizer):
         self.pending: dict[str, str] = {}
 
     def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
-                 protected: frozenset[str], taken: set[str]):
-        """Extracts the clusters and queues them; the nodes get no artifact yet."""
+                 protected: frozenset[str], taken: set[str],
+                 outside: frozenset[str] = frozenset()):
+        """Extracts the clusters and queues them; the nodes get no artifact yet
+        (graphs given to the graph pass have no ``outside`` nodes)."""
         result, specs = carve_clusters(view, fetched, protected, taken,
                                        self.options.min_cluster_size)
         self.report.unclustered[body] = result.reasons

@@ -1,9 +1,11 @@
 """The ``disc-tf`` command line.
 
-``disc-tf optimize IN OUT`` compiles every cluster of a SavedModel ahead of time;
-``disc-tf inspect MODEL`` shows, without compiling, what would be clustered, why
-every other op stays out, and (with ``--until``) each compiler stage of every
-cluster: DHLO, shape classes and fusion plan, generated source.
+``disc-tf optimize IN OUT`` compiles the clusters serving runs ahead of time and
+prints the report; ``disc-tf inspect MODEL`` shows, without building C++, what
+would be clustered and whether each cluster lowers, why every other op stays
+out, the compiled clusters of an optimized model, and (with ``--until``) each
+compiler stage of every cluster: DHLO, shape classes and fusion plan, generated
+source.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import textwrap
 from collections.abc import Iterator
 from typing import TextIO
 
+from tensorflow.core.framework import function_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-from disc_tf import pipeline
+from disc_tf import pipeline, scope
 from disc_tf.cluster import clustering, rewrite
 from disc_tf.cluster.graph_view import (
     GraphView,
@@ -28,7 +31,8 @@ from disc_tf.cluster.graph_view import (
     view_of_function_def,
     view_of_graph_def,
 )
-from disc_tf.optimizer import FALLBACK_PREFIX, NON_COMPUTE_OPS, OptimizeReport, carve_clusters
+from disc_tf.optimizer import FALLBACK_PREFIX, BodyOptimizer, Options, carve_clusters
+from disc_tf.report import NON_COMPUTE_OPS, OUTSIDE_SCOPE, ClusterReport, OptimizeReport
 from disc_tf.saved_model import optimize_saved_model, referenced_nodes
 
 log = logging.getLogger("disc_tf")
@@ -54,9 +58,12 @@ class Body:
     name: str
     kind: str  # "function" | "graph"
     view: GraphView | None
+    library: function_pb2.FunctionDefLibrary
     fetched: frozenset[str] = frozenset()  # flat tensor names read from outside
     protected: frozenset[str] = frozenset()  # node names that must survive
+    outside: frozenset[str] = frozenset()  # nodes serving never runs (main graph)
     error: str | None = None  # why the body could not be analysed
+    report_name: str = ""  # the body's name in an OptimizeReport
 
 
 def _load_saved_model(path: str) -> saved_model_pb2.SavedModel:
@@ -68,74 +75,46 @@ def _load_saved_model(path: str) -> saved_model_pb2.SavedModel:
     return sm
 
 
-def iter_bodies(sm: saved_model_pb2.SavedModel) -> Iterator[Body]:
-    """Every body the optimizer would cluster, in the optimizer's order."""
+def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = None,
+                all_functions: bool = False) -> Iterator[Body]:
+    """Every body the optimizer would cluster, in the optimizer's order: the
+    functions serving runs (all with ``all_functions``), then each main graph."""
     for meta_graph in sm.meta_graphs:
         library = meta_graph.graph_def.library
+        served = scope.serving_scope(meta_graph, signatures, all_functions)
         for fdef in library.function:
             name = fdef.signature.name
-            if name.startswith(FALLBACK_PREFIX):
+            if name.startswith(FALLBACK_PREFIX) or not served.has_function(name):
                 continue
             try:
                 view, nested_to_flat = view_of_function_def(fdef, library)
             except Exception as e:  # noqa: BLE001 - reported, not fatal
-                yield Body(name, "function", None, error=f"{type(e).__name__}: {e}")
+                yield Body(name, "function", None, library, error=f"{type(e).__name__}: {e}",
+                           report_name=name)
                 continue
             fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
-            yield Body(name, "function", view, fetched)
+            yield Body(name, "function", view, library, fetched, report_name=name)
         tags = ",".join(meta_graph.meta_info_def.tags) or "untagged"
         name = f"main_graph[{tags}]"
         try:
             view = view_of_graph_def(meta_graph.graph_def, library)
         except Exception as e:  # noqa: BLE001
-            yield Body(name, "graph", None, error=f"{type(e).__name__}: {e}")
+            yield Body(name, "graph", None, library, error=f"{type(e).__name__}: {e}",
+                       report_name="main_graph")
             continue
         protected = referenced_nodes(meta_graph)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
-        yield Body(name, "graph", view, fetched, protected)
-
-
-def _called_functions(nodes, library_names: set[str]) -> set[str]:
-    """Library functions named by the func attrs (f, body, branches...) of ``nodes``."""
-    out = set()
-    for node in nodes:
-        for value in node.attr.values():
-            names = [value.func.name] + [f.name for f in value.list.func]
-            out.update(n for n in names if n in library_names)
-    return out
-
-
-def serving_scope(meta_graph) -> tuple[set[str], set[str]]:
-    """What serving runs: (main-graph nodes the signatures depend on, library
-    functions they call, transitively). Checkpoint and init code is outside."""
-    graph = meta_graph.graph_def
-    by_name = {n.name: n for n in graph.node}
-    stack = [t.name.split(":")[0].lstrip("^") for sig in meta_graph.signature_def.values()
-             for t in sig.outputs.values()]
-    nodes: set[str] = set()
-    while stack:
-        name = stack.pop()
-        if name in nodes or name not in by_name:
-            continue
-        nodes.add(name)
-        stack.extend(i.split(":")[0].lstrip("^") for i in by_name[name].input)
-    fdefs = {f.signature.name: f for f in graph.library.function}
-    functions: set[str] = set()
-    pending = _called_functions([by_name[n] for n in nodes], set(fdefs))
-    while pending:
-        name = pending.pop()
-        if name not in functions:
-            functions.add(name)
-            pending |= _called_functions(fdefs[name].node_def, set(fdefs))
-    return nodes, functions
+        outside = frozenset(n for n in view.nodes if not served.has_node(n))
+        yield Body(name, "graph", view, library, fetched, protected, outside, None, "main_graph")
 
 
 def cluster_body(body: Body) -> tuple[clustering.ClusteringResult, list[rewrite.ClusterSpec]]:
     """Clusters ``body`` as the optimizer does and extracts each cluster."""
     assert body.view is not None
+    refused = dict.fromkeys(body.outside, OUTSIDE_SCOPE)
     return carve_clusters(body.view, body.fetched, body.protected, set(body.view.nodes),
-                          MIN_CLUSTER_SIZE)
+                          MIN_CLUSTER_SIZE, refused)
 
 
 # --------------------------------------------------------------------------
@@ -149,18 +128,19 @@ def _tensor(t: TensorInfo) -> str:
     return f"{t.name} {t.dtype.name}[{dims}]"
 
 
-def _ratio(done: int, total: int) -> str:
+def _ratio(done: int, total: int, label: str) -> str:
     pct = f"{100.0 * done / total:.1f}%" if total else "n/a"
-    return f"clustered compute ops: {done}/{total} ({pct})"
+    return f"{label}: {done}/{total} ({pct})"
 
 
 def _stage_text(title: str, text: str) -> list[str]:
     return [f"    -- {title} --", textwrap.indent(text.rstrip("\n"), "      ")]
 
 
-def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu") -> list[str]:
+def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu",
+                     fe: pipeline.FrontEnd | Exception | None = None) -> list[str]:
     """The lines ``inspect`` prints for one cluster, up to stage ``until``, with the
-    source generated for ``target``."""
+    source generated for ``target``; ``fe``: its front end if already run."""
     ops = spec.op_summary()
     lines = [f"  cluster {spec.name}: {len(ops)} ops"]
     lines.extend(f"    op {name} ({op})" for name, op in ops)
@@ -168,13 +148,18 @@ def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu")
     lines.extend(f"    input control ^{c}" for c in spec.control_inputs)
     lines.extend(f"    output {_tensor(t)}" for t in spec.outputs)
     level = STAGES.index(until)
-    if level == 0:
+    if fe is None and level > 0:
+        try:
+            fe = pipeline.front_end(spec, target)
+        except Exception as e:  # noqa: BLE001 - shown instead of the stages
+            fe = e
+    if isinstance(fe, Exception):
+        return lines + [f"    front end refused: {type(fe).__name__}: {fe}"]
+    if fe is None:
         return lines
-    try:
-        fe = pipeline.front_end(spec, target)
-    except Exception as e:  # noqa: BLE001 - shown instead of the stages
-        return lines + [f"    stages failed: {type(e).__name__}: {e}"]
-    lines += _stage_text("dhlo", fe.dhlo.text)
+    lines.append(f"    front end: ok ({fe.plan.num_kernels} kernels)")
+    if level >= 1:
+        lines += _stage_text("dhlo", fe.dhlo.text)
     if level >= 2:
         lines += _stage_text("shape classes", fe.shapes)
         lines += _stage_text("fusion plan", fe.plan.describe())
@@ -205,44 +190,95 @@ def describe_unclustered(view: GraphView, reasons: dict[str, str]) -> list[str]:
     return lines
 
 
+def compiled_clusters(body: Body) -> list[ClusterReport]:
+    """The body's DiscCluster nodes (an optimized model), with their original ops."""
+    assert body.view is not None
+    fdefs = {f.signature.name: f for f in body.library.function}
+    found = []
+    for name in body.view.order:
+        node = body.view.nodes[name].node_def
+        if node.op != rewrite.DISC_OP:
+            continue
+        fallback = fdefs.get(node.attr["fallback"].func.name)
+        ops = [(n.name, n.op) for n in fallback.node_def] if fallback is not None else []
+        found.append(ClusterReport(body.report_name, name, ops, len(node.input),
+                                   len(node.attr["Tout"].list.type),
+                                   kernels=node.attr["num_kernels"].i, from_cache=True))
+    return found
+
+
+def inspect_body(body: Body, until: str, target: str, lower: bool,
+                 report: OptimizeReport) -> list[str]:
+    """The lines of one body; its clusters and unclustered ops go into ``report``."""
+    if body.view is None:
+        return [f"body {body.name} ({body.kind}): not analysed: {body.error}"]
+    view = body.view
+    if all(nd.op in NON_COMPUTE_OPS for n, nd in view.nodes.items() if n not in body.outside):
+        return [f"body {body.name} ({body.kind}): no compute ops"]
+    if lower:
+        optimizer = BodyOptimizer(body.library, Options(target=target, strict=False))
+        result, specs, front = optimizer.front_ends(
+            body.report_name, view, body.fetched, body.protected, set(view.nodes), body.outside)
+    else:
+        result, specs = cluster_body(body)
+        front = [None] * len(specs)
+    existing = compiled_clusters(body)
+    report.clusters.extend(existing)
+    done_before = {c.name for c in existing}
+    reasons = {n: why for n, why in result.reasons.items()
+               if n not in body.outside and n not in done_before}
+    report.unclustered[body.report_name] = reasons
+    report.unclustered_ops[body.report_name] = {n: view.nodes[n].op for n in reasons}
+    lines = [f"body {body.name} ({body.kind}): {len(view.nodes)} nodes, "
+             f"{len(existing)} compiled cluster(s), {len(specs)} new cluster(s)"]
+    lines += [f"  compiled cluster {c.name}: {c.compute_ops} compute ops, {c.kernels} kernels"
+              for c in existing]
+    for spec, fe in zip(specs, front):
+        rep = ClusterReport(body.report_name, spec.name, spec.op_summary(), len(spec.inputs),
+                            len(spec.outputs))
+        if isinstance(fe, Exception):
+            rep.error = f"{type(fe).__name__}: {fe}"
+        elif fe is not None:
+            rep.kernels = fe.plan.num_kernels
+        report.clusters.append(rep)
+        lines += describe_cluster(spec, until, target, fe)
+    unclustered = describe_unclustered(view, reasons)
+    if unclustered:
+        lines += ["  unclustered:"] + unclustered
+    done, total = report.compiled_share({body.report_name})
+    label = "compiled compute ops" if lower else "clustered compute ops (not yet lowered)"
+    lines.append(f"  {_ratio(done, total, label)}")
+    return lines
+
+
 def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None,
-                  target: str = "cpu") -> int:
-    """Prints the clusters and unclustered ops of every body of a SavedModel."""
+                  target: str = "cpu", lower: bool = True, all_functions: bool = False,
+                  signatures: list[str] | None = None) -> int:
+    """Prints the clusters and unclustered ops of every body serving runs (every
+    body with ``all_functions``), then the total line ``optimize`` would print.
+
+    With ``lower``, each new cluster runs the compiler's front end (lowering,
+    fusion plan, codegen; no C++ build), so a cluster counts as compiled only
+    where it would compile; DiscCluster nodes of an optimized model count as
+    compiled."""
     out = out or sys.stdout
     sm = _load_saved_model(path)
-    total_done = total = model_done = model_total = 0
-    scope_nodes, scope_functions = set(), set()
-    for meta_graph in sm.meta_graphs:
-        n, f = serving_scope(meta_graph)
-        scope_nodes |= n
-        scope_functions |= f
-    for body in iter_bodies(sm):
-        if body.view is None:
-            print(f"body {body.name} ({body.kind}): not analysed: {body.error}", file=out)
-            continue
-        compute = [n for n, nd in body.view.nodes.items() if nd.op not in NON_COMPUTE_OPS]
-        if not compute:
-            print(f"body {body.name} ({body.kind}): no compute ops", file=out)
-            continue
-        result, specs = cluster_body(body)
-        clustered = {n for c in result.clusters for n in c}
-        done = sum(n in clustered for n in compute)
-        total_done, total = total_done + done, total + len(compute)
-        served = [n for n in compute if (body.name in scope_functions if body.kind == "function"
-                                         else n in scope_nodes)]
-        model_done += sum(n in clustered for n in served)
-        model_total += len(served)
-        print(f"body {body.name} ({body.kind}): {len(body.view.nodes)} nodes, "
-              f"{len(specs)} cluster(s)", file=out)
-        for spec in specs:
-            print("\n".join(describe_cluster(spec, until, target)), file=out)
-        unclustered = describe_unclustered(body.view, result.reasons)
-        if unclustered:
-            print("  unclustered:", file=out)
-            print("\n".join(unclustered), file=out)
-        print(f"  {_ratio(done, len(compute))}", file=out)
-    print(f"serving signatures: {_ratio(model_done, model_total)}", file=out)
-    print(_ratio(total_done, total), file=out)
+    report = OptimizeReport(serving_bodies=None if all_functions else set())
+    try:
+        bodies = list(iter_bodies(sm, signatures, all_functions))
+    except ValueError as e:  # a signature the model lacks
+        raise UsageError(str(e)) from e
+    for body in bodies:
+        if report.serving_bodies is not None:
+            report.serving_bodies.add(body.report_name)
+        print("\n".join(inspect_body(body, until, target, lower, report)), file=out)
+    which = "all functions" if all_functions else "serving path"
+    if not lower:  # clusters count as compiled: nothing was lowered
+        done, total = report.serving_share()
+        print(_ratio(done, total, f"{which}: clustered compute ops (not yet lowered)"), file=out)
+        return 0
+    for line in report.summary().splitlines():
+        print(f"{which}: {line}", file=out)
     return 0
 
 
@@ -278,19 +314,25 @@ def summary_lines(report: OptimizeReport) -> list[str]:
 
 
 def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None,
-                   out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Optimizes a SavedModel and prints what happened to every cluster."""
+                   out: TextIO | None = None, err: TextIO | None = None,
+                   all_functions: bool = False, strict: bool | None = None) -> int:
+    """Optimizes a SavedModel and prints what happened to every cluster, then the
+    report's summary (refused clusters and nodes, the total line)."""
     out, err = out or sys.stdout, err or sys.stderr
     sm = _load_saved_model(src)
-    total = sum(len(cluster_body(b)[1]) for b in iter_bodies(sm) if b.view is not None)
+    try:
+        bodies = [b for b in iter_bodies(sm, signatures, all_functions) if b.view is not None]
+    except ValueError as e:  # a signature the model lacks
+        raise UsageError(str(e)) from e
+    total = sum(len(cluster_body(b)[1]) for b in bodies)
     print(f"{total} cluster(s) to compile", file=err, flush=True)
     report = optimize_saved_model(src, dst, target=target, signatures=signatures,
+                                  all_functions=all_functions, strict=strict,
                                   progress=_progress(total, err))
     for line in summary_lines(report):
         print(line, file=out)
-    failed = len(report.clusters) - len(report.compiled)
-    print(f"optimized {src} -> {dst}: {len(report.compiled)} cluster(s) compiled, "
-          f"{failed} failed", file=out)
+    print(report.summary(), file=out)
+    print(f"optimized {src} -> {dst}", file=out)
     return 0
 
 
@@ -303,13 +345,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="disc-tf", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
-    opt = sub.add_parser("optimize", help="compile every cluster of a SavedModel")
+    opt = sub.add_parser("optimize", help="compile the clusters serving runs")
     opt.add_argument("input", metavar="IN", help="SavedModel directory")
     opt.add_argument("output", metavar="OUT", help="where the optimized SavedModel goes")
     opt.add_argument("--target", choices=("auto", "cpu", "cuda"), default="auto",
                      help="cuda needs nvcc, not a GPU; auto picks cuda only where it can run")
     opt.add_argument("--signatures", default=None,
-                     help="comma-separated signature names (default: all)")
+                     help="comma-separated signature names (default: every serving "
+                          "signature and the root object's functions)")
+    opt.add_argument("--all-functions", action="store_true",
+                     help="compile every function, not only what serving runs")
+    opt.add_argument("--strict", action="store_true",
+                     help="fail on any cluster that does not compile")
     ins = sub.add_parser("inspect", help="show clusters and why other ops stay out")
     ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
     ins.add_argument("--until", choices=STAGES, default="cluster",
@@ -318,6 +365,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="backend whose generated source --until codegen shows")
     ins.add_argument("--show-kernels", action="store_true",
                      help="show the generated source (same as --until codegen)")
+    ins.add_argument("--no-lower", action="store_true",
+                     help="stop at clustering (fast): clusters are not checked to compile")
+    ins.add_argument("--all-functions", action="store_true",
+                     help="every function, not only what serving runs (checkpoint "
+                          "save/restore included)")
+    ins.add_argument("--signatures", default=None,
+                     help="comma-separated signature names (default: every serving "
+                          "signature and the root object's functions)")
     sub.add_parser("bench", add_help=False,
                    help="run the benchmark suite in bench/ (options: disc-tf bench --help)")
     return parser
@@ -352,11 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        signatures = [s for s in args.signatures.split(",") if s] if args.signatures else None
         if args.command == "inspect":
             until = "codegen" if args.show_kernels else args.until
-            return inspect_model(args.model, until, target=args.target)
-        signatures = [s for s in args.signatures.split(",") if s] if args.signatures else None
-        return optimize_model(args.input, args.output, args.target, signatures)
+            if args.no_lower and until != "cluster":
+                raise UsageError("--no-lower shows no stage after clustering")
+            return inspect_model(args.model, until, target=args.target,
+                                 lower=not args.no_lower, all_functions=args.all_functions,
+                                 signatures=signatures)
+        return optimize_model(args.input, args.output, args.target, signatures,
+                              all_functions=args.all_functions, strict=args.strict or None)
     except UsageError as e:
         print(f"disc-tf: error: {e}", file=sys.stderr)
         return 2

@@ -17,68 +17,20 @@ from disc_tf import pipeline, strict
 from disc_tf.cluster import clustering, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.dhlo_bridge.rules import LoweringError
+from disc_tf.report import NON_COMPUTE_OPS, OUTSIDE_SCOPE, ClusterReport, OptimizeReport
 from disc_tf.runtime import native
 
 log = logging.getLogger("disc_tf")
 
+__all__ = ["NON_COMPUTE_OPS", "ClusterReport", "OptimizeReport", "Options", "BodyOptimizer",
+           "carve_clusters"]
+
 FALLBACK_PREFIX = "disc_fallback_"
-
-
-@dataclasses.dataclass
-class ClusterReport:
-    """What happened to one cluster."""
-
-    body: str
-    name: str
-    ops: list[tuple[str, str]]
-    num_inputs: int
-    num_outputs: int
-    kernels: int = 0
-    #: kernels of the speculative (nothing-broadcast) plan, if it has one
-    speculative_kernels: int | None = None
-    from_cache: bool = False
-    compile_seconds: float = 0.0
-    error: str | None = None
 
 
 #: Most nodes of one body a failing lowering may push out of its cluster before the
 #: cluster is given up (each costs a new clustering and front end).
 MAX_RECARVES = 8
-
-#: Ops that move, name or hold data rather than compute: left out of coverage ratios.
-NON_COMPUTE_OPS = frozenset(
-    {"Placeholder", "Const", "Identity", "NoOp", "_Arg", "_Retval", "ReadVariableOp",
-     "VarHandleOp", "StatefulPartitionedCall", "PartitionedCall"}
-)
-
-
-@dataclasses.dataclass
-class OptimizeReport:
-    """Clusters built and the reason each other node stayed out."""
-
-    clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
-    unclustered: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-    #: body -> unclustered node -> its op type
-    unclustered_ops: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def compiled(self) -> list[ClusterReport]:
-        """Clusters that became DiscCluster nodes."""
-        return [c for c in self.clusters if c.error is None]
-
-    def compiled_share(self, bodies: set[str] | None = None) -> tuple[int, int]:
-        """(compute ops inside compiled clusters, all compute ops) of ``bodies``
-        (every body if None); a cluster that failed counts as not compiled."""
-        def inside(body: str) -> bool:
-            return bodies is None or body in bodies
-
-        done = sum(op not in NON_COMPUTE_OPS for c in self.compiled if inside(c.body)
-                   for _, op in c.ops)
-        left = sum(op not in NON_COMPUTE_OPS for c in self.clusters
-                   if c.error is not None and inside(c.body) for _, op in c.ops)
-        left += sum(op not in NON_COMPUTE_OPS for body, ops in self.unclustered_ops.items()
-                    if inside(body) for op in ops.values())
-        return done, done + left
 
 
 @dataclasses.dataclass
@@ -140,16 +92,23 @@ class BodyOptimizer:
         self.report = report or OptimizeReport()
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
 
-    def _front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
-                    protected: frozenset[str], taken: set[str]):
+    def front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
+                   protected: frozenset[str], taken: set[str],
+                   outside: frozenset[str] = frozenset()):
         """Clusters ``body`` and runs every cluster's front end (lowering, planning,
         codegen). A node whose lowering fails is refused and the body clustered
-        again without it, so one op costs that op, not its whole cluster."""
+        again without it, so one op costs that op, not its whole cluster. Nodes
+        ``outside`` the serving scope stay out of every cluster.
+
+        Returns (clustering result, cluster specs, front end or exception per spec).
+        """
         refused: dict[str, str] = {}
+        excluded = dict.fromkeys(outside, OUTSIDE_SCOPE)
         for _ in range(MAX_RECARVES + 1):
             names = set(taken)
             result, specs = carve_clusters(view, fetched, protected, names,
-                                           self.options.min_cluster_size, refused)
+                                           self.options.min_cluster_size,
+                                           {**excluded, **refused})
             front: list = []
             again = False
             for spec in specs:
@@ -173,10 +132,13 @@ class BodyOptimizer:
         raise AssertionError("unreachable: the loop returns once nothing more is refused")
 
     def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
-                 protected: frozenset[str], taken: set[str]):
-        result, specs, front = self._front_ends(body, view, fetched, protected, taken)
-        self.report.unclustered[body] = result.reasons
-        self.report.unclustered_ops[body] = {n: view.nodes[n].op for n in result.reasons}
+                 protected: frozenset[str], taken: set[str],
+                 outside: frozenset[str] = frozenset()):
+        result, specs, front = self.front_ends(body, view, fetched, protected, taken, outside)
+        self.report.unclustered[body] = {n: why for n, why in result.reasons.items()
+                                         if n not in outside}
+        self.report.unclustered_ops[body] = {n: view.nodes[n].op
+                                             for n in self.report.unclustered[body]}
         replaced = []
         for spec, fe in zip(specs, front):
             name, nodes = spec.name, spec.node_names
@@ -197,7 +159,7 @@ class BodyOptimizer:
                         f"{rep.error}") from e
                 log.warning("cluster %s of %s left as TF ops: %s", name, body, rep.error)
                 for n in nodes:
-                    result.reasons[n] = f"cluster {name} failed to compile"
+                    self.report.unclustered[body][n] = f"cluster {name} failed to compile"
                 continue
             art = compiled.artifact
             rep.kernels, rep.from_cache = art.num_kernels, art.from_cache
@@ -218,8 +180,10 @@ class BodyOptimizer:
         log.warning("body %s not analysed (%s); left unchanged", body, error)
 
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
-                           body: str = "graph", graph=None) -> graph_pb2.GraphDef:
-        """Clusters a flat GraphDef; ``protected`` node names survive.
+                           body: str = "graph", graph=None,
+                           outside: frozenset[str] = frozenset()) -> graph_pb2.GraphDef:
+        """Clusters a flat GraphDef; ``protected`` node names survive; nodes ``outside``
+        the serving scope are left as they are.
 
         ``graph`` is the live tf.Graph of ``graph_def`` when the caller has it.
         """
@@ -231,7 +195,7 @@ class BodyOptimizer:
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
         taken = {n.name for n in graph_def.node}
-        replaced = self._compile(body, view, fetched, protected, taken)
+        replaced = self._compile(body, view, fetched, protected, taken, outside)
         if not replaced:
             return graph_def
         nodes = [
@@ -269,16 +233,22 @@ class BodyOptimizer:
         ]
         return rewrite.rewrite_function_def(fdef, nested_to_flat, nodes, protected)
 
-    def optimize_library(self, protected: dict[str, frozenset[str]] | None = None
+    def optimize_library(self, protected: dict[str, frozenset[str]] | None = None,
+                         in_scope: Callable[[str], bool] | None = None
                          ) -> function_pb2.FunctionDefLibrary:
-        """A new library: every function optimized, fallback functions added.
+        """A new library: every function ``in_scope`` (default: all) optimized, the
+        others copied as they are, fallback functions added.
         ``protected[f]``: nodes of function ``f`` whose names must survive."""
         protected = protected or {}
         result = function_pb2.FunctionDefLibrary()
         result.CopyFrom(self.library)
         del result.function[:]
         for fdef in self.library.function:
-            if fdef.signature.name.startswith(FALLBACK_PREFIX):
+            name = fdef.signature.name
+            if name.startswith(FALLBACK_PREFIX):
+                result.function.add().CopyFrom(fdef)
+            elif in_scope is not None and not in_scope(name):
+                self.report.skipped_functions.append(name)
                 result.function.add().CopyFrom(fdef)
             else:
                 keep = protected.get(fdef.signature.name, frozenset())

@@ -1,7 +1,8 @@
 """Ahead-of-time optimisation of SavedModels (``disc_tf.optimize``).
 
-The SavedModel proto is rewritten in place: every FunctionDef of each
-MetaGraph's library (and the TF1 main graph) is clustered, each cluster
+The SavedModel proto is rewritten in place: every FunctionDef that serving
+runs (see :mod:`disc_tf.scope`; all of them on request) and the serving part of
+the TF1 main graph are clustered, each cluster
 becomes a DiscCluster node carrying its compiled artifact, and the original
 ops stay in the library as each cluster's fallback function. Variables,
 assets and the object graph are copied unchanged, so the result loads with
@@ -18,6 +19,7 @@ import shutil
 
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from disc_tf import scope
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import native
 from disc_tf.runtime.target import resolve_target as _resolve_target
@@ -71,31 +73,50 @@ def resolve_target(target: str) -> str:
     return _resolve_target(target)
 
 
+_last_report: OptimizeReport | None = None
+
+
+def last_report() -> OptimizeReport | None:
+    """The report of this process's latest ``optimize`` (None before the first)."""
+    return _last_report
+
+
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
-                         signatures=None, min_cluster_size: int = 2,
-                         strict: bool | None = None, progress=None) -> OptimizeReport:
+                         signatures=None, all_functions: bool = False,
+                         min_cluster_size: int = 2, strict: bool | None = None,
+                         progress=None) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
+
+    Compiles what serving runs: the functions and main-graph nodes reachable from
+    ``signatures`` (default: every serving signature and the root object's
+    ``tf.function``s), or every function with ``all_functions``.
     ``strict`` (default ``$DISC_TF_STRICT``): any cluster that fails to compile
     raises StrictModeError (and nothing is written). ``progress(spec)`` is called as
     each cluster starts compiling."""
+    global _last_report
     native.load()
     src = pathlib.Path(saved_model_dir)
     dst = pathlib.Path(output_dir)
     if not (src / "saved_model.pb").exists():
         raise FileNotFoundError(f"{src} has no saved_model.pb")
-    if signatures is not None:
-        log.info("signatures=%s: every function is optimized regardless", signatures)
+    if isinstance(signatures, str):
+        signatures = [signatures]
     options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
                       strict=strict, progress=progress)
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((src / "saved_model.pb").read_bytes())
-    report = OptimizeReport()
+    report = OptimizeReport(serving_bodies={"main_graph"})
     for meta_graph in sm.meta_graphs:
+        served = scope.serving_scope(meta_graph, signatures, all_functions)
+        report.serving_bodies |= served.functions
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
-        library = opt.optimize_library(object_graph_references(meta_graph))
+        library = opt.optimize_library(object_graph_references(meta_graph),
+                                       served.has_function)
+        outside = frozenset(n.name for n in meta_graph.graph_def.node
+                            if not served.has_node(n.name))
         graph = opt.optimize_graph_def(
-            meta_graph.graph_def, referenced_nodes(meta_graph), body="main_graph"
-        )
+            meta_graph.graph_def, referenced_nodes(meta_graph), body="main_graph",
+            outside=outside)
         opt.add_new_functions(library)
         graph.library.CopyFrom(library)
         meta_graph.graph_def.CopyFrom(graph)
@@ -112,6 +133,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     manifest.mkdir(parents=True, exist_ok=True)
     (manifest / "clusters.json").write_text(json.dumps(
         [c.__dict__ for c in report.clusters], indent=1, default=str))
-    log.info("optimized %s -> %s: %d clusters compiled, %d failed", src, dst,
-             len(report.compiled), len(report.clusters) - len(report.compiled))
+    (manifest / "report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
+    log.info("optimized %s -> %s: %s", src, dst, report.total_line())
+    _last_report = report
     return report

@@ -20,7 +20,9 @@ from disc_tf.cluster import op_registry
 from tests.harness import assert_same
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RATIO = re.compile(r"^clustered compute ops: (\d+)/(\d+) \((\d+\.\d)%\)$", re.M)
+RATIO = re.compile(r"^compiled compute ops: (\d+)/(\d+) \((\d+\.\d)%\)$", re.M)
+TOTAL = re.compile(r"^serving path: (\d+) of (\d+) clusters compiled, [\d.]+% of serving "
+                   r"compute ops \((\d+) of (\d+)\)$")
 
 #: A same-shape float32 op the registry lacks (the first of these still missing).
 _CANDIDATES = {
@@ -83,12 +85,14 @@ def test_inspect_lists_clusters_reasons_and_ratio(saved_model) -> None:
         assert line in f, f
     assert f"unsupported op {BARRIER_OP} (1): {BARRIER_OP}\n" in f
     assert re.search(r"non-compute ops \(\d+\): .*Placeholder x3.*StatefulPartitionedCall x1", f)
-    # The barrier op stays out; the rest of f's compute ops are clustered.
+    # The barrier op stays out; the rest of f's compute ops lower.
+    assert "front end: ok (" in f and "front end refused" not in f
     [(done, total, _)] = RATIO.findall(re.sub(r"^  ", "", f, flags=re.M))
     assert int(done) == int(total) - 1
-    # The model-wide line comes last.
+    # The serving path's total line comes last.
     last = out.strip().splitlines()[-1]
-    assert RATIO.match(last), last
+    m = TOTAL.match(last)
+    assert m and m.group(1) == m.group(2), last
     assert out.count(f"unsupported op {BARRIER_OP} (1)") == 2  # in f and in ``inner``
     assert "-- dhlo --" not in out
 
@@ -134,7 +138,8 @@ def test_optimize_reports_each_cluster_and_output_matches(saved_model, tmp_path)
                          r"(\d+\.\d\ds|cache)$", ln), ln
     assert sum(ln.startswith("__inference_f_") for ln in lines) == 2, proc.stdout
     n = len(lines)
-    assert f"{n} cluster(s) compiled, 0 failed" in proc.stdout
+    assert re.search(rf"^{n} of {n} clusters compiled, [\d.]+% of serving compute ops ",
+                     proc.stdout, re.M), proc.stdout
     assert f"[1/{n}] compiling disc_cluster_" in proc.stderr
     assert f"[{n}/{n}] compiling disc_cluster_" in proc.stderr
 

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import layers
-from tensorflow.core.protobuf import saved_model_pb2
 
 import disc_tf
-from disc_tf import cli
 from disc_tf.optimizer import BodyOptimizer
 from disc_tf.saved_model import optimize_saved_model
 from tests.harness import run_in_session
@@ -102,9 +100,7 @@ def test_keras_model_clustered_and_identical(name, tmp_path):
     dst = str(tmp_path / f"{name}_opt")
     report = optimize_saved_model(src, dst, strict=True)
     assert report.compiled and len(report.compiled) == len(report.clusters)
-    sm = saved_model_pb2.SavedModel()
-    sm.ParseFromString((tmp_path / name / "saved_model.pb").read_bytes())
-    done, total = report.compiled_share(cli.serving_scope(sm.meta_graphs[0])[1])
+    done, total = report.serving_share()
     assert total > 0 and done > 0, report
     minimum = MODELS[name][1]
     if minimum is not None:

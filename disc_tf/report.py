@@ -1,0 +1,131 @@
+"""What an optimization did, cluster by cluster: the report users read.
+
+``optimize`` fills an :class:`OptimizeReport`, prints its :meth:`summary
+<OptimizeReport.summary>`, stores it in the model (``assets.extra/disc/report.json``)
+and keeps it for ``disc_tf.last_report()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+#: Ops that move, name or hold data rather than compute: left out of coverage ratios.
+NON_COMPUTE_OPS = frozenset(
+    {"Placeholder", "Const", "Identity", "NoOp", "_Arg", "_Retval", "ReadVariableOp",
+     "VarHandleOp", "StatefulPartitionedCall", "PartitionedCall"}
+)
+
+#: Reason given to main-graph nodes outside the serving scope.
+OUTSIDE_SCOPE = "not on the serving path"
+
+#: Longest error text a summary line shows.
+MAX_REASON_CHARS = 200
+
+
+@dataclasses.dataclass
+class ClusterReport:
+    """What happened to one cluster."""
+
+    body: str
+    name: str
+    ops: list[tuple[str, str]]
+    num_inputs: int
+    num_outputs: int
+    kernels: int = 0
+    #: kernels of the speculative (nothing-broadcast) plan, if it has one
+    speculative_kernels: int | None = None
+    from_cache: bool = False
+    compile_seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def compute_ops(self) -> int:
+        """Ops of the cluster that compute (see NON_COMPUTE_OPS)."""
+        return sum(op not in NON_COMPUTE_OPS for _, op in self.ops)
+
+
+def _short(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 3] + "..."
+
+
+@dataclasses.dataclass
+class OptimizeReport:
+    """Clusters built, the reason each other node stayed out, and the scope compiled."""
+
+    clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
+    #: body -> unclustered node -> why
+    unclustered: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: body -> unclustered node -> its op type
+    unclustered_ops: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: bodies serving runs (None: every body counts)
+    serving_bodies: set[str] | None = None
+    #: library functions left as they are because serving never calls them
+    skipped_functions: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def compiled(self) -> list[ClusterReport]:
+        """Clusters that became DiscCluster nodes."""
+        return [c for c in self.clusters if c.error is None]
+
+    @property
+    def refused(self) -> list[ClusterReport]:
+        """Clusters left as TF ops because a stage failed."""
+        return [c for c in self.clusters if c.error is not None]
+
+    def refused_nodes(self) -> list[tuple[str, str, str, str]]:
+        """(body, node, op, why) of nodes a lowering pushed out of their cluster."""
+        return [(body, node, self.unclustered_ops.get(body, {}).get(node, "?"), why)
+                for body, reasons in self.unclustered.items()
+                for node, why in reasons.items() if why.startswith("lowering refused")]
+
+    def compiled_share(self, bodies: set[str] | None = None) -> tuple[int, int]:
+        """(compute ops inside compiled clusters, all compute ops) of ``bodies``
+        (every body if None); a cluster that failed counts as not compiled."""
+        def inside(body: str) -> bool:
+            return bodies is None or body in bodies
+
+        done = sum(c.compute_ops for c in self.compiled if inside(c.body))
+        left = sum(c.compute_ops for c in self.refused if inside(c.body))
+        left += sum(op not in NON_COMPUTE_OPS for body, ops in self.unclustered_ops.items()
+                    if inside(body) for op in ops.values())
+        return done, done + left
+
+    def serving_share(self) -> tuple[int, int]:
+        """:meth:`compiled_share` of the bodies serving runs."""
+        return self.compiled_share(self.serving_bodies)
+
+    def total_line(self) -> str:
+        """``N of M clusters compiled, P% of serving compute ops``."""
+        done, total = self.serving_share()
+        pct = f"{100.0 * done / total:.1f}%" if total else "n/a"
+        return (f"{len(self.compiled)} of {len(self.clusters)} clusters compiled, "
+                f"{pct} of serving compute ops ({done} of {total})")
+
+    def summary(self) -> str:
+        """A short text: one line per refused cluster or node, then the total line."""
+        lines = [f"refused cluster {c.name} of {c.body} ({c.compute_ops} compute ops): "
+                 f"{_short(c.error or '')}" for c in self.refused]
+        lines += [f"refused node {node} ({op}) of {body}: {_short(why)}"
+                  for body, node, op, why in self.refused_nodes()]
+        if self.skipped_functions:
+            lines.append(f"{len(self.skipped_functions)} function(s) outside the serving path "
+                         "left as they are")
+        lines.append(self.total_line())
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``assets.extra/disc/report.json``)."""
+        done, total = self.serving_share()
+        return {
+            "summary": self.total_line(),
+            "clusters_compiled": len(self.compiled),
+            "clusters": [dataclasses.asdict(c) for c in self.clusters],
+            "serving_compute_ops": {"compiled": done, "total": total},
+            "refused_nodes": [dict(zip(("body", "node", "op", "why"), r))
+                              for r in self.refused_nodes()],
+            "serving_bodies": sorted(self.serving_bodies) if self.serving_bodies is not None
+            else None,
+            "skipped_functions": self.skipped_functions,
+        }
