@@ -64,6 +64,7 @@ class Body:
     outside: frozenset[str] = frozenset()  # nodes serving never runs (main graph)
     error: str | None = None  # why the body could not be analysed
     report_name: str = ""  # the body's name in an OptimizeReport
+    node_defs: tuple = ()  # the NodeDefs of a body that could not be analysed
 
 
 def _load_saved_model(path: str) -> saved_model_pb2.SavedModel:
@@ -90,7 +91,7 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
                 view, nested_to_flat = view_of_function_def(fdef, library)
             except Exception as e:  # noqa: BLE001 - reported, not fatal
                 yield Body(name, "function", None, library, error=f"{type(e).__name__}: {e}",
-                           report_name=name)
+                           report_name=name, node_defs=tuple(fdef.node_def))
                 continue
             fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
             yield Body(name, "function", view, library, fetched, report_name=name)
@@ -100,7 +101,7 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
             view = view_of_graph_def(meta_graph.graph_def, library)
         except Exception as e:  # noqa: BLE001
             yield Body(name, "graph", None, library, error=f"{type(e).__name__}: {e}",
-                       report_name="main_graph")
+                       report_name="main_graph", node_defs=tuple(meta_graph.graph_def.node))
             continue
         protected = referenced_nodes(meta_graph)
         fetched = frozenset(t.name for n in protected if n in view.nodes
@@ -211,6 +212,8 @@ def inspect_body(body: Body, until: str, target: str, lower: bool,
                  report: OptimizeReport) -> list[str]:
     """The lines of one body; its clusters and unclustered ops go into ``report``."""
     if body.view is None:
+        report.not_analysed[body.report_name] = body.error or ""
+        report.unclustered_ops[body.report_name] = {n.name: n.op for n in body.node_defs}
         return [f"body {body.name} ({body.kind}): not analysed: {body.error}"]
     view = body.view
     if all(nd.op in NON_COMPUTE_OPS for n, nd in view.nodes.items() if n not in body.outside):

@@ -172,12 +172,16 @@ class BodyOptimizer:
             replaced.append((spec, fallback.signature.name, attrs))
         return replaced
 
-    def _not_analysed(self, body: str, error: Exception) -> None:
-        """A body that cannot be analysed stays as it is (StrictModeError if strict)."""
+    def _not_analysed(self, body: str, error: Exception, nodes) -> None:
+        """A body that cannot be analysed stays as it is (StrictModeError if strict);
+        the report counts its ``nodes`` (NodeDefs) as not compiled."""
         if strict.resolve(self.options.strict):
             raise strict.StrictModeError(f"body {body} could not be analysed: "
                                          f"{type(error).__name__}: {error}") from error
         log.warning("body %s not analysed (%s); left unchanged", body, error)
+        self.report.not_analysed[body] = f"{type(error).__name__}: {error}"
+        self.report.unclustered[body] = {n.name: "body not analysed" for n in nodes}
+        self.report.unclustered_ops[body] = {n.name: n.op for n in nodes}
 
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
                            body: str = "graph", graph=None,
@@ -190,7 +194,7 @@ class BodyOptimizer:
         try:
             view = view_of_graph_def(graph_def, self.library, graph)
         except Exception as e:  # noqa: BLE001
-            self._not_analysed(body, e)
+            self._not_analysed(body, e, graph_def.node)
             return graph_def
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
@@ -213,7 +217,7 @@ class BodyOptimizer:
         try:
             view, nested_to_flat = view_of_function_def(fdef, self.library)
         except Exception as e:  # noqa: BLE001
-            self._not_analysed(body, e)
+            self._not_analysed(body, e, fdef.node_def)
             return fdef
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
         protected = frozenset(n for n in protected if n in view.nodes)

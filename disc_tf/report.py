@@ -63,6 +63,8 @@ class OptimizeReport:
     serving_bodies: set[str] | None = None
     #: library functions left as they are because serving never calls them
     skipped_functions: list[str] = dataclasses.field(default_factory=list)
+    #: bodies that could not be analysed (left as they are) -> why
+    not_analysed: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def compiled(self) -> list[ClusterReport]:
@@ -109,6 +111,8 @@ class OptimizeReport:
                  f"{_short(c.error or '')}" for c in self.refused]
         lines += [f"refused node {node} ({op}) of {body}: {_short(why)}"
                   for body, node, op, why in self.refused_nodes()]
+        lines += [f"body {body} not analysed, left as TF ops: {_short(why)}"
+                  for body, why in self.not_analysed.items()]
         if self.skipped_functions:
             lines.append(f"{len(self.skipped_functions)} function(s) outside the serving path "
                          "left as they are")
@@ -128,4 +132,5 @@ class OptimizeReport:
             "serving_bodies": sorted(self.serving_bodies) if self.serving_bodies is not None
             else None,
             "skipped_functions": self.skipped_functions,
+            "not_analysed": self.not_analysed,
         }

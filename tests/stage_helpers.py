@@ -12,7 +12,7 @@ def cluster_of(fn, *specs: tf.TensorSpec, min_cluster_size: int = 1) -> rewrite.
     """The single cluster disc_tf carves out of ``fn`` traced at ``specs``."""
     concrete = tf.function(fn, input_signature=list(specs)).get_concrete_function()
     graph_def = concrete.graph.as_graph_def()
-    view = view_of_graph_def(graph_def, graph_def.library)
+    view = view_of_graph_def(graph_def, graph_def.library, concrete.graph)
     protected = frozenset(t.op.name for t in list(concrete.inputs) + list(concrete.outputs))
     result = clustering.find_clusters(view, min_cluster_size=min_cluster_size,
                                       protected=protected)

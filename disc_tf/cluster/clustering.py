@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from disc_tf.cluster import op_registry
-from disc_tf.cluster.graph_view import GraphView, NodeInfo, producer
+from disc_tf.cluster.graph_view import GraphView, NodeInfo, colocation_targets, producer
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ def why_not_compilable(node: NodeInfo, host: HostValues | None = None) -> str | 
         return op_registry.EXCLUDED[node.op]
     if support is None:
         return f"unsupported op {node.op}"
-    if node.stateful:
+    if node.stateful and not support.resource_inputs:
         return "stateful op"
     if not _device_ok(node.device):
         return f"device {node.device}"
@@ -62,7 +62,12 @@ def why_not_compilable(node: NodeInfo, host: HostValues | None = None) -> str | 
                 return f"{node.op} on {dtype.name} only where it computes a shape from dims"
             else:
                 return f"dtype {dtype.name if dtype else '?'} not supported by {node.op}"
+    resources = [t for i, t in enumerate(node.inputs) if i in support.resource_inputs]
+    if any(t.dtype != tf.resource for t in resources):
+        return f"{node.op} reads a reference variable (TF1), not a resource"
     for t in node.inputs + node.outputs:
+        if t in resources:
+            continue
         if t.dtype not in op_registry.ALL_TYPES:
             return f"dtype {t.dtype.name} of {t.name}"
         if t.rank is None:
@@ -216,13 +221,15 @@ class _ClusterGraph:
         return True
 
 
-def _why_colocated(node: NodeInfo) -> str | None:
-    """Nodes colocated with another (``_class: loc:@x``, e.g. a variable's readers in
-    TF1) keep their placement: they are not clustered."""
-    classes = [c.decode() for c in node.node_def.attr["_class"].list.s] \
-        if "_class" in node.node_def.attr else []
-    others = [c[len("loc:@"):] for c in classes if c.startswith("loc:@")
-              and c[len("loc:@"):] != node.name]
+def _why_colocated(node: NodeInfo, view: GraphView) -> str | None:
+    """Nodes colocated with another node of the body (``_class: loc:@x``, e.g. a
+    variable's readers in TF1) keep their placement: they are not clustered. A
+    target the body lacks (a function's captured variable) places nothing, nor does
+    the variable a resource reader (ResourceGather) reads: the cluster reads it too."""
+    support = op_registry.lookup(node.op)
+    read = {producer(node.inputs[i].name) for i in (support.resource_inputs if support else ())}
+    others = [t for t in colocation_targets(node.node_def)
+              if t != node.name and t in view.nodes and t not in read]
     return f"colocated with {others[0]}" if others else None
 
 
@@ -296,7 +303,7 @@ def find_clusters(
         if why is None and contexts.get(name, "") is None:
             why = "inputs from different TF1 control-flow contexts"
         if why is None:
-            why = _why_colocated(node)
+            why = _why_colocated(node, view)
         if why is None and name in refused:
             why = refused[name]
         if why is None:

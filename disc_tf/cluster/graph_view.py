@@ -127,6 +127,33 @@ def _with_defaults(nd: tf.compat.v1.NodeDef, op_def) -> tf.compat.v1.NodeDef:
     return full
 
 
+COLOCATION_PREFIX = "loc:@"
+
+
+def colocation_targets(nd: tf.compat.v1.NodeDef) -> list[str]:
+    """The node names ``nd`` must be colocated with (its ``_class`` attr)."""
+    if "_class" not in nd.attr:
+        return []
+    return [c.decode()[len(COLOCATION_PREFIX):] for c in nd.attr["_class"].list.s
+            if c.decode().startswith(COLOCATION_PREFIX)]
+
+
+def _drop_dangling_colocation(graph_def: graph_pb2.GraphDef) -> None:
+    """Removes colocation with nodes the graph lacks, which TF's importer rejects. A
+    function body traced with a captured variable names the capture's placeholder
+    (``embedding_lookup/12``) where the FunctionDef has an argument instead."""
+    names = {n.name for n in graph_def.node}
+    for nd in graph_def.node:
+        targets = colocation_targets(nd)
+        if targets and any(t not in names for t in targets):
+            kept = [f"{COLOCATION_PREFIX}{t}".encode() for t in targets if t in names]
+            if kept:
+                del nd.attr["_class"].list.s[:]
+                nd.attr["_class"].list.s.extend(kept)
+            else:
+                del nd.attr["_class"]
+
+
 def view_of_graph_def(
     graph_def: graph_pb2.GraphDef,
     library: function_pb2.FunctionDefLibrary | None = None,
@@ -144,6 +171,7 @@ def view_of_graph_def(
         full.CopyFrom(graph_def)
         if library is not None:
             full.library.CopyFrom(library)
+        _drop_dangling_colocation(full)
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(full, name="")

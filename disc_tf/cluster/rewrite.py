@@ -30,7 +30,10 @@ class ClusterSpec:
     ``outputs`` name tensors of that subgraph. ``constant_inputs`` are the
     inputs a Const or a ReadVariableOp produces: values that stay the same
     while the runtime holds a reference to them (weights), whose GEMM
-    packing the runtime keeps across calls.
+    packing the runtime keeps across calls. ``resource_inputs`` are inputs
+    that are variable handles in the body (ResourceGather's table): the
+    DiscCluster op reads the variable, so ``inputs`` and the subgraph's
+    placeholder give the value's type.
     """
 
     name: str
@@ -40,6 +43,7 @@ class ClusterSpec:
     control_inputs: list[str]
     subgraph: graph_pb2.GraphDef
     constant_inputs: list[int] = dataclasses.field(default_factory=list)
+    resource_inputs: list[int] = dataclasses.field(default_factory=list)
 
     def op_summary(self) -> list[tuple[str, str]]:
         """(node name, op type) of every clustered node."""
@@ -105,6 +109,9 @@ def extract_cluster(
         for c in node.control_inputs:
             if c not in members and c not in control_inputs:
                 control_inputs.append(c)
+    resource_inputs = [i for i, t in enumerate(inputs) if t.dtype == tf.resource]
+    for i in resource_inputs:
+        inputs[i] = _variable_value(view, inputs[i], node_names)
     consumers = view.consumers()
     outputs = [
         t
@@ -131,17 +138,54 @@ def extract_cluster(
             flat = canonical_tensor_name(i)
             nd.input.append(f"{arg_name(input_index[flat])}:0" if flat in input_index else flat)
     constant_inputs = [i for i, t in enumerate(inputs)
-                       if getattr(view.nodes.get(producer(t.name)), "op", None) in _WEIGHT_OPS]
+                       if getattr(view.nodes.get(producer(t.name)), "op", None) in _WEIGHT_OPS
+                       or i in resource_inputs]
     return ClusterSpec(name, [n for n in node_names if n not in copied], inputs, outputs,
-                       control_inputs, sub, constant_inputs)
+                       control_inputs, sub, constant_inputs, resource_inputs)
+
+
+def _variable_value(view: GraphView, handle: TensorInfo, members: list[str]) -> TensorInfo:
+    """The value a cluster reads through variable ``handle``: typed by its reader
+    (ResourceGather's ``dtype``), dims from the reader's output (dim ``batch_dims``,
+    the gathered one, unknown)."""
+    reader = next(view.nodes[n] for n in members
+                  if view.nodes[n].inputs and view.nodes[n].inputs[0].name == handle.name)
+    batch = reader.node_def.attr["batch_dims"].i
+    out, ids = reader.outputs[0].dims, reader.inputs[1].dims
+    dims = tuple(out[:batch]) + (None,) + tuple(out[len(ids):])
+    return TensorInfo(handle.name, tf.as_dtype(reader.node_def.attr["dtype"].type), dims)
+
+
+def _gathers_of_values(sub: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """``sub`` with each ResourceGather (reading a value placeholder) as the
+    GatherV2 TF runs on that value, so that it imports as a TF graph."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(sub)
+    for nd in out.node:
+        if nd.op != "ResourceGather":
+            continue
+        axis = out.node.add(name=f"{nd.name}/disc_axis", op="Const")
+        axis.attr["dtype"].type = tf.int32.as_datatype_enum
+        axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(nd.attr["batch_dims"].i, tf.int32))
+        dtype, batch = nd.attr["dtype"], nd.attr["batch_dims"].i
+        indices = nd.attr["Tindices"]
+        nd.op = "GatherV2"
+        nd.attr.clear()
+        nd.attr["Tparams"].CopyFrom(dtype)
+        nd.attr["Tindices"].CopyFrom(indices)
+        nd.attr["Taxis"].type = tf.int32.as_datatype_enum
+        nd.attr["batch_dims"].i = batch
+        nd.input.append(f"{axis.name}:0")
+    return out
 
 
 def fallback_function(spec: ClusterSpec) -> function_pb2.FunctionDef:
     """The cluster's original ops as a FunctionDef with the cluster's signature."""
+    sub = _gathers_of_values(spec.subgraph)
     graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(spec.subgraph, name="")
-    ops = [graph.get_operation_by_name(n.name) for n in spec.subgraph.node]
+        tf.graph_util.import_graph_def(sub, name="")
+    ops = [graph.get_operation_by_name(n.name) for n in sub.node]
     ins = [graph.get_tensor_by_name(f"{arg_name(i)}:0") for i in range(len(spec.inputs))]
     outs = [graph.get_tensor_by_name(t.name) for t in spec.outputs]
     fdef = graph_to_function_def.graph_to_function_def(
@@ -172,7 +216,9 @@ def disc_node(
     nd = node_def_pb2.NodeDef(name=spec.name, op=DISC_OP)
     nd.input.extend(input_refs)
     nd.input.extend("^" + c for c in control_refs)
-    nd.attr["Tin"].list.type.extend(t.dtype.as_datatype_enum for t in spec.inputs)
+    nd.attr["Tin"].list.type.extend(
+        tf.resource.as_datatype_enum if i in spec.resource_inputs else t.dtype.as_datatype_enum
+        for i, t in enumerate(spec.inputs))
     nd.attr["Tout"].list.type.extend(t.dtype.as_datatype_enum for t in spec.outputs)
     nd.attr["output_shapes"].list.shape.extend(
         tf.TensorShape(t.dims).as_proto() for t in spec.outputs

@@ -385,6 +385,30 @@ def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     return [b.op("add", [scaled, offset], elem, ramp.dims)]
 
 
+@tf_op("ReverseV2", dtypes=MOVE_TYPES, const_inputs=(1,))
+def _reverse(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    # One gather per reversed axis, of indices (dim - 1) - iota: an index kernel, as
+    # GatherV2 is (the generated code has no reverse of its own).
+    x, axes_v = xs
+    axes = b.known_ints(axes_v)
+    if axes is None:
+        raise LoweringError(f"ReverseV2 {node.name}: axes must be constants")
+    if any(not -x.rank <= a < x.rank for a in axes):
+        raise LoweringError(f"ReverseV2 {node.name}: axes {axes} invalid for rank {x.rank}")
+    normal = [a % x.rank for a in axes]
+    if len(set(normal)) != len(normal):
+        raise LoweringError(f"ReverseV2 {node.name}: axis given twice in {axes}")
+    for axis in sorted(normal):
+        size = b.dim(x, axis)
+        ramp = iota(b, [size], 0, "i64")
+        last = b.host_tensor([b.index_arith("subi", size, b.index_const(1))], "i64", 0)
+        indices = b.op("subtract", [b.broadcast_to(last, b.shape_of(ramp), 1, []), ramp],
+                       "i64", ramp.dims)
+        x = b.op("torch_index_select", [x, indices], x.elem, x.dims,
+                 f"dim = {axis} : i64, batch_dims = 0 : i64")
+    return [x]
+
+
 @tf_op("Tile", dtypes=MOVE_TYPES, shape_inputs=(1,))
 def _tile(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, multiples_v = xs
@@ -434,6 +458,22 @@ def _gather(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     dims = params.dims[:axis] + indices.dims[batch:] + params.dims[axis + 1:]
     return [b.op("torch_index_select", [params, indices], params.elem, dims,
                  f"dim = {axis} : i64, batch_dims = {batch} : i64")]
+
+
+@tf_op("ResourceGather", dtypes=MOVE_TYPES, dtype_attr="dtype", resource_inputs=(0,))
+def _resource_gather(b: DhloBuilder, node: node_def_pb2.NodeDef,
+                     xs: list[TValue]) -> list[TValue]:
+    # Operand 0 is the variable's value (the DiscCluster op reads the variable);
+    # TF gathers along axis batch_dims.
+    params, indices = xs
+    batch = node.attr["batch_dims"].i
+    if batch < 0:
+        batch += indices.rank
+    if not 0 <= batch <= indices.rank or batch >= params.rank:
+        raise LoweringError(f"ResourceGather {node.name}: batch_dims {batch} invalid")
+    dims = params.dims[:batch] + indices.dims[batch:] + params.dims[batch + 1:]
+    return [b.op("torch_index_select", [params, indices], params.elem, dims,
+                 f"dim = {batch} : i64, batch_dims = {batch} : i64")]
 
 
 _ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),

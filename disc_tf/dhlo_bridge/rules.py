@@ -132,6 +132,13 @@ def _identity(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> l
     return [b.op("convert", xs, xs[0].elem, xs[0].dims)]
 
 
+@tf_op("IdentityN", dtypes=(), dtype_attr="", trivial=True)
+def _identity_n(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
+    # Keras' custom-gradient activations wrap (result, inputs) in one IdentityN; the
+    # gradient function it names matters only to training. Every output is its input.
+    return [b.op("convert", [x], x.elem, x.dims) for x in xs]
+
+
 @tf_op("ZerosLike", "OnesLike", dtypes=ALL_TYPES)
 def _fill_like(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     value = 0 if node.op == "ZerosLike" else 1

@@ -57,6 +57,11 @@ class OpSupport:
     shape_check: Callable | None = None
     #: the lowering rule: (DhloBuilder, NodeDef, operands) -> outputs
     lower: Rule | None = None
+    #: inputs that are resource variables (ResourceGather's table): the cluster takes
+    #: the handle, the DiscCluster op reads the variable's value when it runs (as
+    #: ReadVariableOp does), and the op lowers on that value. Such an op reads
+    #: state, so it is stateful in TF; reading is all it does.
+    resource_inputs: tuple = ()
 
 
 _TABLE: dict[str, OpSupport] = {}
@@ -70,7 +75,8 @@ _load_lock = threading.Lock()
 
 def tf_op(*op_types: str, dtypes, dtype_attr: str = "T", trivial: bool = False,
           const_inputs: tuple = (), check: Callable | None = None, shape_inputs: tuple = (),
-          host_dtypes: frozenset = frozenset(), shape_check: Callable | None = None):
+          host_dtypes: frozenset = frozenset(), shape_check: Callable | None = None,
+          resource_inputs: tuple = ()):
     """Decorator: the decorated lowering rule, with this support, defines each TF op
     type given (stack it for op types with different support)."""
 
@@ -80,7 +86,7 @@ def tf_op(*op_types: str, dtypes, dtype_attr: str = "T", trivial: bool = False,
                 raise ValueError(f"TF op {op} is defined twice in the op table")
             _TABLE[op] = OpSupport(op, frozenset(dtypes), dtype_attr, trivial, const_inputs,
                                    check, shape_inputs, frozenset(host_dtypes), shape_check,
-                                   rule)
+                                   rule, tuple(resource_inputs))
         return rule
 
     return wrap

@@ -1,7 +1,8 @@
 """Data movement and host shape computation inside clusters, against TF at random
 shapes (zero-size and size-1 dims included): Slice, StridedSlice (masks, negative
 bounds, strides), ConcatV2, Pack, Unpack, Split/SplitV, Pad/PadV2, Fill, Range,
-Tile, BroadcastTo, OneHot, GatherV2, and Shape/Size/Rank arithmetic feeding Reshape."""
+Tile, BroadcastTo, OneHot, GatherV2, ReverseV2, IdentityN, and Shape/Size/Rank
+arithmetic feeding Reshape."""
 
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ CASES = {
                             + 1.0, 3, 0),
     "shape_cast_scale": (lambda x: x * tf.cast(tf.shape(x)[1], tf.float32) + 1.0, 2, 0),
     "size_and_rank": (lambda x: x * tf.cast(tf.size(x) + tf.rank(x), tf.float32), 2, 0),
+    "reverse": (lambda x: tf.reverse(x * 2.0, axis=[1]) + 1.0, 2, 0, 1),
+    "reverse_axes": (lambda x: tf.reverse(x + 1.0, axis=[-1, 0]) * x, 3, 0, 2),
+    "reverse_then_reduce": (lambda x: tf.reduce_sum(tf.reverse(tf.exp(x), [0]), 1), 2, 0),
+    "identity_n": (lambda x: tf.identity_n([tf.exp(x), x * 2.0])[0] + 1.0, 2, 0),
 }
 
 
@@ -79,6 +84,12 @@ CASES = {
 def test_matches_tf(name):
     fn, rank, low, *zero_dim = CASES[name]
     _run(fn, rank, low=max(low, 1), zero_dim=zero_dim[0] if zero_dim else 0)
+
+
+def test_reverse_of_int_and_bool():
+    for dtype in (I32, BOOL):
+        _run(lambda x: tf.logical_not(tf.reverse(tf.logical_not(x), [1])) if x.dtype == BOOL
+             else tf.reverse(x * 2, [1]) + 1, 2, dtype=dtype, zero_dim=1)
 
 
 @pytest.mark.parametrize("dtype", [I32, BOOL], ids=lambda d: d.name)

@@ -29,6 +29,9 @@ def _binary(op, spec=X2):
     return lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y), [spec, spec]
 
 
+#: A variable for ResourceGather's sample (embedding lookups read it in place).
+_TABLE = tf.Variable(np.arange(24, dtype=np.float32).reshape(6, 4))
+
 #: op -> (function, input specs): a small program whose cluster holds the op.
 SAMPLES = {
     "AddN": (lambda x, y: tf.add_n([x, y, x]) * 2.0, [X2, X2]),
@@ -107,6 +110,9 @@ SAMPLES = {
     "Transpose": (lambda x: tf.transpose(x * 2.0) + 1.0, [X2]),
     "Unpack": (lambda x: tf.unstack(tf.stack([x, x * 3.0], 1), num=2, axis=1)[1] * 2.0, [X2]),
     "ZerosLike": (lambda x: tf.zeros_like(x) + x * 2.0, [X2]),
+    "IdentityN": (lambda x: tf.identity_n([x * 2.0, x + 1.0])[1] * 3.0, [X2]),
+    "ReverseV2": (lambda x: tf.reverse(x * 2.0, axis=[1]) + 1.0, [X2]),
+    "ResourceGather": (lambda i: tf.nn.embedding_lookup(_TABLE, i) * 2.0, [I2]),
 }
 for _op in ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "RealDiv", "Pow"):
     SAMPLES[_op] = _binary(_op)
@@ -126,8 +132,9 @@ CUDA_GAPS = {
     op: "data movement and window kernels ('index' kind) have no CUDA emitter yet"
     for op in ("ArgMax", "ArgMin", "AvgPool", "ConcatV2", "Conv2D", "Cumprod", "Cumsum",
                "DepthwiseConv2dNative", "GatherNd", "GatherV2", "MaxPool", "MirrorPad", "OneHot",
-               "Pack", "Pad", "PadV2", "Range", "Slice", "Split", "SplitV", "StridedSlice",
-               "Unpack")
+               "Pack", "Pad", "PadV2", "Range", "ResourceGather", "ReverseV2", "Slice", "Split",
+               "SplitV",
+               "StridedSlice", "Unpack")
 }
 
 
