@@ -6,7 +6,10 @@ function runtime), more than a small model's kernels take. ``load`` restores
 the model the same way, then plans each of its functions (``direct_plan``):
 where the body is DiscCluster ops fed by the arguments and by variables, a call
 is one eager op execution per cluster, with the variables' handles as inputs
-(the op reads each variable when it runs, as ReadVariableOp would have).
+(the op reads each variable when it runs, as ReadVariableOp would have); a
+stateless TF op left outside the clusters is one more eager op. The signatures,
+``__call__`` and every other ``tf.function`` of the restored root object are
+planned.
 
 A call goes the direct way only when it can give the same answer: eager
 execution, no gradient tape recording, no GPU in the process, and every
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pathlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +55,9 @@ def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
     """
     keys = []
     for step in plan.steps:
+        if not step.is_cluster:
+            keys.append("")
+            continue
         if not step.artifact:
             keys.append(step.pending_key)
             continue
@@ -134,9 +141,13 @@ class DirectFunction:
         except NotDirect as e:
             self.plan, self.reason = None, str(e)
         if self.plan is None:
-            logger.info("disc_tf.load: %s runs through TF's function runtime: %s",
-                        name, self.reason)
+            log = logger.info if refuse is not None else logger.warning
+            log("disc_tf.load: %s runs through TF's function runtime (slower calls): %s",
+                name, self.reason)
         else:
+            logger.info("disc_tf.load: %s is called directly (%d cluster(s), %d eager op(s))",
+                        name, sum(s.is_cluster for s in self.plan.steps),
+                        sum(not s.is_cluster for s in self.plan.steps))
             logger.debug("disc_tf.load: %s\n%s", name, self.plan.describe())
 
     def _prepare(self, concrete: Any) -> None:
@@ -176,10 +187,11 @@ class DirectFunction:
         self._structure = concrete.structured_outputs
         keys = _publish_artifacts(plan)
         self._steps = [
-            (step.num_outputs, step.inputs,
+            (step.op, step.num_outputs, step.inputs,
              tuple(x for name, value in step.attrs for x in (name, value))
-             + ("artifact", b"", "pending_key", key.encode()))
+             + (("artifact", b"", "pending_key", key.encode()) if step.is_cluster else ()))
             for step, key in zip(plan.steps, keys)]
+        self._constants = [tf.constant(c) for c in plan.constants]
         self.plan = plan
 
     def _args(self, args: tuple, kwargs: dict) -> list[Any] | None:
@@ -205,9 +217,9 @@ class DirectFunction:
     def warm_up(self) -> bool:
         """One direct call on ones (unknown dims each of WARMUP_DIMS in turn, until a
         call succeeds), so that what the ops do on their first call (loading
-        artifacts, packing GEMM weights) is done before the first real one. The body
-        is DiscCluster ops only, so the call changes no state. False, and nothing
-        else, when there is no plan or no call succeeds."""
+        artifacts, packing GEMM weights) is done before the first real one. The plan
+        holds DiscCluster ops and stateless ops only, so the call changes no state.
+        False, and nothing else, when there is no plan or no call succeeds."""
         if self.plan is None:
             return False
         for size in WARMUP_DIMS:
@@ -225,9 +237,9 @@ class DirectFunction:
     def _run(self, flat: list[Any]) -> Any:
         ctx = context.context()
         results: list[list[Any]] = []
-        for num_outputs, inputs, attrs in self._steps:
+        for op, num_outputs, inputs, attrs in self._steps:
             values = [self._value(s, flat, results) for s in inputs]
-            results.append(execute.quick_execute("DiscCluster", num_outputs, values, attrs, ctx))
+            results.append(execute.quick_execute(op, num_outputs, values, attrs, ctx))
         outs = [self._value(s, flat, results) for s in self.plan.outputs]
         return nest.pack_sequence_as(self._structure, outs)
 
@@ -236,6 +248,8 @@ class DirectFunction:
             return args[source.index]
         if source.kind == "step":
             return results[source.index][source.output]
+        if source.kind == "const":
+            return self._constants[source.index]
         return self._captured[source.index]  # a capture, or a variable's handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -264,7 +278,8 @@ class DiscModel:
     ``refuse`` is each one's reason.
     """
 
-    def __init__(self, module: Any, warmup: bool = True, refuse: str | None = None) -> None:
+    def __init__(self, module: Any, warmup: bool = True, refuse: str | None = None,
+                 function_names: tuple[str, ...] = ()) -> None:
         self.module = module
         self.signatures: Mapping[str, DirectFunction] = {
             name: DirectFunction(f"signature {name}", fn, fn, keyword=True, refuse=refuse)
@@ -275,6 +290,17 @@ class DiscModel:
         if call is not None and len(concretes) == 1:
             self._call = DirectFunction("__call__", call, concretes[0], keyword=False,
                                         refuse=refuse)
+        #: the root's other tf.functions (``serve``...), by attribute name
+        self._methods: dict[str, DirectFunction] = {}
+        for name in function_names:
+            fn = getattr(module, name, None)
+            concretes = list(getattr(fn, "concrete_functions", ()) or ())
+            if name == "__call__" or fn is None or not concretes:
+                continue
+            why = refuse if refuse is not None or len(concretes) == 1 else (
+                f"{len(concretes)} traced signatures")
+            self._methods[name] = DirectFunction(name, fn, concretes[0], keyword=False,
+                                                 refuse=why)
         self.warmed_up: dict[str, bool] = {}
         if warmup and refuse is None:
             for name, fn in self._functions().items():
@@ -286,12 +312,16 @@ class DiscModel:
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.module, name)
+        methods = self.__dict__.get("_methods", {})
+        if name in methods:
+            return methods[name]
+        return getattr(self.__dict__["module"], name)
 
     def _functions(self) -> dict[str, DirectFunction]:
         fns = dict(self.signatures)
         if self._call is not None:
             fns["__call__"] = self._call
+        fns.update(self._methods)
         return fns
 
     def direct_functions(self) -> dict[str, str | None]:
@@ -314,4 +344,17 @@ def load(export_dir: str, tags: Any = None, options: Any = None, *,
     module = tf.saved_model.load(export_dir, tags=tags, options=options)
     # Direct calls place the op by its inputs; with a GPU, TF's placement must decide.
     refuse = "a GPU is visible" if tf.config.list_logical_devices("GPU") else None
-    return DiscModel(module, warmup=warmup, refuse=refuse)
+    return DiscModel(module, warmup=warmup, refuse=refuse,
+                     function_names=_root_function_names(export_dir))
+
+
+def _root_function_names(export_dir: str) -> tuple[str, ...]:
+    """Names of the root object's tf.functions in the SavedModel (``serve``...)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from disc_tf.scope import root_functions
+
+    path = pathlib.Path(export_dir) / "saved_model.pb"
+    sm = saved_model_pb2.SavedModel.FromString(path.read_bytes())
+    return tuple(sorted({name for mg in sm.meta_graphs for name in root_functions(mg)
+                         if name != "signatures"}))

@@ -6,8 +6,11 @@ behind a StatefulPartitionedCall and Identity ops). Such a body is planned
 as a list of ``ClusterStep``s: one DiscCluster execution each, whose inputs are
 the function's arguments, captured values, variable handles (the op reads the
 variable when it runs, as the ReadVariableOp would have) or earlier steps'
-outputs. Any other op in the body (an assignment, a TF op left outside the
-clusters) makes the function unplannable, and the caller uses TF's runtime.
+outputs. A stateless TF op left outside the clusters (one op stranded between
+two clusters, a sort) is an eager step of its own, and a Const a value the plan
+holds. Any op with state or control flow (an assignment, a loop, a call of a
+function-valued attr) makes the function unplannable, and the caller uses TF's
+runtime.
 
 The plan is built from FunctionDef protos only, and prints as text
 (``DirectPlan.describe``).
@@ -18,12 +21,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, types_pb2
+from tensorflow.python.framework import op_def_registry
 
 #: Ops a directly-called body may hold besides function calls. Identity and
 #: NoOp only pass values or order; ReadVariableOp becomes the op's own read.
 _DIRECT_OPS = frozenset({"DiscCluster", "ReadVariableOp", "Identity", "NoOp"})
 _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+#: Stateless ops that still cannot run as one eager op of a direct call.
+_NOT_EAGER = frozenset({"Placeholder", "_Arg", "_Retval", "Switch", "Merge", "Enter", "Exit",
+                        "NextIteration", "LoopCond", "ControlTrigger"})
 
 #: Attribute value as ``TFE_Py_Execute`` takes it.
 ExecAttr = bytes | int | float | bool | list | None
@@ -35,8 +44,9 @@ class Source:
 
     ``kind`` is ``arg`` (the call's ``index``-th argument), ``capture`` (the
     function's ``index``-th captured input, passed as it is), ``variable`` (the
-    ``index``-th captured input, a variable handle whose value is read) or
-    ``step`` (output ``output`` of plan step ``index``).
+    ``index``-th captured input, a variable handle whose value is read),
+    ``step`` (output ``output`` of plan step ``index``) or ``const`` (the plan's
+    ``index``-th constant).
     """
 
     kind: str
@@ -45,7 +55,7 @@ class Source:
 
     def describe(self) -> str:
         """Short text form, e.g. ``arg0``, ``var3``, ``step0:1``."""
-        names = {"arg": "arg", "capture": "cap", "variable": "var"}
+        names = {"arg": "arg", "capture": "cap", "variable": "var", "const": "const"}
         if self.kind == "step":
             return f"step{self.index}:{self.output}"
         return f"{names[self.kind]}{self.index}"
@@ -53,7 +63,8 @@ class Source:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterStep:
-    """One DiscCluster execution: its node, inputs and attributes.
+    """One op execution: a DiscCluster (its node, inputs and attributes), or with
+    another ``op`` a TF op left outside the clusters, run eagerly.
 
     ``attrs`` are the node's attributes converted for ``TFE_Py_Execute``, with
     ``Tin`` naming a resource for each ``variable`` input and the ``artifact``
@@ -70,11 +81,18 @@ class ClusterStep:
     num_kernels: int
     pending_key: str
     attrs: tuple[tuple[str, ExecAttr], ...]
+    op: str = "DiscCluster"
+
+    @property
+    def is_cluster(self) -> bool:
+        """Whether the step runs a DiscCluster (else a TF op outside the clusters)."""
+        return self.op == "DiscCluster"
 
     def describe(self) -> str:
-        """One line: the cluster, its inputs and outputs."""
+        """One line: the cluster (or eager TF op), its inputs and outputs."""
         ins = ", ".join(s.describe() for s in self.inputs)
-        return f"{self.cluster_name} ({self.node}): ({ins}) -> {self.num_outputs} outputs"
+        what = self.cluster_name if self.is_cluster else f"eager {self.op}"
+        return f"{what} ({self.node}): ({ins}) -> {self.num_outputs} outputs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +103,13 @@ class DirectPlan:
     num_args: int
     steps: tuple[ClusterStep, ...]
     outputs: tuple[Source, ...]
+    #: values of the ``const`` sources (Consts outside the clusters)
+    constants: tuple[np.ndarray, ...] = ()
 
     def describe(self) -> str:
         """Multi-line text form."""
         lines = [f"direct plan of {self.function}: {self.num_args} args"]
+        lines += [f"  const{i}: {c.dtype}{list(c.shape)}" for i, c in enumerate(self.constants)]
         lines += [f"  step{i}: {s.describe()}" for i, s in enumerate(self.steps)]
         lines.append("  outputs: " + ", ".join(s.describe() for s in self.outputs))
         return "\n".join(lines)
@@ -152,6 +173,7 @@ class _Planner:
         self._num_args = num_args
         self._is_resource = is_resource  # per top-level input: user args, then captures
         self.steps: list[ClusterStep] = []
+        self.constants: list[np.ndarray] = []
         self._step_of: dict[tuple[int, str], int] = {}  # (frame id, node) -> step
         self._frames = 0
 
@@ -179,9 +201,10 @@ class _Planner:
         for node in fdef.node_def:
             if node.op in _CALL_OPS:
                 self.check_body(self.lookup(node.attr["f"].func.name), depth + 1)
-            elif node.op not in _DIRECT_OPS:
-                raise NotDirect(f"{fdef.signature.name}: op {node.op} ({node.name}) runs "
-                                "outside any cluster")
+            elif node.op not in _DIRECT_OPS and node.op != "Const" and (
+                    why := _why_not_eager(node)):
+                raise NotDirect(f"{fdef.signature.name}: op {node.op} ({node.name}) outside "
+                                f"any cluster {why}")
 
     def next_frame_id(self) -> int:
         self._frames += 1
@@ -214,6 +237,30 @@ class _Planner:
             num_kernels=int(a["num_kernels"].i) if "num_kernels" in a else 0,
             pending_key=a["pending_key"].s.decode() if "pending_key" in a else "",
             attrs=tuple(attrs))
+        self.steps.append(step)
+        self._step_of[key] = len(self.steps) - 1
+        return len(self.steps) - 1
+
+    def add_constant(self, node) -> Source:
+        """A Const node's value, held by the plan."""
+        self.constants.append(tf.make_ndarray(node.attr["value"].tensor))
+        return Source("const", len(self.constants) - 1)
+
+    def add_eager_step(self, frame_id: int, node, inputs: list[Source]) -> int:
+        """A TF op outside the clusters, run as one eager op; returns its step."""
+        key = (frame_id, node.name)
+        if key in self._step_of:
+            return self._step_of[key]
+        if any(s.kind == "variable" for s in inputs):
+            raise NotDirect(f"{node.name}: op {node.op} outside the clusters reads a variable")
+        op_def = op_def_registry.get(node.op)
+        attrs = _with_defaults(node, op_def)
+        step = ClusterStep(
+            node=node.name, cluster_name=node.name, inputs=tuple(inputs),
+            num_outputs=sum(_output_sizes(op_def, attrs)), artifact=b"", artifact_sha256="",
+            num_kernels=0, pending_key="",
+            attrs=tuple((name, _exec_attr(name, attrs[name])) for name in sorted(attrs)),
+            op=node.op)
         self.steps.append(step)
         self._step_of[key] = len(self.steps) - 1
         return len(self.steps) - 1
@@ -274,7 +321,57 @@ class _Frame:
                     callee, [self.resolve(i) for i in data_inputs])
                 self._memo[name] = outs
             return outs[index]
-        raise NotDirect(f"{name}: op {node.op} cannot feed a direct call")
+        if node.op == "Const":
+            if name not in self._memo:
+                self._memo[name] = self.planner.add_constant(node)
+            return self._memo[name]
+        if why := _why_not_eager(node):
+            raise NotDirect(f"{name}: op {node.op} {why}")
+        op_def = op_def_registry.get(node.op)
+        names = [a.name for a in op_def.output_arg]
+        if out_arg not in names:
+            raise NotDirect(f"{name}: op {node.op} has no output {out_arg}")
+        sizes = _output_sizes(op_def, _with_defaults(node, op_def))
+        position = names.index(out_arg)
+        step = self.planner.add_eager_step(self.id, node, [self.resolve(i) for i in data_inputs])
+        return Source("step", step, sum(sizes[:position]) + index)
+
+
+def _why_not_eager(node) -> str | None:
+    """None if ``node`` can run as one eager op of a direct call, else why not."""
+    op_def = op_def_registry.get(node.op)
+    if op_def is None:
+        return "is not a registered op"
+    if op_def.is_stateful:
+        return "has state"
+    if node.op in _NOT_EAGER:
+        return "is control flow or an argument"
+    if any(v.WhichOneof("value") == "func" or v.list.func for v in node.attr.values()):
+        return "calls a function"
+    return None
+
+
+def _with_defaults(node, op_def) -> dict[str, attr_value_pb2.AttrValue]:
+    """The node's attributes (internal ``_`` ones left out), with the op's defaults
+    for those a SavedModel stripped."""
+    attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+    for a in op_def.attr:
+        if a.name not in attrs and a.HasField("default_value"):
+            attrs[a.name] = a.default_value
+    return attrs
+
+
+def _output_sizes(op_def, attrs: dict[str, attr_value_pb2.AttrValue]) -> list[int]:
+    """How many tensors each output arg of an op with ``attrs`` has."""
+    sizes = []
+    for arg in op_def.output_arg:
+        if arg.number_attr:
+            sizes.append(int(attrs[arg.number_attr].i))
+        elif arg.type_list_attr:
+            sizes.append(len(attrs[arg.type_list_attr].list.type))
+        else:
+            sizes.append(1)
+    return sizes
 
 
 def plan_function(fdef: function_pb2.FunctionDef, num_args: int, is_resource: list[bool],
@@ -292,10 +389,11 @@ def plan_function(fdef: function_pb2.FunctionDef, num_args: int, is_resource: li
     planner.check_body(fdef)
     tops = [planner.top_source(i) for i in range(len(is_resource))]
     outputs = planner.function_outputs(fdef, tops)
-    if not planner.steps:
+    if not any(step.is_cluster for step in planner.steps):
         raise NotDirect(f"{fdef.signature.name}: no DiscCluster op")
     for s in outputs:
         if s.kind == "variable":
             raise NotDirect(f"{fdef.signature.name}: returns a variable's value")
     return DirectPlan(function=fdef.signature.name, num_args=num_args,
-                      steps=tuple(planner.steps), outputs=tuple(outputs))
+                      steps=tuple(planner.steps), outputs=tuple(outputs),
+                      constants=tuple(planner.constants))

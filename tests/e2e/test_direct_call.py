@@ -81,7 +81,9 @@ def _check(expected: dict, actual: dict) -> None:
 def test_direct_calls_match_tf_at_random_shapes(mlp_dirs):
     reference = tf.saved_model.load(str(mlp_dirs / "orig"))
     model = disc_tf.load(str(mlp_dirs / "opt"))
-    assert model.direct_functions() == {"serving_default": None, "__call__": None}
+    reasons = model.direct_functions()
+    assert reasons == {"serving_default": None, "__call__": None, "rescale": reasons["rescale"]}
+    assert "AssignVariableOp" in reasons["rescale"]  # state: rescale goes through TF
     plan = model._call.plan
     assert len(plan.steps) == 1
     assert sum(s.kind == "variable" for s in plan.steps[0].inputs) >= 3, plan.describe()
@@ -108,7 +110,7 @@ def test_direct_calls_match_tf_at_random_shapes(mlp_dirs):
 def test_load_warms_up_each_direct_function(mlp_dirs):
     disc_tf.reset_stats()
     model = disc_tf.load(str(mlp_dirs / "opt"))
-    assert model.warmed_up == {"serving_default": True, "__call__": True}
+    assert model.warmed_up == {"serving_default": True, "__call__": True, "rescale": False}
     # w1 and w2, packed once: __call__ and the signature run one eager kernel (same attrs).
     assert disc_tf.stats()["packed_weights"] == 2
     assert model._call.direct_calls == 0  # the warm-up is not a call
@@ -164,18 +166,76 @@ def test_calls_the_direct_path_cannot_take_go_through_tf(mlp_dirs):
     assert model._call.direct_calls == 0
 
 
-def test_a_body_with_ops_outside_clusters_runs_through_tf(tmp_path):
+def _save_and_optimize(module: tf.Module, root: pathlib.Path) -> None:
+    tf.saved_model.save(module, str(root / "orig"))
+    disc_tf.optimize(str(root / "orig"), str(root / "opt"))
+
+
+def test_a_stateless_op_outside_the_clusters_is_an_eager_step(tmp_path):
     module = _Sorted()
-    tf.saved_model.save(module, str(tmp_path / "orig"))
-    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    _save_and_optimize(module, tmp_path)
     model = disc_tf.load(str(tmp_path / "opt"))
-    reasons = model.direct_functions()
-    assert reasons["__call__"] is not None and "outside any cluster" in reasons["__call__"]
+    assert model.direct_functions()["__call__"] is None
+    plan = model._call.plan
+    eager = [s.op for s in plan.steps if not s.is_cluster]
+    assert "TopKV2" in eager and sum(s.is_cluster for s in plan.steps) == 2, plan.describe()
+    assert "eager TopKV2" in plan.describe()
     rng = np.random.default_rng(6)
     for m in (1, 5, 40):
         x = _rows(rng, m, 8)
         np.testing.assert_allclose(model(x).numpy(), module(x).numpy(), RTOL, ATOL)
-    assert model._call.tf_calls == 3 and model._call.direct_calls == 0
+    assert model._call.tf_calls == 0 and model._call.direct_calls == 3
+
+
+class _Counting(tf.Module):
+    """A cluster, and a variable assignment no direct call may run."""
+
+    def __init__(self) -> None:
+        self.calls = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def serve(self, x):
+        self.calls.assign_add(1.0)
+        return tf.tanh(x * 2.0) + 1.0
+
+
+def test_root_functions_are_planned_and_state_goes_through_tf(tmp_path, caplog):
+    module = _Counting()
+    _save_and_optimize(module, tmp_path)
+    with caplog.at_level("WARNING", logger="disc_tf.direct"):
+        model = disc_tf.load(str(tmp_path / "opt"))
+    reason = model.direct_functions()["serve"]
+    assert reason is not None and "AssignAddVariableOp" in reason and "has state" in reason
+    assert any("serve runs through TF's function runtime" in r.message for r in caplog.records)
+    x = _rows(np.random.default_rng(7), 3, 8)
+    np.testing.assert_allclose(model.serve(x).numpy(), module.serve(x).numpy(), RTOL, ATOL)
+    assert model.serve.tf_calls == 1 and float(model.calls.numpy()) == 1.0
+
+
+class _Served(tf.Module):
+    """A Keras-export-like root function ``serve`` (no __call__, no signature of it)."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.linspace(-1, 1, 8 * 4).reshape(8, 4).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def serve(self, x):
+        return tf.nn.relu(tf.matmul(x, self.w)) * 2.0
+
+
+def test_a_root_serve_function_is_called_directly(tmp_path):
+    module = _Served()
+    _save_and_optimize(module, tmp_path)
+    model = disc_tf.load(str(tmp_path / "opt"))
+    assert model.direct_functions()["serve"] is None
+    assert model.warmed_up["serve"]
+    rng = np.random.default_rng(8)
+    disc_tf.reset_stats()
+    for m in (1, 6, 33):
+        x = _rows(rng, m, 8)
+        np.testing.assert_allclose(model.serve(x).numpy(), module.serve(x).numpy(), RTOL, ATOL)
+    assert model.serve.direct_calls == 3 and model.serve.tf_calls == 0
+    assert disc_tf.stats()["fallbacks"] == 0
 
 
 def test_concurrent_direct_calls(mlp_dirs):
@@ -194,7 +254,8 @@ def test_concurrent_direct_calls(mlp_dirs):
 def test_a_missing_variable_is_an_error_not_a_crash(mlp_dirs):
     model = disc_tf.load(str(mlp_dirs / "opt"))
     fn = model._call
-    num_outputs, sources, attrs = fn._steps[0]
+    op, num_outputs, sources, attrs = fn._steps[0]
+    assert op == "DiscCluster"
     x = tf.constant(_rows(np.random.default_rng(8), 3))
     # The plan's first variable replaced by a handle to a variable that does not exist.
     first_var = next(i for i, s in enumerate(sources) if s.kind == "variable")
@@ -216,7 +277,8 @@ _SUBPROCESS = textwrap.dedent("""
     orig, opt = sys.argv[1], sys.argv[2]
     reference = tf.saved_model.load(orig)
     model = disc_tf.load(opt)
-    assert model.warmed_up == {"serving_default": True, "__call__": True}, model.warmed_up
+    assert model.warmed_up == {"serving_default": True, "__call__": True, "rescale": False}, \
+        model.warmed_up
     disc_tf.reset_stats()
     rng = np.random.default_rng(9)
     for m in (3, 17, 0, 120):

@@ -105,3 +105,46 @@ def test_a_body_without_clusters_is_refused():
     """)
     with pytest.raises(NotDirect, match="no DiscCluster"):
         plan_function(fdef, 1, [False], _lookup())
+
+
+def test_stateless_ops_outside_clusters_are_eager_steps_and_consts_values():
+    fdef = _fdef(f"""
+    signature {{ name: "mixed"
+      input_arg {{ name: "x" type: DT_FLOAT }} input_arg {{ name: "w" type: DT_FLOAT }}
+      output_arg {{ name: "half" type: DT_FLOAT }} output_arg {{ name: "idx" type: DT_INT32 }} }}
+    {_cluster("c0", ["x", "w"])}
+    node_def {{ name: "axis" op: "Const" attr {{ key: "dtype" value {{ type: DT_INT32 }} }}
+      attr {{ key: "value" value {{ tensor {{ dtype: DT_INT32 tensor_shape {{}} int_val: 1 }} }} }} }}
+    node_def {{ name: "split" op: "Split" input: "axis:output:0" input: "c0:outputs:0"
+      attr {{ key: "num_split" value {{ i: 2 }} }} attr {{ key: "T" value {{ type: DT_FLOAT }} }} }}
+    node_def {{ name: "flat" op: "Reshape" input: "c0:outputs:1" input: "axis:output:0"
+      attr {{ key: "T" value {{ type: DT_FLOAT }} }} }}
+    node_def {{ name: "uniq" op: "Unique" input: "flat:output:0"
+      attr {{ key: "T" value {{ type: DT_FLOAT }} }} }}
+    ret {{ key: "half" value: "split:output:1" }}
+    ret {{ key: "idx" value: "uniq:idx:0" }}
+    """)
+    plan = plan_function(fdef, 2, [False, False], _lookup())
+    assert [s.op for s in plan.steps] == ["DiscCluster", "Split", "Reshape", "Unique"]
+    split, reshape, unique = plan.steps[1:]
+    assert split.num_outputs == 2 and unique.num_outputs == 2
+    assert split.inputs == (Source("const", 0), Source("step", 0, 0))
+    assert reshape.inputs == (Source("step", 0, 1), Source("const", 0))  # one const, reused
+    assert ("out_idx", types_pb2.DT_INT32) in unique.attrs  # the stripped default, filled in
+    assert plan.outputs == (Source("step", 1, 1), Source("step", 3, 1))
+    assert len(plan.constants) == 1 and int(plan.constants[0]) == 1
+    assert "eager Split (split)" in plan.describe() and "const0: int32[]" in plan.describe()
+
+
+def test_ops_with_state_or_functions_outside_clusters_are_refused():
+    for op, extra in (("RandomUniform", 'attr { key: "dtype" value { type: DT_FLOAT } }'),
+                      ("If", 'attr { key: "then_branch" value { func { name: "f" } } }')):
+        fdef = _fdef(f"""
+        signature {{ name: "bad" input_arg {{ name: "x" type: DT_FLOAT }}
+                     output_arg {{ name: "y" type: DT_FLOAT }} }}
+        {_cluster("c0", ["x", "x"])}
+        node_def {{ name: "odd" op: "{op}" input: "c0:outputs:0" {extra} }}
+        ret {{ key: "y" value: "odd:output:0" }}
+        """)
+        with pytest.raises(NotDirect, match="has state|calls a function"):
+            plan_function(fdef, 1, [False], _lookup())
