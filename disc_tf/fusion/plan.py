@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from disc_tf.fusion.shape_analysis import ShapeCheck, SymDef
+from disc_tf.fusion.symbols import ShapeCheck, SymDef
 
 
 @dataclasses.dataclass

@@ -8,6 +8,11 @@ decided per call when unproven). A transpose is an index map too (a read
 through permuted strides). A reshape is a view: the result aliases a dense
 buffer of its operand with new dims; a cluster result that is a view or an
 index map is copied into its own buffer. Scalar constants are inlined.
+
+The planner is three parts: ``value_access`` (how each read reaches memory:
+the alias analysis), this module and ``place_data`` (placement: which kernel
+computes each value, in which order kernels depend on each other), and
+``memory_plan`` (launch order and in-place reuse of temporaries).
 """
 
 from __future__ import annotations
@@ -18,17 +23,18 @@ import logging
 from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.epilogue import plan_epilogues
+from disc_tf.fusion.memory_plan import launch_order, plan_reuse
+from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import (
     Access,
     Buffer,
     FusionPlan,
     Kernel,
     KernelOp,
-    gemm_form,
-    root_of,
-    strided_gemm,
 )
-from disc_tf.fusion.shape_analysis import ShapeAnalysis, ShapeError, analyze, speculate_no_broadcast
+from disc_tf.fusion.shape_analysis import ShapeAnalysis, analyze, speculate_no_broadcast
+from disc_tf.fusion.symbols import ShapeError
+from disc_tf.fusion.value_access import ValueAccess
 
 log = logging.getLogger("disc_tf.fusion")
 
@@ -36,14 +42,6 @@ log = logging.getLogger("disc_tf.fusion")
 _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
               "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window",
               "stablehlo.custom_call", "stablehlo.dynamic_gather", "stablehlo.reverse"}
-
-
-def _combine(a: str, b: str) -> str:
-    if "yes" in (a, b):
-        return "yes"
-    if "maybe" in (a, b):
-        return "maybe"
-    return "no"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +64,9 @@ class PlanOptions:
         return cls(input_fusion=False, gemm_epilogues=False, conv_taps=False, concat_maps=False)
 
 
-class _Planner:
+class _Planner(DataKernelPlacement):
+    """Places every op of one function into kernels (see the module docstring)."""
+
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
                  prefix: str = "", options: PlanOptions = PlanOptions()) -> None:
         self.prefix = prefix
@@ -74,7 +74,8 @@ class _Planner:
         self.func = func
         self.a = analysis
         self.cluster_name = cluster_name
-        self.producer: dict[str, DOp] = {r: op for op in func.ops for r in op.results}
+        self.access = ValueAccess(func, analysis)
+        self.producer: dict[str, DOp] = self.access.producer
         self.buffers: dict[str, Buffer] = {}
         self.buffer_of: dict[str, str] = {}  # value -> buffer name
         self.kernel_of: dict[str, int] = {}  # value -> kernel index
@@ -92,85 +93,6 @@ class _Planner:
         while base in self.view_base:
             base = self.view_base[base]
         return self.kernel_of.get(base)
-
-    def window_slice(self, op: DOp | None) -> bool:
-        """True if ``op`` is a slice read in place (a window on its dense operand)."""
-        if op is None or op.name != "stablehlo.real_dynamic_slice":
-            return False
-        base, dims, _ = self.resolve(op.operands[0])
-        producer = self.producer.get(base)
-        return dims is None and base not in self.a.host_values and not (
-            producer is not None and producer.name == "stablehlo.constant"
-            and producer.const_value.ndim == 0)
-
-    def unit_reshape_map(self, op: DOp | None) -> list[int] | None:
-        """For a reshape of a window slice that only drops or inserts size-1 dims (a
-        StridedSlice's shrink/new axes): the result dim each operand dim runs along
-        (size-1 operand dims: -1, read with stride 0). None otherwise."""
-        if op is None or op.name != "stablehlo.dynamic_reshape":
-            return None
-        if not self.window_slice(self.producer.get(op.operands[0])):
-            return None
-        src, dst = self.a.shape_class(op.operands[0]), self.a.shape_class(op.results[0])
-        one = self.a.symbols.constant_value
-        src_big = [i for i, d in enumerate(src) if one(d) != 1]
-        dst_big = [j for j, d in enumerate(dst) if one(d) != 1]
-        if [src[i] for i in src_big] != [dst[j] for j in dst_big]:
-            return None
-        mapping = [-1] * len(src)  # -1: a size-1 dim that runs along no result dim
-        for i, j in zip(src_big, dst_big):
-            mapping[i] = j
-        return mapping
-
-    def window_of(self, value: str) -> tuple | None:
-        """The slice window a read of ``value`` goes through (see ``resolve``), if any."""
-        op = self.producer.get(value)
-        if op is not None and op.name in ("stablehlo.transpose", "stablehlo.dynamic_broadcast_in_dim"):
-            return self.window_of(op.operands[0])
-        if self.unit_reshape_map(op) is not None:
-            return self.window_of(op.operands[0])
-        if self.window_slice(op):
-            steps = [self.a.symbols.constant_value(s) for s in self.a.extents[op.operands[3]]]
-            return (self.a.extents[op.operands[1]], steps, self.a.value_dims[value])
-        return None
-
-    def resolve(self, value: str) -> tuple[str, list[int] | None, list[str] | None]:
-        """Follows broadcasts, transposes and slices read in place: (base value, dims
-        map, expansion) of a read. A slice gives a dims map even when it is the
-        identity, so that readers needing dense memory copy it."""
-        op = self.producer.get(value)
-        if self.window_slice(op):
-            base, _, _ = self.resolve(op.operands[0])
-            rank = len(self.a.value_dims[value])
-            return base, list(range(rank)), ["no"] * rank
-        mapping = self.unit_reshape_map(op)
-        if mapping is not None:
-            base, _, _ = self.resolve(op.operands[0])
-            one = self.a.symbols.constant_value
-            src = self.a.value_dims[op.operands[0]]
-            return base, mapping, ["yes" if one(d) == 1 else "no" for d in src]
-        if op is not None and op.name == "stablehlo.transpose":
-            perm = op.permutation
-            inverse = [perm.index(i) for i in range(len(perm))]
-            base, dims, expand = self.resolve(op.operands[0])
-            if perm == sorted(perm):
-                return base, dims, expand
-            if dims is None:
-                return base, inverse, ["no"] * len(inverse)
-            return base, [inverse[d] if d >= 0 else -1 for d in dims], list(expand)
-        info = self.a.broadcasts.get(value)
-        if info is None:
-            return value, None, None
-        base, dims, expand = self.resolve(self.producer[value].operands[0])
-        if info.is_identity:
-            return base, dims, expand
-        if dims is None:
-            return base, list(info.dims), list(info.expand)
-        return (
-            base,
-            [info.dims[d] if d >= 0 else -1 for d in dims],
-            [_combine(e, info.expand[d]) if d >= 0 else e for e, d in zip(expand, dims)],
-        )
 
     def buffer_for_base(self, base: str) -> str:
         """The buffer holding ``base`` (an argument, a constant or a kernel value)."""
@@ -217,13 +139,13 @@ class _Planner:
         return len(bdims) >= lead
 
     def operand_ref(self, kernel: int, value: str) -> tuple[str, object]:
-        base, dims, expand = self.resolve(value)
+        base, dims, expand = self.access.resolve(value)
         op = self.producer.get(base)
         if op is not None and op.name == "stablehlo.constant" and op.const_value.ndim == 0:
             return ("const", op.const_value.item())
         if base in self.a.host_values:
             return ("host", self.a.host_values[base])
-        window = self.window_of(value)
+        window = self.access.window_of(value)
         if window is None and self.kernel_of.get(base) == kernel and (
             dims is None or self._is_row_read(kernel, base, dims, expand)
         ):
@@ -241,11 +163,11 @@ class _Planner:
     def legal_kernel(self, kernel: int, op: DOp) -> bool:
         """May ``op`` join ``kernel`` without a cycle or an in-kernel broadcast?"""
         for operand in op.operands:
-            base, dims, expand = self.resolve(operand)
+            base, dims, expand = self.access.resolve(operand)
             src = self._src(base)
             if src is None:
                 continue
-            if src == kernel and self.window_of(operand) is not None:
+            if src == kernel and self.access.window_of(operand) is not None:
                 return False  # a window is read from memory the kernel would still write
             if base in self.view_base:
                 # A view is read from memory: never in the kernel that writes it.
@@ -265,7 +187,7 @@ class _Planner:
         """The stitch kernel ``op`` can join as a once-per-row op, if any."""
         target = None
         for operand in op.operands:
-            base, dims, expand = self.resolve(operand)
+            base, dims, expand = self.access.resolve(operand)
             producer = self.producer.get(base)
             if producer is not None and producer.name == "stablehlo.constant":
                 if producer.const_value.ndim == 0:
@@ -312,160 +234,6 @@ class _Planner:
                 return idx if self.legal_kernel(idx, op) else None
         return None
 
-    def place_index(self, op: DOp) -> None:
-        """A data-movement op (slice, concat, pad, iota, gather): its own "index"
-        kernel reading dense operand buffers at computed positions."""
-        target = self._new_kernel("index", self.a.shape_class(op.results[0]))
-        kernel = self.kernels[target]
-        name = op.name.split(".", 1)[1]
-        tensors = op.operands
-        attrs: dict = {}
-        if name == "real_dynamic_slice":
-            tensors = op.operands[:1]
-            attrs = {"start": self.a.extents[op.operands[1]], "stride": self.a.extents[op.operands[3]]}
-        elif name == "dynamic_pad":
-            tensors = op.operands[:2]
-            attrs = {"low": self.a.extents[op.operands[2]],
-                     "interior": self.a.extents[op.operands[4]]}
-        elif name == "dynamic_iota":
-            tensors = []
-            attrs = {"dim": op.int_attr("iota_dimension")}
-        elif name == "concatenate":
-            axis = op.int_attr("dimension")
-            attrs = {"dim": axis, "sizes": [self.a.value_dims[v][axis] for v in op.operands]}
-        elif name == "torch_index_select":
-            attrs = {"dim": op.int_attr("dim"), "batch_dims": op.int_attr("batch_dims")}
-        elif name == "custom_call" and "mirror_pad" in op.attrs["call_target_name"]:
-            name = "mirror_pad"
-            tensors = op.operands[:1]
-            attrs = {"low": self.a.extents[op.operands[1]], "mode": op.attrs["disc.mode"].strip('"')}
-        elif name == "reverse":
-            attrs = {"dims": op.ints_attr("dimensions")}
-        elif name == "dynamic_gather":
-            name = "gather_nd"
-            tensors = op.operands[:2]
-            attrs = {"depth": self.a.symbols.constant_value(self.a.value_dims[op.operands[1]][-1])}
-        elif name == "custom_call":
-            name = "scan"
-            attrs = {"axis": op.int_attr("disc.axis"),
-                     "combiner": op.attrs["disc.combiner"].strip('"'),
-                     "exclusive": op.attrs["disc.exclusive"] == "true",
-                     "reverse": op.attrs["disc.reverse"] == "true"}
-        elif name == "reduce_window":
-            tensors = op.operands[:1]
-            init = self.producer[op.operands[1]].const_value.item()
-            attrs = {"window": op.ints_attr("window_dimensions"),
-                     "strides": op.ints_attr("window_strides"), "combiner": op.reduce_kind,
-                     "init": init}
-        refs = []
-        for i, v in enumerate(tensors):
-            base, dims, _ = self.resolve(v)
-            producer = self.producer.get(base)
-            scalar_operand = name == "dynamic_pad" and i == 1
-            if scalar_operand and producer is not None and producer.name == "stablehlo.constant" \
-                    and producer.const_value.ndim == 0 and dims is None:
-                refs.append(("const", producer.const_value.item()))
-                continue
-            if scalar_operand and base in self.a.host_values and dims is None:
-                refs.append(("host", self.a.host_values[base]))
-                continue
-            refs.append(("in", self._dense_input(target, v)))
-        kernel.ops.append(KernelOp(value=op.results[0], op=name, operands=refs,
-                                   elem=op.result_types[0][0],
-                                   operand_elems=[self._elem(v) for v in tensors],
-                                   tf_node=op.tf_node, attrs=attrs))
-        self.kernel_of[op.results[0]] = target
-
-    def _dense_input(self, kernel: int, value: str) -> int:
-        """Adds ``value`` as a dense (materialised if needed) input of ``kernel``."""
-        base, dims, _ = self.resolve(value)
-        if dims is not None:
-            base = self._materialize(value)
-        src = self._src(base)
-        if src is not None:
-            self.deps[kernel].add(src)
-        self.kernels[kernel].inputs.append(Access(self.buffer_for_base(base)))
-        return len(self.kernels[kernel].inputs) - 1
-
-    def _temp(self, elem: str, dims: list[int]) -> str:
-        name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
-        self.buffers[name] = Buffer(name, elem, dims, "temp")
-        return name
-
-    def place_conv(self, op: DOp) -> None:
-        """A convolution: grouped ones as an index kernel; others as im2col (an index
-        kernel writing [N, OH, OW, kh*kw*C] patches, skipped for 1x1 stride-1 unpadded
-        windows) and one GEMM with the filter viewed as [kh*kw*C, O]."""
-        info = self.a.convs[op.results[0]]
-        x, w = op.operands[0], op.operands[1]
-        result = op.results[0]
-        elem = op.result_types[0][0]
-        out_dims = self.a.value_dims[result]
-        xd, wd = self.a.value_dims[x], self.a.value_dims[w]
-        const = self.a.symbols.constant_value
-        kh, kw = const(wd[0]), const(wd[1])
-        attrs = {"low": [info.pads[0], info.pads[2]], "sizes": [xd[3], wd[2]], "kh": kh, "kw": kw,
-                 "strides": info.strides, "dilations": info.dilations, "groups": info.groups}
-        if info.groups != 1:
-            target = self._new_kernel("index", self.a.shape_class(result))
-            refs = [("in", self._dense_input(target, v)) for v in (x, w)]
-            self.kernels[target].ops.append(KernelOp(
-                value=result, op="grouped_conv", operands=refs, elem=elem,
-                operand_elems=[elem, elem], tf_node=op.tf_node, attrs=attrs))
-            self.kernel_of[result] = target
-            return
-        direct = (kh, kw) == (1, 1) and info.strides == [1, 1] and all(
-            const(p) == 0 for p in info.pads)
-        if self.options.conv_taps and not direct and kh == 1 and const(xd[1]) == 1 \
-                and info.strides == [1, 1] and elem == "f32" and self._elem(x) == "f32":
-            self._place_conv_taps(op, info, kw)
-            return
-        if direct:
-            base, dims, _ = self.resolve(x)
-            lhs = self._materialize(x) if dims is not None else base
-        else:
-            patch_dims = [out_dims[0], out_dims[1], out_dims[2], info.patch]
-            k = self._new_kernel("index", tuple(self.a.symbols.find(d) for d in patch_dims))
-            ref = ("in", self._dense_input(k, x))
-            lhs = f"{result}.patches"
-            self.kernels[k].ops.append(KernelOp(
-                value=lhs, op="im2col", operands=[ref], elem=elem, operand_elems=[elem],
-                tf_node=op.tf_node, attrs=attrs))
-            self.kernel_of[lhs] = k
-            self.buffer_of[lhs] = self._temp(elem, patch_dims)
-        base, dims, _ = self.resolve(w)
-        filt = self._materialize(w) if dims is not None else base
-        view = f"{self.prefix}view{len([b for b in self.buffers.values() if b.role == 'alias'])}"
-        self.buffers[view] = Buffer(view, elem, [info.patch, wd[3]], "alias",
-                                    alias_of=self.buffer_for_base(filt))
-        target = self._new_kernel("library", self.a.shape_class(result))
-        for v, buf in ((lhs, self.buffer_for_base(lhs)), (filt, view)):
-            src = self._src(v)
-            if src is not None:
-                self.deps[target].add(src)
-            self.kernels[target].inputs.append(Access(buf))
-        self.kernels[target].ops.append(KernelOp(
-            value=result, op="dot_general", operands=[("in", 0), ("in", 1)], elem=elem,
-            operand_elems=[elem, elem], tf_node=op.tf_node,
-            attrs={"lhs_batch": [], "rhs_batch": [], "lhs_contract": [3], "rhs_contract": [0]}))
-        self.kernel_of[result] = target
-
-    def _place_conv_taps(self, op: DOp, info, kw: int) -> None:
-        """A one-row convolution (Conv1D) with stride 1 without an im2col buffer (it was
-        kw x the input): codegen makes it one GEMM over the input's overlapping windows,
-        or with dilation ``kw`` GEMMs, one per filter tap, each adding x shifted by the
-        tap to the result. The library kernel's op is ``conv_taps``."""
-        x, w = op.operands[0], op.operands[1]
-        result = op.results[0]
-        elem = op.result_types[0][0]
-        target = self._new_kernel("library", self.a.shape_class(result))
-        refs = [("in", self._dense_input(target, v)) for v in (x, w)]
-        self.kernels[target].ops.append(KernelOp(
-            value=result, op="conv_taps", operands=refs, elem=elem,
-            operand_elems=[elem, elem], tf_node=op.tf_node,
-            attrs={"kw": kw, "dilation": info.dilations[1], "pad_left": info.pads[2]}))
-        self.kernel_of[result] = target
-
     def _concat_in_place(self, op: DOp) -> bool:
         """May a concatenation be read in place by a loop kernel? Its parts must be
         tensors in memory of the result's element type (host scalars and inlined
@@ -473,9 +241,9 @@ class _Planner:
         if not self.options.concat_maps or not self.a.value_dims[op.results[0]]:
             return False
         for v in op.operands:
-            base, _, _ = self.resolve(v)
+            base, _, _ = self.access.resolve(v)
             producer = self.producer.get(base)
-            if base in self.a.host_values or self._elem(v) != op.result_types[0][0] or (
+            if base in self.a.host_values or self.access.elem(v) != op.result_types[0][0] or (
                     producer is not None and producer.name == "stablehlo.constant"
                     and producer.const_value.ndim == 0):
                 return False
@@ -496,7 +264,7 @@ class _Planner:
             kernel = self.kernels[target]
             inner_taken = any(o.attrs["axis"] == len(shape) - 1 for o in self._concat_ops(target))
             if kernel.kind != "loop" or (axis == len(shape) - 1 and inner_taken) or any(
-                    self._src(self.resolve(v)[0]) == target for v in op.operands):
+                    self._src(self.access.resolve(v)[0]) == target for v in op.operands):
                 target = None  # a part computed by that kernel would be read shifted
         if target is None:
             target = self._new_kernel("loop", shape)
@@ -504,18 +272,18 @@ class _Planner:
         rank = len(shape)
         refs = []
         for v in op.operands:
-            base, dims, expand = self.resolve(v)
+            base, dims, expand = self.access.resolve(v)
             if dims is None:
                 dims, expand = list(range(rank)), ["no"] * rank
             kernel.inputs.append(Access(self.buffer_for_base(base), dims, expand,
-                                        self.window_of(v), part_of=op.results[0]))
+                                        self.access.window_of(v), part_of=op.results[0]))
             refs.append(("in", len(kernel.inputs) - 1))
             src = self._src(base)
             if src is not None:
                 self.deps[target].add(src)
         kernel.ops.append(KernelOp(
             value=op.results[0], op="concatenate", operands=refs, elem=op.result_types[0][0],
-            operand_elems=[self._elem(v) for v in op.operands], tf_node=op.tf_node,
+            operand_elems=[self.access.elem(v) for v in op.operands], tf_node=op.tf_node,
             attrs={"axis": axis, "sizes": [self.a.value_dims[v][axis] for v in op.operands]}))
         self.kernel_of[op.results[0]] = target
 
@@ -558,12 +326,12 @@ class _Planner:
         ref = self.operand_ref(target, operand)
         if ref[0] != "in":
             raise ShapeError(f"ArgMax/ArgMin {op.tf_node} of a constant is not supported")
-        src = self._src(self.resolve(operand)[0])
+        src = self._src(self.access.resolve(operand)[0])
         if src is not None:
             self.deps[target].add(src)
         self.kernels[target].ops.append(KernelOp(
             value=op.results[1], op="arg_reduce", operands=[ref],
-            elem=op.result_types[1][0], operand_elems=[self._elem(operand)], tf_node=op.tf_node,
+            elem=op.result_types[1][0], operand_elems=[self.access.elem(operand)], tf_node=op.tf_node,
             attrs={"direction": op.reduce_kind[3:], "init": init}))
         self.kernel_of[op.results[1]] = target
 
@@ -604,7 +372,7 @@ class _Planner:
         may absorb it: same iteration space, and nothing it computes is read by any
         other op or returned (so no full-shape value needs memory any more)."""
         operand = op.operands[0]
-        base, dims, _ = self.resolve(operand)
+        base, dims, _ = self.access.resolve(operand)
         k = self.kernel_of.get(base)
         if not self.options.input_fusion or dims is not None or k is None or base in self.view_base:
             return None
@@ -631,52 +399,6 @@ class _Planner:
 
         return k if all(stays_inside(v) for v in values) else None
 
-    def place_library(self, op: DOp) -> None:
-        """A dot_general: its own "library" kernel reading two dense buffers."""
-        lhs, rhs = op.operands
-        if gemm_form(len(self.a.value_dims[lhs]), len(self.a.value_dims[rhs]), op.dot_dims) is None:
-            raise ShapeError(f"dot_general of {op.tf_node}: layout {op.dot_dims} is not a GEMM")
-        target = self._new_kernel("library", self.a.shape_class(op.results[0]))
-        # Operands read through a transpose of a dense buffer go to the GEMM as they
-        # are stored (leading dims and two-level batch strides) instead of a copy.
-        perms = [self._transpose_perm(v) for v in (lhs, rhs)]
-        attrs = dict(op.dot_dims)
-        if perms != [None, None]:
-            identity = [list(range(len(self.a.value_dims[v]))) for v in (lhs, rhs)]
-            form = strided_gemm(op.dot_dims, perms[0] or identity[0], perms[1] or identity[1])
-            if form is not None:
-                attrs["strided"] = form
-            else:
-                perms = [None, None]
-        refs = []
-        for v, perm in zip((lhs, rhs), perms):
-            base, dims, _ = self.resolve(v)
-            if dims is not None and perm is None:
-                base = self._materialize(v)
-            src = self._src(base)
-            if src is not None:
-                self.deps[target].add(src)
-            self.kernels[target].inputs.append(Access(self.buffer_for_base(base)))
-            refs.append(("in", len(self.kernels[target].inputs) - 1))
-        self.kernels[target].ops.append(
-            KernelOp(value=op.results[0], op="dot_general", operands=refs,
-                     elem=op.result_types[0][0], operand_elems=[self._elem(lhs), self._elem(rhs)],
-                     tf_node=op.tf_node, attrs=attrs)
-        )
-        self.kernel_of[op.results[0]] = target
-
-    def _transpose_perm(self, value: str) -> list[int] | None:
-        """For a read of a dense buffer through a pure transpose: the buffer dim holding
-        each of the value's dims. None for any other read."""
-        base, dims, expand = self.resolve(value)
-        if dims is None or self.window_of(value) is not None or any(e != "no" for e in expand):
-            return None
-        if sorted(dims) != list(range(len(self.a.value_dims[value]))):
-            return None
-        if base in self.a.host_values or base in self.a.host_arrays:
-            return None
-        return [dims.index(i) for i in range(len(dims))]
-
     def _materialize(self, value: str, buffer: str | None = None) -> str:
         """A loop kernel writing ``value`` (read through an index map or a view)
         densely into a new temp or into ``buffer``; returns the new value's name."""
@@ -685,10 +407,10 @@ class _Planner:
             return dense
         k = self._new_kernel("loop", self.a.shape_class(value))
         ref = self.operand_ref(k, value)
-        src = self._src(self.resolve(value)[0])
+        src = self._src(self.access.resolve(value)[0])
         if src is not None:
             self.deps[k].add(src)
-        elem = self._elem(value)
+        elem = self.access.elem(value)
         self.kernels[k].ops.append(KernelOp(value=dense, op="convert", operands=[ref], elem=elem,
                                             operand_elems=[elem],
                                             tf_node=self.producer[value].tf_node, attrs={}))
@@ -702,7 +424,7 @@ class _Planner:
     def place_view(self, op: DOp) -> None:
         """A reshape: an alias of a dense buffer holding its operand."""
         result, operand = op.results[0], op.operands[0]
-        base, dims, _ = self.resolve(operand)
+        base, dims, _ = self.access.resolve(operand)
         if base in self.a.host_values:
             raise ShapeError(f"reshape of a host-computed scalar ({op.tf_node})")
         if dims is not None:
@@ -718,7 +440,7 @@ class _Planner:
                 attrs: dict | None = None) -> None:
         refs = [self.operand_ref(target, v) for v in operands]
         for v in operands:
-            src = self._src(self.resolve(v)[0])
+            src = self._src(self.access.resolve(v)[0])
             if src is not None and src != target:
                 self.deps[target].add(src)
         self.kernels[target].ops.append(
@@ -727,82 +449,13 @@ class _Planner:
                 op=op.name.split(".", 1)[1],
                 operands=refs,
                 elem=op.result_types[0][0],
-                operand_elems=[self._elem(v) for v in operands],
+                operand_elems=[self.access.elem(v) for v in operands],
                 tf_node=op.tf_node,
                 attrs=attrs if attrs is not None else op.attrs,
                 row=row,
             )
         )
         self.kernel_of[op.results[0]] = target
-
-    def _launch_order(self) -> list[Kernel]:
-        """Kernels in an order where each runs after the kernels it reads."""
-        done: set[int] = set()
-        order: list[Kernel] = []
-        while len(order) < len(self.kernels):
-            for k in range(len(self.kernels)):
-                if k not in done and self.deps[k] <= done:
-                    done.add(k)
-                    order.append(self.kernels[k])
-                    break
-        for i, kernel in enumerate(order):
-            kernel.name = f"{self.prefix}kernel{i}"
-        return order
-
-    #: Kernel kinds that read each input element at the index they write it
-    #: (after any earlier reads of the row), so an output may take over the memory
-    #: of an identity-read input that dies there.
-    IN_PLACE_KINDS = ("loop", "stitch")
-
-    def _plan_reuse(self, order: list[Kernel]) -> None:
-        """In-place reuse: a kernel's temp output takes over the memory of a temp
-        input of proven equal byte size (same element type, same constant factor,
-        same dim classes) that the kernel reads at its own index and that no later
-        kernel reads. No buffer lives longer than its last reader, so the peak is
-        at most what freeing every temp after its last reader gives (TF's own
-        policy), and one allocation serves both."""
-        def root(name: str) -> str:
-            return root_of(self.buffers, name)
-
-        last_use: dict[str, int] = {}
-        for n, k in enumerate(order):
-            for a in k.inputs:
-                last_use[root(a.buffer)] = n
-        const = self.a.symbols.constant_value
-
-        def size_key(b: Buffer) -> tuple:  # equal keys: proven equal byte sizes
-            factor = 1
-            for d in b.dims:
-                factor *= const(d) if const(d) is not None else 1
-            return (b.elem, factor, tuple(sorted(self.a.symbols.find(d) for d in b.dims
-                                                 if const(d) is None)))
-
-        owner: dict[str, str] = {}  # a temp -> the allocation it lives in
-        for n, k in enumerate(order):
-            if k.kind not in self.IN_PLACE_KINDS:
-                continue
-            reads: dict[str, list[Access]] = {}
-            for a in k.inputs:
-                reads.setdefault(root(a.buffer), []).append(a)
-            donors = [name for name, accs in reads.items()
-                      if self.buffers[name].role == "temp" and last_use[name] == n
-                      and len(accs) == 1 and accs[0].is_identity and accs[0].window is None]
-            for _, out in k.outputs:
-                b = self.buffers[out]
-                if b.role != "temp" or b.reuses:
-                    continue
-                for d in donors:
-                    if size_key(self.buffers[d]) == size_key(b):
-                        b.reuses = owner.get(d, d)
-                        owner[out] = b.reuses
-                        donors.remove(d)
-                        break
-
-    def _elem(self, value: str) -> str:
-        if value.startswith("%arg"):
-            return self.func.args[int(value[4:])][0]
-        return self.producer[value].result_types[0][0]
-
 
     def run(self) -> FusionPlan:
         for i, (elem, _) in enumerate(self.func.args):
@@ -811,13 +464,13 @@ class _Planner:
             self.buffer_of[f"%arg{i}"] = name
         copies: list[tuple[int, str]] = []
         for i, value in enumerate(self.func.returns):
-            base, dims, _ = self.resolve(value)
+            base, dims, _ = self.access.resolve(value)
             op = self.producer.get(base)
             if dims is not None or (op is not None and op.name == "stablehlo.dynamic_reshape") or (
                     base in self.a.host_values or base in self.a.host_arrays):
                 # An index map or a view of other memory: outputs own theirs.
                 name = f"result{i}"
-                self.buffers[name] = Buffer(name, self._elem(value), self.a.value_dims[value],
+                self.buffers[name] = Buffer(name, self.access.elem(value), self.a.value_dims[value],
                                             "output", i)
                 copies.append((i, value))
                 continue
@@ -838,13 +491,13 @@ class _Planner:
         for op in self.func.ops:
             if op.results and op.results[0] in iotas - used_elsewhere - set(self.func.returns):
                 continue
-            if self.unit_reshape_map(op) is not None:
+            if self.access.unit_reshape_map(op) is not None:
                 continue  # a slice's shrink/new axes: read in place through the window
             if op.name == "stablehlo.dynamic_reshape":
                 self.place_view(op)
             elif op.results and op.results[0] in self.a.host_values:
                 continue  # computed by the host runner, read by kernels as a value
-            elif self.window_slice(op):
+            elif self.access.window_slice(op):
                 continue  # read in place by its consumers
             elif op.name.startswith(("stablehlo.", "chlo.")) and op.name not in NOT_COMPUTE:
                 self.place(op)
@@ -855,8 +508,8 @@ class _Planner:
             k = self.kernel_of.get(value)
             if k is not None:
                 self.kernels[k].outputs.append((value, buf))
-        order = self._launch_order()
-        self._plan_reuse(order)
+        order = launch_order(self.kernels, self.deps, self.prefix)
+        plan_reuse(order, self.buffers, self.a.symbols)
         if self.options.gemm_epilogues:
             find = self.a.symbols.find
             plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b),

@@ -8,7 +8,7 @@ import tensorflow as tf
 from disc_tf.dhlo_bridge.lower import lower_cluster
 from disc_tf.fusion.dhlo_reader import read_module
 from disc_tf.fusion.planner import plan_fusion
-from disc_tf.fusion.shape_analysis import ShapeError, SymbolTable, SymDef
+from disc_tf.fusion.symbols import ShapeError, SymbolTable, SymDef
 from tests.stage_helpers import cluster_of, dyn
 
 

@@ -1,0 +1,22 @@
+"""Launch configuration of the CUDA kernels: block size, grid limits and the
+row lengths and sizes at which the host runner switches versions."""
+
+#: Kernel kinds this backend generates.
+KINDS = ("loop", "stitch", "reduce", "library")
+#: Threads per block of every launch.
+BLOCK = 256
+#: Most blocks of a grid-stride launch.
+MAX_GRID = 65535
+#: Rows up to this length run one warp per row, longer ones one block per row.
+WARP_ROW_MAX = 1024
+#: Reduce kernels with at least this many outputs run one thread per output.
+THREAD_REDUCE_MIN = 2048
+#: Broadcasting loop kernels run one block per row from this row length on.
+ROWS_MIN_INNER = 128
+#: Most dynamic shared memory a stitch kernel uses to cache its row (the
+#: default limit of every GPU since sm_20, no opt-in needed).
+ROW_CACHE_BYTES = 48 * 1024
+#: Bytes of each compute type (row caches hold compute-type values).
+ITEMSIZE_COMPUTE = {"float": 4, "int32_t": 4, "int64_t": 8, "bool": 1}
+#: Elements per thread of the vectorized loop version.
+VEC = 4

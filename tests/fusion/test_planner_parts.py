@@ -1,0 +1,59 @@
+"""The planner's parts on their own: the alias analysis (``value_access``), and the
+memory plan (``memory_plan``: launch order, in-place reuse), with printable results."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from disc_tf.dhlo_bridge.lower import lower_cluster
+from disc_tf.fusion.dhlo_reader import read_module
+from disc_tf.fusion.memory_plan import launch_order, plan_reuse
+from disc_tf.fusion.plan import Access, Buffer, Kernel
+from disc_tf.fusion.shape_analysis import analyze
+from disc_tf.fusion.symbols import SymbolTable, SymDef
+from disc_tf.fusion.value_access import ValueAccess
+from tests.stage_helpers import cluster_of, dyn
+
+
+def test_value_access_follows_transposes_and_broadcasts_to_memory():
+    spec = cluster_of(lambda x, b: tf.transpose(tf.exp(x)) + b, dyn(2), dyn(1))
+    func = read_module(lower_cluster(spec).text)
+    access = ValueAccess(func, analyze(func))
+    transposes = [op for op in func.ops if op.name == "stablehlo.transpose"]
+    (t,) = transposes
+    base, dims, expand = access.resolve(t.results[0])
+    assert base == t.operands[0] and dims == [1, 0] and expand == ["no", "no"]
+    assert access.transpose_perm(t.results[0]) == [1, 0]
+    text = access.describe()
+    assert f"{t.results[0]} reads {t.operands[0]} dims [1, 0]" in text
+    assert "%arg1" in text  # the bias, read through its broadcast
+    assert access.elem(t.results[0]) == "f32"
+
+
+def _kernel(name: str, kind: str, reads: list[str], writes: list[str]) -> Kernel:
+    k = Kernel(name, kind, ["s0"], [], [], [])
+    k.inputs = [Access(b) for b in reads]
+    k.outputs = [(f"%{b}", b) for b in writes]
+    return k
+
+
+def test_launch_order_runs_each_kernel_after_what_it_reads_and_renames():
+    kernels = [_kernel("a", "loop", ["t1"], ["out"]), _kernel("b", "loop", ["in"], ["t1"])]
+    order = launch_order(kernels, [{1}, set()], prefix="p_")
+    assert [k.outputs[0][1] for k in order] == ["t1", "out"]
+    assert [k.name for k in order] == ["p_kernel0", "p_kernel1"]
+
+
+def test_reuse_takes_a_dying_temp_of_proven_equal_size_only():
+    symbols = SymbolTable()
+    n = symbols.new(SymDef("arg", arg=(0, 0)))
+    m = symbols.new(SymDef("arg", arg=(0, 1)))
+    buffers = {name: Buffer(name, "f32", dims, role) for name, dims, role in (
+        ("in", [n], "input"), ("t0", [n], "temp"), ("t1", [n], "temp"), ("t2", [m], "temp"),
+        ("t3", [n], "temp"))}
+    order = [_kernel("k0", "loop", ["in"], ["t0"]), _kernel("k1", "loop", ["t0"], ["t1"]),
+             _kernel("k2", "loop", ["t1"], ["t2"]), _kernel("k3", "library", ["t2"], ["t3"])]
+    plan_reuse(order, buffers, symbols)
+    assert buffers["t1"].reuses == "t0"  # t0 dies in k1, same size class
+    assert buffers["t2"].reuses is None  # [m] is not proven equal to [n]
+    assert buffers["t3"].reuses is None  # a library kernel does not write in place
