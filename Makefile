@@ -20,12 +20,16 @@ native: $(STAMP)
 demo: install
 	$(VPY) -m disc_tf.demo
 
+# One pytest worker per core (at most 4); a test file stays on one worker, so its
+# module fixtures are built once. Workers share the artifact cache and its key.
+PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+
 test: install
 	$(VPY) -m ruff check .
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL)
 
 test-all: install
-	$(VPY) -m pytest -q -m ''
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m ''
 
 # Bench peers: matplotlib in the main venv, ONNX Runtime + tf2onnx in their own venv.
 ORT_VENV  := bench/.venv-ort
