@@ -4,7 +4,7 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install native demo test test-all bench bench-deps lint clean bazel-build
+.PHONY: install native demo test test-all test-models bench bench-deps lint clean bazel-build
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: install
 
 test-all: install
 	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m ''
+
+# Real models (Keras applications, a GRU, Hugging Face BERT and GPT-2): slow.
+test-models: install
+	$(VPY) -m pip install --quiet -r tests/models/requirements.txt
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m slow tests/models
 
 # Bench peers: matplotlib in the main venv, ONNX Runtime + tf2onnx in their own venv.
 ORT_VENV  := bench/.venv-ort
