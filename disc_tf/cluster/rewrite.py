@@ -352,8 +352,22 @@ def rewrite_function_def(
     result.node_def.extend(extra)
     for key, ref in fdef.ret.items():
         result.ret[key] = out_ref.get(to_flat(ref), ref)
-    for key, node_name in fdef.control_ret.items():
-        result.control_ret[key] = ctrl.get(node_name, node_name)
+    # A control output is named by its node, so each must name another one: when
+    # several stateful nodes (two embedding lookups) moved into one cluster, all
+    # but the first wait for it through a NoOp of their own.
+    taken = {nd.name for nd in result.node_def}
+    named: set[str] = set()
+    for key, node_name in sorted(fdef.control_ret.items()):
+        target = ctrl.get(node_name, node_name)
+        if target in named:
+            alias = f"{node_name}_disc_control"
+            while alias in taken:
+                alias += "_"
+            taken.add(alias)
+            result.node_def.add(name=alias, op="NoOp", input=[f"^{target}"])
+            target = alias
+        named.add(target)
+        result.control_ret[key] = target
     return result
 
 

@@ -107,3 +107,34 @@ def test_the_fallback_function_gathers_the_value(saved, monkeypatch):
         assert_same(original.serve(ids), optimized.serve(ids), tf.float32)
     stats = disc_tf.stats()
     assert stats["fallbacks"] == 3 and stats["kernels"] == 0, stats
+
+
+class _TwoTables(tf.Module):
+    """Word and position embeddings summed (as BERT's embedding layer does): two
+    stateful lookups, so two control outputs of the function, in one cluster."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rng = np.random.default_rng(5)
+        self.words = tf.Variable(rng.standard_normal((VOCAB, WIDTH)).astype(np.float32))
+        self.positions = tf.Variable(rng.standard_normal((16, WIDTH)).astype(np.float32))
+
+    @tf.function(input_signature=[IDS])
+    def serve(self, ids):
+        pos = tf.range(tf.shape(ids)[1])
+        return tf.gather(self.words, ids) + tf.gather(self.positions, pos) * 0.5
+
+
+def test_two_lookups_in_one_cluster_load_and_match(tmp_path):
+    module = _TwoTables()
+    src, dst = tmp_path / "model", tmp_path / "opt"
+    tf.saved_model.save(module, str(src))
+    report = optimize_saved_model(str(src), str(dst), strict=True)
+    lookups = [c for c in report.compiled
+               if sum(op == "ResourceGather" for _, op in c.ops) == 2]
+    assert lookups, report.summary()
+    loaded = tf.saved_model.load(str(dst))
+    rng = np.random.default_rng(6)
+    for shape in [(2, 5), (1, 16), (3, 1)]:
+        ids = _ids(rng, shape)
+        assert_same(module.serve(ids), loaded.serve(ids), tf.float32)
