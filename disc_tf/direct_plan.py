@@ -30,6 +30,10 @@ from tensorflow.python.framework import op_def_registry
 #: NoOp only pass values or order; ReadVariableOp becomes the op's own read.
 _DIRECT_OPS = frozenset({"DiscCluster", "ReadVariableOp", "Identity", "NoOp"})
 _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+#: Ops with state that a direct call runs anyway: checks, whose only effect is the
+#: error they raise (TF's Assert; Hugging Face models check input ids with one). A
+#: plan runs each once per call, as an eager op with no outputs.
+_CHECK_OPS = frozenset({"Assert"})
 #: Stateless ops that still cannot run as one eager op of a direct call.
 _NOT_EAGER = frozenset({"Placeholder", "_Arg", "_Retval", "Switch", "Merge", "Enter", "Exit",
                         "NextIteration", "LoopCond", "ControlTrigger"})
@@ -191,7 +195,9 @@ class _Planner:
             raise NotDirect(f"{fdef.signature.name}: {len(arg_sources)} inputs for "
                             f"{len(fdef.signature.input_arg)} arguments")
         frame = _Frame(self, fdef, arg_sources)
-        return [frame.resolve(fdef.ret[a.name]) for a in fdef.signature.output_arg]
+        outputs = [frame.resolve(fdef.ret[a.name]) for a in fdef.signature.output_arg]
+        frame.add_checks()
+        return outputs
 
     def check_body(self, fdef: function_pb2.FunctionDef, depth: int = 0) -> None:
         """Raises ``NotDirect`` unless every node of ``fdef`` and of the functions it
@@ -288,6 +294,13 @@ class _Frame:
         self.nodes = {n.name: n for n in fdef.node_def}
         self._memo: dict[str, Source | list[Source]] = {}
 
+    def add_checks(self) -> None:
+        """Adds a step for every check op of the body (see ``_CHECK_OPS``)."""
+        for node in self.fdef.node_def:
+            if node.op in _CHECK_OPS:
+                inputs = [self.resolve(i) for i in node.input if not i.startswith("^")]
+                self.planner.add_eager_step(self.id, node, inputs)
+
     def resolve(self, ref: str) -> Source:
         if ref.startswith("^"):
             raise NotDirect(f"control input {ref} used as a value")
@@ -342,7 +355,7 @@ def _why_not_eager(node) -> str | None:
     op_def = op_def_registry.get(node.op)
     if op_def is None:
         return "is not a registered op"
-    if op_def.is_stateful:
+    if op_def.is_stateful and node.op not in _CHECK_OPS:
         return "has state"
     if node.op in _NOT_EAGER:
         return "is control flow or an argument"

@@ -382,3 +382,25 @@ def test_a_refused_model_runs_every_call_through_tf(mlp_dirs):
            model.signatures["serving_default"](x=x))
     assert model._call.tf_calls == 1 and model._call.direct_calls == 0
     assert model.signatures["serving_default"].tf_calls == 1
+
+
+class _Checked(tf.Module):
+    """An input check (Assert, as Hugging Face models have) before a cluster."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def serve(self, x):
+        tf.raw_ops.Assert(condition=tf.reduce_all(x < 10.0), data=["x must stay below 10"])
+        return tf.tanh(x * 2.0) + 1.0
+
+
+def test_an_assert_runs_inside_the_direct_call(tmp_path):
+    module = _Checked()
+    _save_and_optimize(module, tmp_path)
+    model = disc_tf.load(str(tmp_path / "opt"))
+    assert model.direct_functions()["serve"] is None
+    assert [s.op for s in model.serve.plan.steps if not s.is_cluster] == ["Assert"]
+    x = _rows(np.random.default_rng(11), 4, 8)
+    np.testing.assert_allclose(model.serve(x).numpy(), module.serve(x).numpy(), RTOL, ATOL)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="x must stay below 10"):
+        model.serve(x + 20.0)
+    assert model.serve.direct_calls == 1 and model.serve.tf_calls == 0
