@@ -278,9 +278,14 @@ def column_reduce(em: KernelEmitter, kept: list[int]) -> str:
         "    int64_t rq = q0;",
         *[f"    int64_t off{i} = base{i};" for i in range(n_in)],
     ]
+    # An empty reduction (a zero reduced dim) has no coordinates to find: its
+    # outputs are the init value, and dividing by the zero dim would trap.
+    lines.append("    " + " ".join(f"int64_t i{d} = 0;" for d in reversed(k.reduce_dims)))
+    lines.append("    if (q0 < q_end) {")
     for d in reversed(k.reduce_dims):
-        lines.append(f"    int64_t i{d} = rq % a.dims[{d}]; rq /= a.dims[{d}];")
-        lines += [f"    off{i} += i{d} * a.in{i}_strides[{d}];" for i in range(n_in)]
+        lines.append(f"      i{d} = rq % a.dims[{d}]; rq /= a.dims[{d}];")
+        lines += [f"      off{i} += i{d} * a.in{i}_strides[{d}];" for i in range(n_in)]
+    lines.append("    }")
     lines.append("    for (int64_t q = q0; q < q_end; ++q) {")
     body = [_strided(x, False, n_in) for x in _element(em, "c", "        ")]
     for bound in (str(COLUMN_BLOCK), "width"):

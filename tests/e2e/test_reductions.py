@@ -47,6 +47,25 @@ def test_reduce_float32(op, axes, keep):
     assert disc_tf.stats()["fallbacks"] == 0
 
 
+@pytest.mark.parametrize("axes", [[0], [1], [0, 1], [1, 2]], ids=str)
+@pytest.mark.parametrize("op", sorted(REDUCE))
+def test_empty_reduced_extent_with_wide_rows(op, axes):
+    """A zero reduced dim under outputs many columns wide (the column kernels, which
+    once divided by that zero dim and trapped: an EfficientNet squeeze-excite Mean
+    over an image that strides shrank to nothing)."""
+    def fn(x):
+        return REDUCE[op](x * 0.5 + 0.25, axis=axes)
+
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None] * 4, tf.float32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(4)
+    disc_tf.reset_stats()
+    for shape in [(2, 0, 3, 200), (3, 4, 0, 64), (0, 2, 3, 40), (1, 0, 0, 33), (2, 3, 4, 96)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        _compare(tf_fn, jitted, [x])
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64], ids=lambda d: d.name)
 @pytest.mark.parametrize("op", ["Sum", "Max", "Min", "Mean"])
 def test_reduce_integers(op, dtype):
