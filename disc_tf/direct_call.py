@@ -267,6 +267,14 @@ class DirectFunction:
             self.direct_calls += 1
         return out
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything else is the restored function's (``concrete_functions``,
+        # ``get_concrete_function``, a signature's ``structured_outputs``...).
+        function = self.__dict__.get("_function")
+        if function is None:
+            raise AttributeError(name)
+        return getattr(function, name)
+
 
 class DiscModel:
     """A loaded optimized SavedModel: ``model(x)`` and ``model.signatures[name](**kw)``

@@ -236,6 +236,12 @@ def test_a_root_serve_function_is_called_directly(tmp_path):
         np.testing.assert_allclose(model.serve(x).numpy(), module.serve(x).numpy(), RTOL, ATOL)
     assert model.serve.direct_calls == 3 and model.serve.tf_calls == 0
     assert disc_tf.stats()["fallbacks"] == 0
+    # The rest of the restored function is there as it was.
+    (concrete,) = model.serve.concrete_functions
+    assert concrete.structured_input_signature[0][0].shape.as_list() == [None, 8]
+    x = _rows(rng, 2, 8)
+    np.testing.assert_allclose(model.serve.get_concrete_function()(tf.constant(x)).numpy(),
+                               module.serve(x).numpy(), RTOL, ATOL)
 
 
 def test_concurrent_direct_calls(mlp_dirs):
