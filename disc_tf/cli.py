@@ -158,7 +158,8 @@ def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu",
         return lines + [f"    front end refused: {type(fe).__name__}: {fe}"]
     if fe is None:
         return lines
-    lines.append(f"    front end: ok ({fe.plan.num_kernels} kernels)")
+    lines.append(f"    front end: ok ({fe.plan.num_kernels} kernels, "
+                 f"{fe.sources.distinct_kernels} distinct, {len(fe.source.encode())} bytes)")
     if level >= 1:
         lines += _stage_text("dhlo", fe.dhlo.text)
     if level >= 2:
@@ -311,8 +312,7 @@ def summary_lines(report: OptimizeReport) -> list[str]:
         if c.error is not None:
             lines.append(f"{head}  FAILED: {c.error}")
         else:
-            when = "cache" if c.from_cache else f"{c.compile_seconds:.2f}s"
-            lines.append(f"{head}  {c.kernels} kernel(s)  {when}")
+            lines.append(f"{head}  {c.profile()}")
     return lines
 
 
@@ -335,6 +335,7 @@ def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None
     for line in summary_lines(report):
         print(line, file=out)
     print(report.summary(), file=out)
+    print(report.profile_line(), file=out)
     print(f"optimized {src} -> {dst}", file=out)
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 
 from tensorflow.core.framework import function_pb2, graph_pb2
@@ -91,6 +92,7 @@ class BodyOptimizer:
         self.options = options or Options()
         self.report = report or OptimizeReport()
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
+        self.front_end_seconds: dict[str, float] = {}  # cluster -> its front end's time
 
     def front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
                    protected: frozenset[str], taken: set[str],
@@ -113,7 +115,9 @@ class BodyOptimizer:
             again = False
             for spec in specs:
                 try:
+                    start = time.perf_counter()
                     front.append(pipeline.front_end(spec, self.options.target))
+                    self.front_end_seconds[spec.name] = time.perf_counter() - start
                 except LoweringError as e:
                     # strict mode: a refused op would run as TF, so the cluster fails
                     if not strict.resolve(self.options.strict) and e.node in spec.node_names \
@@ -166,6 +170,9 @@ class BodyOptimizer:
             if compiled.plan.speculative is not None:
                 rep.speculative_kernels = len(compiled.plan.speculative.kernels)
             rep.compile_seconds = art.compile_seconds
+            rep.front_end_seconds = self.front_end_seconds.get(name, 0.0)
+            rep.source_bytes = len(fe.source.encode())
+            rep.distinct_kernels = fe.sources.distinct_kernels
             self.new_functions[fallback.signature.name] = fallback
             native.load().py.note_cluster(art.sha256, art.num_kernels)
             attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)

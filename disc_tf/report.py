@@ -38,6 +38,18 @@ class ClusterReport:
     from_cache: bool = False
     compile_seconds: float = 0.0
     error: str | None = None
+    #: the compile profile: seconds of lowering, planning and codegen; bytes of
+    #: generated code; kernels that differ other than in names (see Sources)
+    front_end_seconds: float = 0.0
+    source_bytes: int = 0
+    distinct_kernels: int = 0
+
+    def profile(self) -> str:
+        """``front end 0.12s, C++ 3.40s (or cache), 41 KiB, 12 kernels (5 distinct)``."""
+        cxx = "cache" if self.from_cache else f"C++ {self.compile_seconds:.2f}s"
+        return (f"front end {self.front_end_seconds:.2f}s, {cxx}, "
+                f"{self.source_bytes / 1024:.0f} KiB, {self.kernels} kernels "
+                f"({self.distinct_kernels} distinct)")
 
     @property
     def compute_ops(self) -> int:
@@ -105,6 +117,18 @@ class OptimizeReport:
         return (f"{len(self.compiled)} of {len(self.clusters)} clusters compiled, "
                 f"{pct} of serving compute ops ({done} of {total})")
 
+    def profile_line(self) -> str:
+        """The compile profile of the compiled clusters, summed."""
+        done = self.compiled
+        front = sum(c.front_end_seconds for c in done)
+        cxx = sum(c.compile_seconds for c in done if not c.from_cache)
+        cached = sum(c.from_cache for c in done)
+        return (f"compile profile: front end {front:.2f}s, C++ {cxx:.2f}s "
+                f"({cached} of {len(done)} clusters from the cache), "
+                f"{sum(c.source_bytes for c in done) / 1024:.0f} KiB of code, "
+                f"{sum(c.kernels for c in done)} kernels "
+                f"({sum(c.distinct_kernels for c in done)} distinct within their clusters)")
+
     def summary(self) -> str:
         """A short text: one line per refused cluster or node, then the total line."""
         lines = [f"refused cluster {c.name} of {c.body} ({c.compute_ops} compute ops): "
@@ -124,6 +148,7 @@ class OptimizeReport:
         done, total = self.serving_share()
         return {
             "summary": self.total_line(),
+            "profile": self.profile_line(),
             "clusters_compiled": len(self.compiled),
             "clusters": [dataclasses.asdict(c) for c in self.clusters],
             "serving_compute_ops": {"compiled": done, "total": total},

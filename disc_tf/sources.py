@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 #: The line separating the two sources in ``Sources.text`` (dumps, ``inspect``).
 HOST_MARKER = "// ==== host runner (C++; the lines above are the device code, for nvcc) ===="
@@ -19,6 +20,14 @@ class Sources:
     target: str
     device: str
     host: str = ""
+    #: each kernel's own code (its functions), for the compile profile
+    kernel_texts: tuple[str, ...] = ()
+
+    @property
+    def distinct_kernels(self) -> int:
+        """Kernels whose code differs other than in names and comments (the layers of
+        a transformer give the same kernels under other names)."""
+        return len({_unnamed(t) for t in self.kernel_texts})
 
     @property
     def text(self) -> str:
@@ -27,3 +36,12 @@ class Sources:
         if not self.host:
             return self.device
         return self.device + "\n" + HOST_MARKER + "\n" + self.host
+
+
+_KERNEL_NAME = re.compile(r"\b(?:spec_|Spec_)?[Kk]ernel\d+")
+_COMMENT = re.compile(r"//[^\n]*")
+
+
+def _unnamed(text: str) -> str:
+    """A kernel's code with its name and comments (TF op names) taken out."""
+    return _KERNEL_NAME.sub("K", _COMMENT.sub("", text))

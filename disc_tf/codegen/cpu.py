@@ -334,8 +334,9 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
     ]
     for p in [plan] + ([plan.speculative] if plan.speculative else []):
         out.extend(_const_data(b) for b in p.buffers.values() if b.role == "const")
-    for e in all_emitters:
-        out.append(e.source())
+    kernel_texts = tuple(e.source() for e in all_emitters)
+    for text in kernel_texts:
+        out.append(text)
         out.append("")
     out.append("}  // namespace")
     out.append("")
@@ -384,4 +385,5 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         out.append("  }")
     out.append("  return 0;")
     out.append("}")
-    return Sources("cpu", "\n".join(out) + "\n")
+    return Sources("cpu", "\n".join(out) + "\n",
+                   kernel_texts=kernel_texts)

@@ -118,8 +118,9 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
     for p in plans:
         device.extend(_device_const(b) for b in p.buffers.values() if b.role == "const")
     device.append("")
-    for e in (e for group in emitters for e in group):
-        device.append(e.device_source())
+    kernel_texts = tuple(e.device_source() for group in emitters for e in group)
+    for text in kernel_texts:
+        device.append(text)
         device.append("")
     host = [
         title,
@@ -173,4 +174,5 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         body.extend("  " + x for x in _launch_sequence(plan, emitters[0]))
         body.append("  }")
     host += body + ["  return 0;", "}"]
-    return Sources("cuda", "\n".join(device), "\n".join(host) + "\n")
+    return Sources("cuda", "\n".join(device), "\n".join(host) + "\n",
+                   kernel_texts=kernel_texts)

@@ -3,6 +3,7 @@ memory plan (``memory_plan``: launch order, in-place reuse), with printable resu
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from disc_tf.dhlo_bridge.lower import lower_cluster
@@ -57,3 +58,23 @@ def test_reuse_takes_a_dying_temp_of_proven_equal_size_only():
     assert buffers["t1"].reuses == "t0"  # t0 dies in k1, same size class
     assert buffers["t2"].reuses is None  # [m] is not proven equal to [n]
     assert buffers["t3"].reuses is None  # a library kernel does not write in place
+
+
+def test_kernels_the_same_but_for_names_count_once():
+    """Two softmax layers give the same stitch kernel twice: the compile profile's
+    distinct count sees one."""
+    from disc_tf import pipeline
+    from disc_tf.sources import Sources
+
+    w1 = tf.constant(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8))
+    w2 = tf.constant(np.linspace(1, -1, 64, dtype=np.float32).reshape(8, 8))
+    spec = cluster_of(lambda x: tf.nn.softmax(tf.nn.softmax(x @ w1) @ w2),
+                      tf.TensorSpec([None, 8], tf.float32))
+    fe = pipeline.front_end(spec, "cpu")
+    assert len(fe.sources.kernel_texts) == fe.plan.num_kernels
+    assert fe.sources.distinct_kernels < fe.plan.num_kernels
+    same = Sources("cpu", "", kernel_texts=(
+        "// a/Softmax\nvoid kernel3_flat(Kernel3Args& a) { a.out0[0] = 1; }",
+        "// b/Softmax\nvoid kernel7_flat(Kernel7Args& a) { a.out0[0] = 1; }",
+        "void spec_kernel1_flat(Spec_kernel1Args& a) { a.out0[0] = 2; }"))
+    assert same.distinct_kernels == 2
