@@ -79,7 +79,8 @@ def _results() -> dict:
         "results": {"bert_base": records},
         "compile_time": {"model": "m", "cores": 2, "cold": {"status": "error: x"},
                          "cached": {"status": "ok", "optimize_s": 0.3, "clusters": [
-                             {"name": "c0", "ops": 60, "kernels": 17, "from_cache": True,
+                             {"name": "c0", "ops": 60, "kernels": 17, "distinct_kernels": 9,
+                              "source_bytes": 40960, "from_cache": True, "front_end_s": 0.2,
                               "cxx_compile_s": 0.0, "cluster_build_s": 0.2, "error": None}]}},
     }
 
@@ -92,7 +93,7 @@ def test_report_tables_targets_and_fallbacks() -> None:
     assert "cluster disc_cluster_1 left as TF ops: boom" in text
     assert "| ort | not installed |" in text
     assert "![speedups over TF](plot.png)" in text
-    assert "| cached | c0 | 60 | 17 | True | 0.20 | 0.00 | 0.30 |" in text
+    assert "| cached | c0 | 60 | 17 (9) | 40 | True | 0.20 | 0.00 | 0.30 |" in text
     assert "| cold | error: x |" in text
     assert "BERT layer compile time: cold error: x, cached ok." in text
 
@@ -200,7 +201,7 @@ def test_progress_bar_logs_phase_changes_only_off_a_terminal() -> None:
 def test_compile_time_summary_lists_both_runs() -> None:
     lines = compile_time.summary(_results()["compile_time"])
     assert any(line.startswith("| cold |") for line in lines)
-    assert any(line.startswith("| cached | c0 |") for line in lines)
+    assert "| cached | c0 | 60 | 17 (9) | 40 | True | 0.20 | 0.00 | 0.30 |" in lines
 
 
 def test_cli_bench_subcommand_shows_bench_options(capsys: pytest.CaptureFixture[str]) -> None:
