@@ -106,7 +106,7 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
         protected = referenced_nodes(meta_graph)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
-        outside = frozenset(n for n in view.nodes if not served.has_node(n))
+        outside = served.outside(view.nodes)
         yield Body(name, "graph", view, library, fetched, protected, outside, None, "main_graph")
 
 
@@ -159,7 +159,7 @@ def describe_cluster(spec: rewrite.ClusterSpec, until: str, target: str = "cpu",
     if fe is None:
         return lines
     lines.append(f"    front end: ok ({fe.plan.num_kernels} kernels, "
-                 f"{fe.sources.distinct_kernels} distinct, {len(fe.source.encode())} bytes)")
+                 f"{fe.sources.distinct_kernels} distinct, {fe.sources.size_bytes} bytes)")
     if level >= 1:
         lines += _stage_text("dhlo", fe.dhlo.text)
     if level >= 2:
@@ -213,8 +213,7 @@ def inspect_body(body: Body, until: str, target: str, lower: bool,
                  report: OptimizeReport) -> list[str]:
     """The lines of one body; its clusters and unclustered ops go into ``report``."""
     if body.view is None:
-        report.not_analysed[body.report_name] = body.error or ""
-        report.unclustered_ops[body.report_name] = {n.name: n.op for n in body.node_defs}
+        report.note_not_analysed(body.report_name, body.error or "", body.node_defs)
         return [f"body {body.name} ({body.kind}): not analysed: {body.error}"]
     view = body.view
     if all(nd.op in NON_COMPUTE_OPS for n, nd in view.nodes.items() if n not in body.outside):
@@ -231,8 +230,7 @@ def inspect_body(body: Body, until: str, target: str, lower: bool,
     done_before = {c.name for c in existing}
     reasons = {n: why for n, why in result.reasons.items()
                if n not in body.outside and n not in done_before}
-    report.unclustered[body.report_name] = reasons
-    report.unclustered_ops[body.report_name] = {n: view.nodes[n].op for n in reasons}
+    report.note_unclustered(body.report_name, reasons, lambda n: view.nodes[n].op)
     lines = [f"body {body.name} ({body.kind}): {len(view.nodes)} nodes, "
              f"{len(existing)} compiled cluster(s), {len(specs)} new cluster(s)"]
     lines += [f"  compiled cluster {c.name}: {c.compute_ops} compute ops, {c.kernels} kernels"

@@ -26,6 +26,8 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, types_pb2
 from tensorflow.python.framework import op_def_registry
 
+from disc_tf.cluster.graph_view import with_default_attrs
+
 #: Ops a directly-called body may hold besides function calls. Identity and
 #: NoOp only pass values or order; ReadVariableOp becomes the op's own read.
 _DIRECT_OPS = frozenset({"DiscCluster", "ReadVariableOp", "Identity", "NoOp"})
@@ -367,11 +369,8 @@ def _why_not_eager(node) -> str | None:
 def _with_defaults(node, op_def) -> dict[str, attr_value_pb2.AttrValue]:
     """The node's attributes (internal ``_`` ones left out), with the op's defaults
     for those a SavedModel stripped."""
-    attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
-    for a in op_def.attr:
-        if a.name not in attrs and a.HasField("default_value"):
-            attrs[a.name] = a.default_value
-    return attrs
+    full = with_default_attrs(node, op_def)
+    return {k: v for k, v in full.attr.items() if not k.startswith("_")}
 
 
 def _output_sizes(op_def, attrs: dict[str, attr_value_pb2.AttrValue]) -> list[int]:

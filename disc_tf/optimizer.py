@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 
 from tensorflow.core.framework import function_pb2, graph_pb2
@@ -18,7 +17,13 @@ from disc_tf import pipeline, strict
 from disc_tf.cluster import clustering, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.dhlo_bridge.rules import LoweringError
-from disc_tf.report import NON_COMPUTE_OPS, OUTSIDE_SCOPE, ClusterReport, OptimizeReport
+from disc_tf.report import (
+    LOWERING_REFUSED,
+    NON_COMPUTE_OPS,
+    OUTSIDE_SCOPE,
+    ClusterReport,
+    OptimizeReport,
+)
 from disc_tf.runtime import native
 
 log = logging.getLogger("disc_tf")
@@ -92,7 +97,6 @@ class BodyOptimizer:
         self.options = options or Options()
         self.report = report or OptimizeReport()
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
-        self.front_end_seconds: dict[str, float] = {}  # cluster -> its front end's time
 
     def front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
                    protected: frozenset[str], taken: set[str],
@@ -115,14 +119,12 @@ class BodyOptimizer:
             again = False
             for spec in specs:
                 try:
-                    start = time.perf_counter()
                     front.append(pipeline.front_end(spec, self.options.target))
-                    self.front_end_seconds[spec.name] = time.perf_counter() - start
                 except LoweringError as e:
                     # strict mode: a refused op would run as TF, so the cluster fails
                     if not strict.resolve(self.options.strict) and e.node in spec.node_names \
                             and e.node not in refused and len(refused) < MAX_RECARVES:
-                        refused[e.node] = f"lowering refused: {e}"
+                        refused[e.node] = f"{LOWERING_REFUSED}: {e}"
                         log.info("%s of %s: node %s refused (%s); clustering again without it",
                                  spec.name, body, e.node, e)
                         again = True
@@ -139,10 +141,9 @@ class BodyOptimizer:
                  protected: frozenset[str], taken: set[str],
                  outside: frozenset[str] = frozenset()):
         result, specs, front = self.front_ends(body, view, fetched, protected, taken, outside)
-        self.report.unclustered[body] = {n: why for n, why in result.reasons.items()
-                                         if n not in outside}
-        self.report.unclustered_ops[body] = {n: view.nodes[n].op
-                                             for n in self.report.unclustered[body]}
+        self.report.note_unclustered(
+            body, {n: why for n, why in result.reasons.items() if n not in outside},
+            lambda n: view.nodes[n].op)
         replaced = []
         for spec, fe in zip(specs, front):
             name, nodes = spec.name, spec.node_names
@@ -170,8 +171,8 @@ class BodyOptimizer:
             if compiled.plan.speculative is not None:
                 rep.speculative_kernels = len(compiled.plan.speculative.kernels)
             rep.compile_seconds = art.compile_seconds
-            rep.front_end_seconds = self.front_end_seconds.get(name, 0.0)
-            rep.source_bytes = len(fe.source.encode())
+            rep.front_end_seconds = fe.seconds
+            rep.source_bytes = fe.sources.size_bytes
             rep.distinct_kernels = fe.sources.distinct_kernels
             self.new_functions[fallback.signature.name] = fallback
             native.load().py.note_cluster(art.sha256, art.num_kernels)
@@ -186,9 +187,7 @@ class BodyOptimizer:
             raise strict.StrictModeError(f"body {body} could not be analysed: "
                                          f"{type(error).__name__}: {error}") from error
         log.warning("body %s not analysed (%s); left unchanged", body, error)
-        self.report.not_analysed[body] = f"{type(error).__name__}: {error}"
-        self.report.unclustered[body] = {n.name: "body not analysed" for n in nodes}
-        self.report.unclustered_ops[body] = {n.name: n.op for n in nodes}
+        self.report.note_not_analysed(body, f"{type(error).__name__}: {error}", nodes)
 
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
                            body: str = "graph", graph=None,

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import pathlib
+import time
 
 from tensorflow.core.framework import graph_pb2
 
@@ -51,6 +52,8 @@ class FrontEnd:
     shapes: str
     plan: FusionPlan
     sources: Sources
+    #: how long the stages took (the compile profile's front end)
+    seconds: float = 0.0
 
     @property
     def source(self) -> str:
@@ -60,11 +63,12 @@ class FrontEnd:
 
 def front_end(spec: ClusterSpec, target: str = "cpu") -> FrontEnd:
     """Lowers, analyses, plans and emits ``spec`` (raises on any failure)."""
+    start = time.perf_counter()
     target_backend = backend(target)
     dhlo = lower_cluster(spec)
     plan, analysis = plan_fusion(read_module(dhlo.text), spec.name, target_backend.plan_options)
     sources = target_backend.emit(plan, dhlo.input_names, dhlo.output_names)
-    return FrontEnd(dhlo, analysis.describe(), plan, sources)
+    return FrontEnd(dhlo, analysis.describe(), plan, sources, time.perf_counter() - start)
 
 
 def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:

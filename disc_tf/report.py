@@ -8,6 +8,7 @@ and keeps it for ``disc_tf.last_report()``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: Ops that move, name or hold data rather than compute: left out of coverage ratios.
@@ -18,6 +19,8 @@ NON_COMPUTE_OPS = frozenset(
 
 #: Reason given to main-graph nodes outside the serving scope.
 OUTSIDE_SCOPE = "not on the serving path"
+#: How the reason of a node a lowering pushed out of its cluster starts.
+LOWERING_REFUSED = "lowering refused"
 
 #: Longest error text a summary line shows.
 MAX_REASON_CHARS = 200
@@ -92,7 +95,20 @@ class OptimizeReport:
         """(body, node, op, why) of nodes a lowering pushed out of their cluster."""
         return [(body, node, self.unclustered_ops.get(body, {}).get(node, "?"), why)
                 for body, reasons in self.unclustered.items()
-                for node, why in reasons.items() if why.startswith("lowering refused")]
+                for node, why in reasons.items() if why.startswith(LOWERING_REFUSED)]
+
+    def note_unclustered(self, body: str, reasons: dict[str, str],
+                         op_of: Callable[[str], str]) -> None:
+        """Records why each node of ``body`` in ``reasons`` stayed out, with its op type."""
+        self.unclustered[body] = reasons
+        self.unclustered_ops[body] = {n: op_of(n) for n in reasons}
+
+    def note_not_analysed(self, body: str, why: str, nodes: Iterable) -> None:
+        """Records a body left as it is; its ``nodes`` (NodeDefs) count as not compiled."""
+        nodes = list(nodes)
+        self.not_analysed[body] = why
+        self.note_unclustered(body, {n.name: "body not analysed" for n in nodes},
+                              {n.name: n.op for n in nodes}.__getitem__)
 
     def compiled_share(self, bodies: set[str] | None = None) -> tuple[int, int]:
         """(compute ops inside compiled clusters, all compute ops) of ``bodies``

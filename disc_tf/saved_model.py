@@ -112,8 +112,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
         library = opt.optimize_library(object_graph_references(meta_graph),
                                        served.has_function)
-        outside = frozenset(n.name for n in meta_graph.graph_def.node
-                            if not served.has_node(n.name))
+        outside = served.outside(n.name for n in meta_graph.graph_def.node)
         graph = opt.optimize_graph_def(
             meta_graph.graph_def, referenced_nodes(meta_graph), body="main_graph",
             outside=outside)

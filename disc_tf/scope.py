@@ -37,6 +37,10 @@ class ServingScope:
         """Whether serving runs main-graph node ``name``."""
         return self.everything or name in self.graph_nodes
 
+    def outside(self, names: Iterable[str]) -> frozenset[str]:
+        """The main-graph nodes among ``names`` that serving never runs."""
+        return frozenset(n for n in names if not self.has_node(n))
+
 
 def called_functions(nodes: Iterable, library_names: set[str]) -> set[str]:
     """Library functions named by the func attrs (f, body, branches...) of ``nodes``."""

@@ -24,6 +24,11 @@ class Sources:
     kernel_texts: tuple[str, ...] = ()
 
     @property
+    def size_bytes(self) -> int:
+        """Bytes of generated code (both sources)."""
+        return len(self.device.encode()) + len(self.host.encode())
+
+    @property
     def distinct_kernels(self) -> int:
         """Kernels whose code differs other than in names and comments (the layers of
         a transformer give the same kernels under other names)."""

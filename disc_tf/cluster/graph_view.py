@@ -114,7 +114,7 @@ def _topological_order(graph_def: graph_pb2.GraphDef) -> list[str]:
     return order
 
 
-def _with_defaults(nd: tf.compat.v1.NodeDef, op_def) -> tf.compat.v1.NodeDef:
+def with_default_attrs(nd: tf.compat.v1.NodeDef, op_def) -> tf.compat.v1.NodeDef:
     """``nd`` with the attrs its op def defaults filled in (SavedModels strip them)."""
     if op_def is None or all(a.name in nd.attr or not a.HasField("default_value")
                              for a in op_def.attr):
@@ -192,7 +192,7 @@ def view_of_graph_def(
             name=nd.name,
             op=nd.op,
             device=nd.device,
-            node_def=_with_defaults(nd, op.op_def),
+            node_def=with_default_attrs(nd, op.op_def),
             inputs=[
                 tensors.get(name) or TensorInfo(name, t.dtype, _dims(t.shape))
                 for name, t in zip(data_inputs, op.inputs)

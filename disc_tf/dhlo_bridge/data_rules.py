@@ -404,8 +404,7 @@ def _reverse(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
         last = b.host_tensor([b.index_arith("subi", size, b.index_const(1))], "i64", 0)
         indices = b.op("subtract", [b.broadcast_to(last, b.shape_of(ramp), 1, []), ramp],
                        "i64", ramp.dims)
-        x = b.op("torch_index_select", [x, indices], x.elem, x.dims,
-                 f"dim = {axis} : i64, batch_dims = 0 : i64")
+        x = index_select(b, x, indices, axis, 0)
     return [x]
 
 
@@ -455,9 +454,16 @@ def _gather(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
         batch += indices.rank
     if not 0 <= batch <= min(axis, indices.rank):
         raise LoweringError(f"GatherV2 {node.name}: batch_dims {batch} invalid")
+    return [index_select(b, params, indices, axis, batch)]
+
+
+def index_select(b: DhloBuilder, params: TValue, indices: TValue, axis: int,
+                 batch: int) -> TValue:
+    """``stablehlo.torch_index_select``: the slices of ``params`` along ``axis`` that
+    ``indices`` name, the first ``batch`` dims shared (TF's GatherV2)."""
     dims = params.dims[:axis] + indices.dims[batch:] + params.dims[axis + 1:]
-    return [b.op("torch_index_select", [params, indices], params.elem, dims,
-                 f"dim = {axis} : i64, batch_dims = {batch} : i64")]
+    return b.op("torch_index_select", [params, indices], params.elem, dims,
+                f"dim = {axis} : i64, batch_dims = {batch} : i64")
 
 
 @tf_op("ResourceGather", dtypes=MOVE_TYPES, dtype_attr="dtype", resource_inputs=(0,))
@@ -471,9 +477,7 @@ def _resource_gather(b: DhloBuilder, node: node_def_pb2.NodeDef,
         batch += indices.rank
     if not 0 <= batch <= indices.rank or batch >= params.rank:
         raise LoweringError(f"ResourceGather {node.name}: batch_dims {batch} invalid")
-    dims = params.dims[:batch] + indices.dims[batch:] + params.dims[batch + 1:]
-    return [b.op("torch_index_select", [params, indices], params.elem, dims,
-                 f"dim = {batch} : i64, batch_dims = {batch} : i64")]
+    return [index_select(b, params, indices, batch, batch)]
 
 
 _ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),
