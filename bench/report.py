@@ -226,13 +226,13 @@ def markdown_report(results: dict[str, Any], plot_name: str | None = None) -> st
     out = _header(results)
     out += ["", "## disc_tf against the targets", "", *target_rows(results)]
     if results.get("compile_time"):
-        out += ["", compile_time.target_line(results["compile_time"])]
+        out += ["", *compile_time.target_line(results["compile_time"]).splitlines()]
     if results.get("notes"):
         out += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
     if plot_name:
         out += ["", f"![speedups over TF]({plot_name})"]
     if results.get("compile_time"):
-        out += ["", "## Compile time of a BERT encoder layer cluster", "",
+        out += ["", "## Compile time against XLA's compile of one shape", "",
                 *compile_time.summary(results["compile_time"])]
     for name, records in results["results"].items():
         any_rec = next((r for r in records.values() if "distinct_shapes" in r), {})

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_compile_time:
         from bench import compile_time
 
-        print("[bench] compile time of a BERT encoder layer (cold, then cached) ...",
+        print("[bench] compile time against XLA (cold, kernel-warm, cached) ...",
               file=sys.stderr, flush=True)
         results["compile_time"] = compile_time.measure(timeout=args.timeout)
     records, failed = run_workloads(args, count)

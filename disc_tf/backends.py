@@ -3,7 +3,8 @@ them branches on the target.
 
 A backend gives the fusion planner its options, emits a typed pair of sources
 (``disc_tf.sources.Sources``) from a fusion plan, and builds them into an
-artifact (through the cache). ``cpu`` builds one C++ source with g++; ``cuda``
+artifact (through the cache). ``cpu`` compiles a translation unit per distinct
+kernel (through the kernel cache) and the host runner, in parallel, and links them; ``cuda``
 builds device code with nvcc and the host runner with the C++ compiler into one
 shared object. (The CUDA emulator the tests use compiles the same pair for CPU
 threads: ``tests/codegen/cuda_emu.py``.)
@@ -18,7 +19,7 @@ from disc_tf.codegen.cpu import emit_cpu
 from disc_tf.codegen.cuda import emit_cuda
 from disc_tf.fusion.plan import FusionPlan
 from disc_tf.fusion.planner import PlanOptions
-from disc_tf.runtime import compiler, cuda_compiler
+from disc_tf.runtime import cpu_build, cuda_compiler
 from disc_tf.runtime.compiler import Artifact
 from disc_tf.sources import Sources
 
@@ -35,13 +36,9 @@ class Backend:
     build: Callable[[Sources, str, int], Artifact]
 
 
-def _build_cpu(sources: Sources, name: str, num_kernels: int) -> Artifact:
-    return compiler.build(sources.device, name, num_kernels, "cpu")
-
-
 BACKENDS = {
     # the CPU backend has an emitter for every fusion; the CUDA one for none yet
-    "cpu": Backend("cpu", PlanOptions(), emit_cpu, _build_cpu),
+    "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build),
     "cuda": Backend("cuda", PlanOptions.none(), emit_cuda, cuda_compiler.build),
 }
 

@@ -84,7 +84,13 @@ def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
     (d / "dhlo.mlir").write_text(fe.dhlo.text)
     (d / "shapes.txt").write_text(fe.shapes)
     (d / "fusion_plan.txt").write_text(fe.plan.describe())
-    if fe.sources.host:  # device code for nvcc, host runner for the C++ compiler
+    if fe.sources.units:  # CPU: each kernel unit as compiled, all of them to read, host runner
+        (d / "kernels").mkdir(exist_ok=True)
+        for unit in fe.sources.units:
+            (d / "kernels" / f"{unit.name}.cc").write_text(unit.text)
+        (d / "kernels.cc").write_text(fe.sources.device)
+        (d / "host_runner.cc").write_text(fe.sources.host)
+    elif fe.sources.host:  # device code for nvcc, host runner for the C++ compiler
         (d / "kernels.cu").write_text(fe.sources.device)
         (d / "host_runner.cc").write_text(fe.sources.host)
     else:

@@ -46,10 +46,17 @@ class ClusterReport:
     front_end_seconds: float = 0.0
     source_bytes: int = 0
     distinct_kernels: int = 0
+    #: kernel units (translation units of distinct kernels) compiled, and reused from
+    #: the kernel cache (a kernel another cluster or model compiled)
+    units_compiled: int = 0
+    units_cached: int = 0
 
     def profile(self) -> str:
-        """``front end 0.12s, C++ 3.40s (or cache), 41 KiB, 12 kernels (5 distinct)``."""
+        """``front end 0.12s, C++ 3.40s (4 units compiled, 1 cached) (or cache), 41 KiB,
+        12 kernels (5 distinct)``."""
         cxx = "cache" if self.from_cache else f"C++ {self.compile_seconds:.2f}s"
+        if not self.from_cache and self.units_compiled + self.units_cached:
+            cxx += f" ({self.units_compiled} units compiled, {self.units_cached} cached)"
         return (f"front end {self.front_end_seconds:.2f}s, {cxx}, "
                 f"{self.source_bytes / 1024:.0f} KiB, {self.kernels} kernels "
                 f"({self.distinct_kernels} distinct)")
@@ -139,8 +146,12 @@ class OptimizeReport:
         front = sum(c.front_end_seconds for c in done)
         cxx = sum(c.compile_seconds for c in done if not c.from_cache)
         cached = sum(c.from_cache for c in done)
+        built = [c for c in done if not c.from_cache]
+        units = (f"; kernel units: {sum(c.units_compiled for c in built)} compiled, "
+                 f"{sum(c.units_cached for c in built)} from the kernel cache"
+                 if built else "")
         return (f"compile profile: front end {front:.2f}s, C++ {cxx:.2f}s "
-                f"({cached} of {len(done)} clusters from the cache), "
+                f"({cached} of {len(done)} clusters from the cache{units}), "
                 f"{sum(c.source_bytes for c in done) / 1024:.0f} KiB of code, "
                 f"{sum(c.kernels for c in done)} kernels "
                 f"({sum(c.distinct_kernels for c in done)} distinct within their clusters)")

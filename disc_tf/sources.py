@@ -6,20 +6,33 @@ import dataclasses
 import re
 
 #: The line separating the two sources in ``Sources.text`` (dumps, ``inspect``).
-HOST_MARKER = "// ==== host runner (C++; the lines above are the device code, for nvcc) ===="
+HOST_MARKER = "// ==== host runner (C++; the lines above are the kernels) ===="
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceUnit:
+    """One translation unit compiled on its own (a CPU kernel unit)."""
+
+    name: str
+    text: str
+    #: hash of what its object code depends on (the text less its comments): the same
+    #: kernel from another cluster or model has the same key, whatever its comments say
+    content_key: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Sources:
     """The generated sources of one cluster for one target.
 
-    ``device``: the kernels (C++ for the CPU, where it is also the host runner; CUDA
-    for nvcc); ``host``: the host runner when it is a separate C++ source (CUDA).
+    ``device``: the kernels (CUDA for nvcc; for the CPU, every kernel unit in one text,
+    to read); ``host``: the host runner (C++); ``units``: the CPU's kernel units,
+    compiled one by one and linked with the host runner.
     """
 
     target: str
     device: str
     host: str = ""
+    units: tuple[SourceUnit, ...] = ()
     #: each kernel's own code (its functions), for the compile profile
     kernel_texts: tuple[str, ...] = ()
 

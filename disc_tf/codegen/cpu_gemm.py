@@ -60,7 +60,7 @@ def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows:
     lines = epilogue.launch_args(buffer_ptr) + [
         f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
         f"    const {struct} epi{{&k, {rows}, inner_rows > 0 ? {cols} / inner_rows : 1}};"]
-    return lines, f"{epilogue.k.name}_epilogue", f"const_cast<{struct}*>(&epi)"
+    return lines, f"{epilogue.fn}_epilogue", f"const_cast<{struct}*>(&epi)"
 
 
 def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],

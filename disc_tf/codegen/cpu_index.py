@@ -256,7 +256,7 @@ class IndexKernelEmitter(KernelEmitter):
         if rounds_once(op.elem):
             value = f"disc_round_{op.elem}((float)({value}))"
         lines = [
-            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
             f"  const int64_t n = a.dims[{axis}];",
             f"  const int64_t step = a.in0_strides[{axis}];",
@@ -293,7 +293,7 @@ class IndexKernelEmitter(KernelEmitter):
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
         lines = [
-            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
             f"  const int64_t channels = {self._p('sizes', 0)};",
             "  for (int64_t row = begin; row < end; ++row) {",
@@ -333,7 +333,7 @@ class IndexKernelEmitter(KernelEmitter):
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
         lines = [
-            f"DISC_CLONES static void {k.name}_index(void* p, int64_t begin, int64_t end) {{",
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
             f"  const int64_t inner = {f'a.dims[{r - 1}]' if r else '1'};",
             "  for (int64_t row = begin; row < end; ++row) {",
@@ -381,7 +381,7 @@ class IndexKernelEmitter(KernelEmitter):
             inner = sym(k.dims[axis], plan)
         lines.append(f"    const int64_t rows = {rows};")
         lines.append(f"    if (rows > 0 && {inner} > 0) {{")
-        lines.append(f"      ral->parallel_for(ral, rows, 4.0 * {inner} + 1.0, {k.name}_index, &k);")
+        lines.append(f"      ral->parallel_for(ral, rows, 4.0 * {inner} + 1.0, {self.fn}_index, &k);")
         lines.append("    }")
         if self.op.op in ("torch_index_select", "gather_nd"):
             tf = self.op.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")

@@ -33,9 +33,16 @@ class KernelEmitter(StitchEmitter):
         self.k = kernel
         self.plan = plan
         self.rank = len(kernel.dims)
-        self.args = f"{kernel.name.capitalize()}Args"
+        #: prefix of the generated functions and structs; the CPU backend names each
+        #: distinct kernel's code by its content (``cpu_units.py``)
+        self.fn = kernel.name
         #: the library kernel this one is the epilogue of (runs inside its GEMM)
         self.epilogue_of = next((k.name for k in plan.kernels if k.epilogue == kernel.name), None)
+
+    @property
+    def args(self) -> str:
+        """The name of the kernel's argument struct."""
+        return f"{self.fn.capitalize()}Args"
 
     def buf(self, access: Access) -> Buffer:
         return self.plan.buffers[access.buffer]
@@ -103,7 +110,7 @@ class KernelEmitter(StitchEmitter):
             )
         for j, (value, _) in enumerate(self.k.outputs):
             body.append(f"  out{j} = {names[value]};")
-        head = f"static inline void {self.k.name}_compute({', '.join(params)}) {{"
+        head = f"static inline void {self.fn}_compute({', '.join(params)}) {{"
         return "\n".join([head, *body, "}"])
 
     def _loop(self, index: dict[int, str], out_index: str,
@@ -124,7 +131,7 @@ class KernelEmitter(StitchEmitter):
             elem = self.plan.buffers[b].elem
             lines.append(f"    {COMPUTE[elem]} o{j};")
             outs.append(f"o{j}")
-        lines.append(f"    {self.k.name}_compute({', '.join(['a'] + loads + outs)});")
+        lines.append(f"    {self.fn}_compute({', '.join(['a'] + loads + outs)});")
         for j, (_, b) in enumerate(self.k.outputs):
             elem = self.plan.buffers[b].elem
             lines.append(f"    w{j}[{out_index}] = ({STORAGE[elem]})o{j};")
@@ -140,7 +147,7 @@ class KernelEmitter(StitchEmitter):
         return lines
 
     def flat(self) -> str:
-        lines = [f"DISC_CLONES static void {self.k.name}_flat(void* p, int64_t begin, int64_t end) {{"]
+        lines = [f"DISC_CLONES DISC_ENTRY void {self.fn}_flat(void* p, int64_t begin, int64_t end) {{"]
         lines += self._pointers("")
         lines.append("  for (int64_t i = begin; i < end; ++i) {")
         lines += self._loop({i: "i" for i in range(len(self.k.inputs))}, "i")
@@ -151,21 +158,42 @@ class KernelEmitter(StitchEmitter):
         """How each input is indexed along the innermost dim ``c`` of a row.
 
         Identity reads are contiguous (``c``); broadcast reads have an innermost
-        stride of 0 or 1, a template flag ``Bi`` each when there are at most three
-        (so every case is a contiguous or constant loop the compiler vectorizes);
-        transposed and windowed reads, and further broadcasts, use their stride.
-        Returns (index per input, broadcast inputs, strided inputs, templated).
+        stride of 0 or 1: known from static dims (a bias of 768 runs along the row),
+        else a template flag ``Bi`` each when there are at most three (so every case
+        is a contiguous or constant loop the compiler vectorizes); transposed and
+        windowed reads, and further broadcasts, use their stride. Returns (index per
+        input, broadcast inputs decided per call, strided inputs, templated).
         """
+        static = {i: self._static_row_read(acc) for i, acc in enumerate(self.k.inputs)}
+        static = {i: read for i, read in static.items() if read is not None}
         bcast = [i for i, acc in enumerate(self.k.inputs)
-                 if not acc.is_identity and not acc.permuted]
+                 if not acc.is_identity and not acc.permuted and i not in static]
         strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
         templated = len(bcast) <= 3
         if templated:
             index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
         else:
             index = {i: (f"c * st{i}" if i in bcast else "c") for i in range(len(self.k.inputs))}
+        index.update(static)
         index.update({i: f"c * st{i}" for i in strided})
         return index, bcast, strided, templated
+
+    def _static_row_read(self, acc: Access) -> str | None:
+        """``c`` or ``0`` if a broadcast read's innermost stride (1 or 0) follows from
+        static dims; None if it is known only per call."""
+        if acc.is_identity or acc.permuted or acc.window is not None or not self.rank:
+            return None
+        b, last = self.buf(acc), self.rank - 1
+        dims_map = acc.dims if acc.dims is not None else list(range(self.rank))
+        along = [bd for bd in range(len(b.dims)) if dims_map[bd] == last]
+        if not along:
+            return "0"  # no dim of the input runs along the row: one value per row
+        if along != [len(b.dims) - 1]:
+            return None
+        d = self.plan.symbols[b.dims[-1]]
+        if d.kind != "const":
+            return None
+        return "0" if d.value == 1 else "c"
 
     def flag_dispatch(self, fn: str, call_args: str, bcast: list[int]) -> list[str]:
         """A switch calling the instance of template ``fn`` for this call's broadcasts."""
@@ -182,7 +210,7 @@ class KernelEmitter(StitchEmitter):
         """Row-wise version: ``{k}_rows`` over rows [begin, end), columns [c0, c1)
         (the host's broadcast version takes whole rows; a GEMM epilogue, a block)."""
         r = self.rank
-        k = self.k.name
+        k = self.fn
         index, bcast, strided, templated = self.inner_index()
         flags = [f"B{i}" for i in bcast]
         head = (f"template <{', '.join(f'bool {f}' for f in flags)}>\n" if templated and flags
@@ -235,7 +263,7 @@ class KernelEmitter(StitchEmitter):
                 lines += ["  " + x for x in self._loop(seg_index, "c", seg)]
                 lines.append("    }")
         lines += ["  }", "}", ""]
-        lines.append(f"DISC_CLONES static void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
+        lines.append(f"DISC_CLONES DISC_ENTRY void {k}_bcast(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
         lines += self._rows_call("a", "begin", "end", "0", f"a.dims[{r - 1}]")
         lines.append("}")
@@ -250,16 +278,16 @@ class KernelEmitter(StitchEmitter):
 
     def _rows_call(self, a: str, begin: str, end: str, c0: str, c1: str) -> list[str]:
         """Lines calling a loop kernel's ``{k}_rows``."""
-        return self._flag_call(f"{self.k.name}_rows", f"{a}, {begin}, {end}, {c0}, {c1}")
+        return self._flag_call(f"{self.fn}_rows", f"{a}, {begin}, {end}, {c0}, {c1}")
 
     @property
     def epilogue_struct(self) -> str:
-        return f"{self.k.name.capitalize()}Epilogue"
+        return f"{self.fn.capitalize()}Epilogue"
 
     def epilogue(self) -> str:
         """The kernel as a GEMM epilogue: rows [i0, i1), columns [j0, j1) of product
         q of C, which are rows q * m + i of this kernel (C's shape is its own)."""
-        k, e = self.k.name, self.epilogue_struct
+        k, e = self.fn, self.epilogue_struct
         lines = [
             f"// {k} as the epilogue of the GEMM writing its input: one block of C.",
             f"struct {e} {{",
@@ -268,7 +296,7 @@ class KernelEmitter(StitchEmitter):
             "  int64_t t;  // rows of this kernel per row of C (1 unless it reads a view)",
             "};",
             "",
-            f"DISC_CLONES static void {k}_epilogue(void* p, int64_t q, int64_t i0, int64_t i1,",
+            f"DISC_CLONES DISC_ENTRY void {k}_epilogue(void* p, int64_t q, int64_t i0, int64_t i1,",
             "                                     int64_t j0, int64_t j1) {",
             f"  const {e}& e = *static_cast<const {e}*>(p);",
             f"  const {self.args}& a = *e.args;",
@@ -376,7 +404,7 @@ class KernelEmitter(StitchEmitter):
             lines.append(f"    const int64_t rows = {rows};")
             lines.append("    if (rows > 0) {")
             lines.append(f"      ral->parallel_for(ral, rows, {cost}.0 * k.dims[{r - 1}] + 1.0,"
-                         f" {k.name}_rows, &k);")
+                         f" {self.fn}_rows, &k);")
             lines += ["    }", "  }"]
             return lines
         if k.kind == "reduce":
@@ -385,15 +413,15 @@ class KernelEmitter(StitchEmitter):
         if k.needs_broadcast_version and r:
             cond = " && ".join(flat_conds)
             lines.append(f"      if ({cond}) {{  // no input is broadcast in this call")
-            lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+            lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {self.fn}_flat, &k);")
             lines.append("      } else {")
             lines.append(
                 f"        ral->parallel_for(ral, k.n / k.dims[{r - 1}], {cost}.0 * k.dims[{r - 1}],"
-                f" {k.name}_bcast, &k);"
+                f" {self.fn}_bcast, &k);"
             )
             lines.append("      }")
         else:
-            lines.append(f"      ral->parallel_for(ral, k.n, {cost}, {k.name}_flat, &k);")
+            lines.append(f"      ral->parallel_for(ral, k.n, {cost}, {self.fn}_flat, &k);")
         lines += ["    }", "  }"]
         return lines
 

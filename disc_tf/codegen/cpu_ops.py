@@ -47,6 +47,9 @@ PRELUDE = r"""
 // Kernels are built for AVX-512, AVX2 and baseline x86-64; the loader picks
 // the best the CPU has (GCC function multi-versioning).
 #define DISC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// A kernel's entry points: called from the host runner's translation unit, not
+// exported from the shared object.
+#define DISC_ENTRY __attribute__((visibility("hidden")))
 static inline float disc_round_f16(float x) { return (float)(_Float16)x; }
 // bfloat16 storage: the high half of a float, rounded to nearest even (as TF does).
 struct disc_bf16 {

@@ -84,7 +84,7 @@ def fold_reduce(em: KernelEmitter, kept: list[int]) -> str:
     lines = [
         f"// {what}: reduce dims {k.reduce_dims} by {op.attrs['combiner']}; runs along dim"
         f" {inner}, eight lanes, blocks of DISC_REDUCE_BLOCK combined pairwise.",
-        f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
+        f"DISC_CLONES DISC_ENTRY void {em.fn}_reduce(void* p, int64_t begin, int64_t end) {{",
         f"  const {em.args}& a = *static_cast<const {em.args}*>(p);",
         f"  const auto comb = {combiner_lambda(op.attrs['combiner'], acc_elem)};",
         f"  const int64_t run = a.dims[{inner}];  // the innermost reduced dim",
@@ -167,7 +167,7 @@ def fold_reduce(em: KernelEmitter, kept: list[int]) -> str:
         "}",
         "",
         "// The parts of each output, combined pairwise (the host runs this once a call).",
-        f"static void {k.name}_combine(const {em.args}& a, int64_t outputs) {{",
+        f"DISC_ENTRY void {em.fn}_combine(const {em.args}& a, int64_t outputs) {{",
         f"  const auto comb = {combiner_lambda(op.attrs['combiner'], acc_elem)};",
         "  for (int64_t o = 0; o < outputs; ++o) {",
         f"    disc_cascade<{at}> parts;",
@@ -202,7 +202,7 @@ def arg_reduce(em: KernelEmitter, kept: list[int]) -> str:
     better = ">" if op.attrs["direction"] == "max" else "<"
     return "\n".join([
         f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
-        f"DISC_CLONES static void {k.name}_reduce(void* p, int64_t begin, int64_t end) {{",
+        f"DISC_CLONES DISC_ENTRY void {em.fn}_reduce(void* p, int64_t begin, int64_t end) {{",
         f"  const {em.args}& a = *static_cast<const {em.args}*>(p);",
         "  for (int64_t o = begin; o < end; ++o) {",
         *_kept_bases(em, kept, 1),
@@ -250,7 +250,7 @@ def column_reduce(em: KernelEmitter, kept: list[int]) -> str:
     lines = [
         f"// {comment(', '.join(k.tf_ops))}: reduce dims {k.reduce_dims} by "
         f"{op.attrs['combiner']}, {COLUMN_BLOCK} contiguous columns a task.",
-        f"DISC_CLONES static void {k.name}_columns(void* p, int64_t begin, int64_t end) {{",
+        f"DISC_CLONES DISC_ENTRY void {em.fn}_columns(void* p, int64_t begin, int64_t end) {{",
         f"  const {em.args}& a = *static_cast<const {em.args}*>(p);",
         f"  const auto comb = {combiner_lambda(op.attrs['combiner'], acc_elem)};",
         f"  const int64_t cols = a.dims[{r - 1}];",
@@ -362,7 +362,7 @@ def reduce_launch(em: KernelEmitter, cost: int) -> list[str]:
     if k.ops[-1].op == "arg_reduce":
         return lines + [
             "    if (outputs > 0) {",
-            f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0, {k.name}_reduce, &k);",
+            f"      ral->parallel_for(ral, outputs, {cost}.0 * k.reduced + 1.0, {em.fn}_reduce, &k);",
             "    }", "  }"]
     at = COMPUTE[accumulator_elem(k.ops[-1].elem, k.ops[-1].attrs["combiner"])]
     r = em.rank
@@ -372,12 +372,12 @@ def reduce_launch(em: KernelEmitter, cost: int) -> list[str]:
             f"    const bool columns = k.dims[{r - 1}] >= 8 && {contiguous};",
             f"    const int64_t units = columns ? outputs / k.dims[{r - 1}] * "
             f"((k.dims[{r - 1}] + {COLUMN_BLOCK - 1}) / {COLUMN_BLOCK}) : outputs;",
-            f"    const disc_range_fn fold = columns ? {k.name}_columns : {k.name}_reduce;",
+            f"    const disc_range_fn fold = columns ? {em.fn}_columns : {em.fn}_reduce;",
             f"    const double unit_cost = {cost}.0 * (columns ? {COLUMN_BLOCK} : 1);",
         ]
     else:
         lines += ["    const int64_t units = outputs;",
-                  f"    const disc_range_fn fold = {k.name}_reduce;",
+                  f"    const disc_range_fn fold = {em.fn}_reduce;",
                   f"    const double unit_cost = {cost}.0;"]
     return lines + [
         "    k.parts = disc_reduce_parts(units, k.reduced);",
@@ -387,7 +387,7 @@ def reduce_launch(em: KernelEmitter, cost: int) -> list[str]:
         "      if (!k.partials) return 1;",
         "      ral->parallel_for(ral, units * k.parts, unit_cost * (k.reduced / k.parts) + 1.0,"
         " fold, &k);",
-        f"      {k.name}_combine(k, outputs);",
+        f"      {em.fn}_combine(k, outputs);",
         "      ral->free_temp(ral, k.partials);",
         "    } else if (outputs > 0) {",
         "      ral->parallel_for(ral, units, unit_cost * k.reduced + 1.0, fold, &k);",

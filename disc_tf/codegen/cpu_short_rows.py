@@ -33,15 +33,15 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
     inlined into each: only the tile loads depend on how inputs are read, so every
     read that is not contiguous goes through its run-time stride (compile time)."""
     k, r = em.k, em.rank
-    _, bcast, strided, _ = em.inner_index()
-    index = {i: (f"c * st{i}" if i in bcast or i in strided else "c")
+    row_index, bcast, strided, _ = em.inner_index()
+    index = {i: (f"c * st{i}" if i in bcast or i in strided else row_index[i])
              for i in range(len(k.inputs))}
     # Row values are one per lane (arrays); per-element values are lane scalars.
     var = {op.value: f"v{n}" for n, op in enumerate(k.ops)}
     names = {v: (f"{name}[l]" if v in ready else name) for v, name in var.items()}
     lines = [
         "// Eight rows shorter than a vector: lane l holds row row0 + l.",
-        f"DISC_CLONES static void {k.name}_rows8(const {em.args}& a, int64_t row0) {{",
+        f"DISC_CLONES static void {em.fn}_rows8(const {em.args}& a, int64_t row0) {{",
         f"  const int64_t cols = a.dims[{r - 1}];",
     ]
     n_in = len(k.inputs)

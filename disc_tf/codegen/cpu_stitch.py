@@ -164,7 +164,7 @@ class StitchEmitter:
         lines = [
             "// One row. Identity reads are contiguous; flag Bi: broadcast input i runs",
             "// along the row (else it is one value per row).",
-            f"{head}static inline __attribute__((always_inline)) void {k.name}_row("
+            f"{head}static inline __attribute__((always_inline)) void {self.fn}_row("
             f"const {self.args}& a, int64_t row) {{",
             f"  const int64_t cols = a.dims[{r - 1}];",
         ]
@@ -326,17 +326,17 @@ class StitchEmitter:
         if short:
             lines.append(short_rows(self, ready, closure))
             lines.append("")
-        lines.append(f"{head}static inline __attribute__((always_inline)) void {k.name}_row_range("
+        lines.append(f"{head}static inline __attribute__((always_inline)) void {self.fn}_row_range("
                      f"const {self.args}& a, int64_t begin, int64_t end) {{")
         lines.append("  int64_t row = begin;")
         if short:
             lines.append(f"  if (a.dims[{r - 1}] < {SHORT_ROW})  // short rows: eight at a time, "
                          "one per lane")
-            lines.append(f"    for (; row + 8 <= end; row += 8) {k.name}_rows8(a, row);")
-        lines.append(f"  for (; row < end; ++row) {k.name}_row{tmpl}(a, row);")
+            lines.append(f"    for (; row + 8 <= end; row += 8) {self.fn}_rows8(a, row);")
+        lines.append(f"  for (; row < end; ++row) {self.fn}_row{tmpl}(a, row);")
         lines.append("}")
         lines.append("")
-        lines.append(f"DISC_CLONES static void {k.name}_rows(void* p, int64_t begin, int64_t end) {{")
+        lines.append(f"DISC_CLONES DISC_ENTRY void {self.fn}_rows(void* p, int64_t begin, int64_t end) {{")
         lines.append(f"  const {self.args}& a = *static_cast<const {self.args}*>(p);")
         lines += self._row_range_call("a", "begin", "end")
         lines.append("}")
@@ -344,7 +344,7 @@ class StitchEmitter:
 
     def _row_range_call(self, a: str, begin: str, end: str) -> list[str]:
         """Lines calling a stitch kernel's ``{k}_row_range``."""
-        return self._flag_call(f"{self.k.name}_row_range", f"{a}, {begin}, {end}")
+        return self._flag_call(f"{self.fn}_row_range", f"{a}, {begin}, {end}")
 
     def _row_cache(self, passes: int, ready: dict, closure, full_outs: list) -> tuple | None:
         """The value the last reduction pass keeps in the output row for the final pass.

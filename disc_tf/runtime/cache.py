@@ -2,7 +2,9 @@
 size-capped.
 
 Layout: ``<DISC_TF_CACHE_DIR>/<key[:2]>/<key>.so`` plus ``<key>.json`` (the
-artifact's metadata: its size, sha256 and an HMAC). Writes go to a temp file and
+artifact's metadata: its size, sha256 and an HMAC); kernel objects, which
+artifacts are linked from (``cpu_build.py``), are ``<key>.o`` plus ``<key>.json``
+under the same rules. Writes go to a temp file and
 are renamed into place; a lock file per key makes concurrent processes build a
 cluster once. Directories are 0700 and files 0600.
 
@@ -177,9 +179,14 @@ def _shard(key: str, create: bool = True) -> pathlib.Path:
     return d
 
 
-def _paths(key: str, create: bool = True) -> tuple[pathlib.Path, pathlib.Path]:
+#: File suffixes of the two kinds of entries: artifacts and kernel objects.
+ARTIFACT, OBJECT = ".so", ".o"
+
+
+def _paths(key: str, create: bool = True,
+           suffix: str = ARTIFACT) -> tuple[pathlib.Path, pathlib.Path]:
     d = _shard(key, create)
-    return d / f"{key}.so", d / f"{key}.json"
+    return d / f"{key}{suffix}", d / f"{key}.json"
 
 
 def _remove(*paths: pathlib.Path) -> None:
@@ -210,15 +217,16 @@ def _check(key: str, data: bytes, raw_meta: str) -> tuple[dict | None, str | Non
     return info, None
 
 
-def lookup(key: str, repair: bool = True) -> tuple[bytes, dict] | None:
-    """The cached (artifact bytes, metadata) of ``key``, or None.
+def lookup(key: str, repair: bool = True, suffix: str = ARTIFACT) -> tuple[bytes, dict] | None:
+    """The cached (artifact bytes, metadata) of ``key``, or None; ``suffix=OBJECT``
+    looks up a kernel object.
 
     With ``repair`` (call under ``key_lock(key)``), a corrupt entry is logged
     (once per process), deleted and reported as a miss. Without it, nothing is
     written or deleted (no lock needed; a read-only cache is read this way): a
     corrupt entry, or one being replaced while read, is just a miss.
     """
-    so, meta = _paths(key, create=False)
+    so, meta = _paths(key, create=False, suffix=suffix)
     try:
         data = so.read_bytes()
         raw_meta = meta.read_text(errors="replace")
@@ -259,13 +267,14 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
         raise
 
 
-def store(key: str, data: bytes, info: dict) -> None:
-    """Stores an artifact and its metadata (with the entry's HMAC) under ``key``,
-    then evicts down to the cap. ``info`` holds ``sha256`` and ``num_kernels``.
+def store(key: str, data: bytes, info: dict, suffix: str = ARTIFACT) -> None:
+    """Stores an artifact (or with ``suffix=OBJECT`` a kernel object) and its
+    metadata (with the entry's HMAC) under ``key``, then evicts down to the cap.
+    ``info`` holds ``sha256`` and ``num_kernels``.
 
     Call under ``key_lock(key)``. Raises OSError (e.g. ENOSPC) if it cannot store.
     """
-    so, meta = _paths(key)
+    so, meta = _paths(key, suffix=suffix)
     mac = entry_mac(key, info["sha256"], info["num_kernels"])
     _atomic_write(so, data)
     _atomic_write(meta, json.dumps({**info, "size": len(data), "hmac": mac}, indent=1).encode())
@@ -275,29 +284,36 @@ def store(key: str, data: bytes, info: dict) -> None:
         log.warning("artifact cache eviction failed: %s", e)
 
 
-def entries() -> list[tuple[str, int, float]]:
-    """(key, bytes of .so + .json, mtime of the .so) of every complete entry."""
+def _all_entries(suffixes: tuple[str, ...] = (ARTIFACT, OBJECT)) -> list[tuple[str, str, int, float]]:
+    """(key, suffix, bytes of the file + .json, mtime of the file) of every complete entry."""
     out = []
     root = cache_dir()
     for shard in root.iterdir():
         if not _SHARD_RE.match(shard.name) or not shard.is_dir():
             continue
-        for so in shard.glob("*.so"):
-            key = so.stem
-            if not _KEY_RE.match(key):
-                continue
-            try:
-                st = so.stat()
-                size = st.st_size + (shard / f"{key}.json").stat().st_size
-            except FileNotFoundError:
-                continue
-            out.append((key, size, st.st_mtime))
+        for suffix in suffixes:
+            for path in shard.glob(f"*{suffix}"):
+                key = path.name[:-len(suffix)]
+                if not _KEY_RE.match(key):
+                    continue
+                try:
+                    st = path.stat()
+                    size = st.st_size + (shard / f"{key}.json").stat().st_size
+                except FileNotFoundError:
+                    continue
+                out.append((key, suffix, size, st.st_mtime))
     return out
 
 
+def entries(suffix: str = ARTIFACT) -> list[tuple[str, int, float]]:
+    """(key, bytes of the file + .json, mtime of the file) of every complete artifact
+    entry (or kernel object entry, with ``suffix=OBJECT``)."""
+    return [(key, size, mtime) for key, _, size, mtime in _all_entries((suffix,))]
+
+
 def total_bytes() -> int:
-    """Bytes held by complete cache entries."""
-    return sum(size for _, size, _ in entries())
+    """Bytes held by complete cache entries, artifacts and kernel objects."""
+    return sum(size for _, _, size, _ in _all_entries())
 
 
 @contextlib.contextmanager
@@ -348,9 +364,9 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
         if not locked:
             return evicted
         _remove_stale_temps(root)
-        found = entries()
-        total = sum(size for _, size, _ in found)
-        for key, size, _ in sorted(found, key=lambda e: e[2]):
+        found = _all_entries()
+        total = sum(size for _, _, size, _ in found)
+        for key, suffix, size, _ in sorted(found, key=lambda e: e[3]):
             if total <= limit:
                 break
             if key == keep:
@@ -358,7 +374,7 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
             with _try_key_lock(key) as locked:
                 if not locked:
                     continue
-                _remove(*_paths(key))
+                _remove(*_paths(key, suffix=suffix))
             total -= size
             evicted.append(key)
     if evicted:

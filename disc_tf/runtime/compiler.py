@@ -25,7 +25,7 @@ from disc_tf.errors import CompileError
 from disc_tf.runtime import cache, elf_check, native
 
 __all__ = ["Artifact", "CompileError", "build", "cache_key", "cached_build", "compile_timeout",
-           "compiler_version", "cxx"]
+           "compiler_version", "cxx", "resolve", "run", "run_for_output"]
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -51,6 +51,9 @@ class Artifact:
     cache_key: str
     from_cache: bool
     compile_seconds: float
+    #: kernel units (CPU) this build compiled, and took from the kernel cache
+    units_compiled: int = 0
+    units_cached: int = 0
 
 
 def cxx() -> str:
@@ -74,7 +77,8 @@ def compile_timeout() -> float:
     return value
 
 
-def _resolve(compiler: str) -> str:
+def resolve(compiler: str) -> str:
+    """The path of ``compiler``; CompileError if it is not installed."""
     path = shutil.which(compiler)
     if path is None:
         where = "$DISC_TF_CXX" if os.environ.get("DISC_TF_CXX", "").strip() else "PATH"
@@ -85,7 +89,7 @@ def _resolve(compiler: str) -> str:
     return path
 
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Runs ``cmd``; on timeout kills its whole process group (the driver's
     cc1plus/ld children too) and raises CompileError."""
     try:
@@ -116,7 +120,7 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 @functools.cache
 def _compiler_version(path: str) -> str:
-    proc = _run([path, "--version"], min(compile_timeout(), 60.0))
+    proc = run([path, "--version"], min(compile_timeout(), 60.0))
     lines = proc.stdout.splitlines()
     if proc.returncode != 0 or not lines:
         raise CompileError(f"{path} --version failed (exit {proc.returncode}): "
@@ -126,7 +130,7 @@ def _compiler_version(path: str) -> str:
 
 def compiler_version() -> str:
     """First line of ``<compiler> --version`` (part of every cache key)."""
-    return _compiler_version(_resolve(cxx()))
+    return _compiler_version(resolve(cxx()))
 
 
 def cache_key(source: str, target: str = "cpu") -> str:
@@ -143,24 +147,30 @@ def cache_key(source: str, target: str = "cpu") -> str:
 
 
 def _run_compiler(source: str, name: str) -> bytes:
-    compiler = _resolve(cxx())
+    compiler = resolve(cxx())
     with tempfile.TemporaryDirectory(prefix="disc_tf_build_") as tmp:
         src = pathlib.Path(tmp) / f"{name}.cc"
         out = pathlib.Path(tmp) / f"{name}.so"
         src.write_text(source)
         cmd = [compiler, *CXX_FLAGS, f"-I{native.ral_include_dir()}", str(src), "-o", str(out),
                *LINK_FLAGS]
-        proc = _run(cmd, compile_timeout())
-        if proc.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-4000:]}")
-        try:
-            data = out.read_bytes()
-        except OSError as e:
-            raise CompileError(f"{' '.join(cmd)} wrote no shared object: {e}") from e
-        if not data:
-            raise CompileError(f"{' '.join(cmd)} wrote an empty shared object")
-        return data
+        return run_for_output(cmd, out, "shared object")
+
+
+def run_for_output(cmd: list[str], out: pathlib.Path, what: str) -> bytes:
+    """Runs compiler command ``cmd`` (within the compile timeout) and returns the bytes
+    it wrote to ``out``; CompileError if it fails or writes nothing."""
+    proc = run(cmd, compile_timeout())
+    if proc.returncode != 0:
+        raise CompileError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-4000:]}")
+    try:
+        data = out.read_bytes()
+    except OSError as e:
+        raise CompileError(f"{' '.join(cmd)} wrote no {what}: {e}") from e
+    if not data:
+        raise CompileError(f"{' '.join(cmd)} wrote an empty {what}")
+    return data
 
 
 def build(source: str, name: str, num_kernels: int, target: str = "cpu") -> Artifact:

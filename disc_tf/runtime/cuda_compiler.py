@@ -72,7 +72,7 @@ def nvcc() -> str:
 
 @functools.cache
 def _nvcc_version(path: str) -> str:
-    proc = compiler._run([path, "--version"], min(compiler.compile_timeout(), 60.0))
+    proc = compiler.run([path, "--version"], min(compiler.compile_timeout(), 60.0))
     lines = [x for x in proc.stdout.splitlines() if x.strip()]
     if proc.returncode != 0 or not lines:
         raise CompileError(f"{path} --version failed (exit {proc.returncode})")
@@ -118,7 +118,7 @@ def compile_fatbin(device_source: str, tmp: pathlib.Path) -> pathlib.Path:
     src, out = tmp / "kernels.cu", tmp / "kernels.fatbin"
     src.write_text(device_source)
     cmd = [nvcc(), *NVCC_FLAGS, *gencode_flags(), str(src), "-o", str(out)]
-    _check(compiler._run(cmd, compiler.compile_timeout()), cmd, "compiling device code")
+    _check(compiler.run(cmd, compiler.compile_timeout()), cmd, "compiling device code")
     if not out.is_file() or out.stat().st_size == 0:
         raise CompileError(f"{' '.join(cmd)} wrote no fatbin")
     return out
@@ -139,7 +139,7 @@ def _run_compilers(sources: Sources, name: str) -> bytes:
         out = tmp / f"{name}.so"
         cmd = [cxx, *HOST_FLAGS, f"-I{include}", f"-I{cuda_include}", str(tmp / f"{name}.cc"),
                str(tmp / "embed.S"), "-o", str(out)]
-        proc = compiler._run(cmd, compiler.compile_timeout())
+        proc = compiler.run(cmd, compiler.compile_timeout())
         _check(proc, cmd, "compiling the host runner")
         data = out.read_bytes() if out.is_file() else b""
         if not data:

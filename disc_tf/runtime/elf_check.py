@@ -22,7 +22,7 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
-_PT_LOAD, _ET_DYN, _SHT_DYNSYM = 1, 3, 11
+_PT_LOAD, _ET_REL, _ET_DYN, _SHT_DYNSYM = 1, 1, 3, 11
 
 
 def exported_functions(data: bytes) -> set[str]:
@@ -78,3 +78,21 @@ def artifact_problem(data: bytes, target: str) -> str | None:
         return str(e)
     missing = [s for s in REQUIRED_SYMBOLS.get(target, REQUIRED_SYMBOLS["cpu"]) if s not in exported]
     return f"does not export {', '.join(missing)}" if missing else None
+
+
+def object_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a relocatable 64-bit ELF object (a kernel unit's compiled
+    code, linked into an artifact) whose sections lie inside it; None if it is."""
+    size = len(data)
+    if size < _EHDR.size or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return "not a 64-bit little-endian ELF file"
+    (_, e_type, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = _EHDR.unpack_from(data)
+    if e_type != _ET_REL:
+        return "not a relocatable object"
+    if shnum == 0 or shentsize != _SHDR.size or not 0 <= shoff <= size - shnum * _SHDR.size:
+        return "section headers are missing or lie outside the file"
+    for i in range(shnum):
+        _, sh_type, _, _, offset, length, _, _, _, _ = _SHDR.unpack_from(data, shoff + i * _SHDR.size)
+        if sh_type != 8 and not (0 <= offset <= size and length <= size - offset):
+            return "a section lies outside the file (truncated?)"
+    return None

@@ -77,12 +77,21 @@ def _results() -> dict:
                     "date": "today"},
         "config": {"count": 48, "seed": 0, "quick": False},
         "results": {"bert_base": records},
-        "compile_time": {"model": "m", "cores": 2, "cold": {"status": "error: x"},
-                         "cached": {"status": "ok", "optimize_s": 0.3, "clusters": [
-                             {"name": "c0", "ops": 60, "kernels": 17, "distinct_kernels": 9,
-                              "source_bytes": 40960, "from_cache": True, "front_end_s": 0.2,
-                              "cxx_compile_s": 0.0, "cluster_build_s": 0.2, "error": None}]}},
+        "compile_time": {"cores": 2, "isa": "AVX2", "models": {
+            "m": {"status": "ok", "description": "d", "break_even": 0.5,
+                  "cold": {"status": "ok", "optimize_s": 2.0, "clusters": [_cluster(False, 4, 0)]},
+                  "kernel_warm": {"status": "ok", "optimize_s": 0.9,
+                                  "clusters": [_cluster(False, 0, 4)]},
+                  "cached": {"status": "ok", "optimize_s": 0.3, "clusters": [_cluster(True, 0, 0)]},
+                  "xla": {"status": "ok", "compile_s": [3.9, 4.1], "call_s": [0.1, 0.1]}},
+            "n": {"status": "ok", "cold": {"status": "error: x"}, "xla": {"status": "ok"}}}},
     }
+
+
+def _cluster(from_cache: bool, compiled: int, cached: int) -> dict:
+    return {"name": "c0", "ops": 60, "kernels": 17, "distinct_kernels": 9, "source_bytes": 40960,
+            "from_cache": from_cache, "front_end_s": 0.2, "cxx_compile_s": 0.0 if from_cache else 1.5,
+            "units_compiled": compiled, "units_cached": cached, "error": None}
 
 
 def test_report_tables_targets_and_fallbacks() -> None:
@@ -93,9 +102,9 @@ def test_report_tables_targets_and_fallbacks() -> None:
     assert "cluster disc_cluster_1 left as TF ops: boom" in text
     assert "| ort | not installed |" in text
     assert "![speedups over TF](plot.png)" in text
-    assert "| cached | c0 | 60 | 17 (9) | 40 | True | 0.20 | 0.00 | 0.30 |" in text
-    assert "| cold | error: x |" in text
-    assert "BERT layer compile time: cold error: x, cached ok." in text
+    assert "| m | cached | 17 (9) | 0 / 0 | 40 | 0.20 | 0.00 | 0.30 |" in text
+    assert "| n | cold | error: x | | | | | |" in text
+    assert "m (2 cores, AVX2): optimize cold 2.0 s = 0.50 XLA shape compiles" in text
 
 
 def test_report_shows_peak_activation_memory() -> None:
@@ -169,13 +178,10 @@ def test_measure_memory_flag_sets_the_bfc_allocator(monkeypatch: pytest.MonkeyPa
 
 
 def test_compile_time_target_line() -> None:
-    record = {"cores": 2, "cold": {"status": "ok", "clusters": [
-        {"cluster_build_s": 2.5, "cxx_compile_s": 2.3, "from_cache": False}]},
-        "cached": {"status": "ok", "clusters": [
-            {"cluster_build_s": 0.1, "cxx_compile_s": 0.0, "from_cache": True}]}}
-    line = compile_time.target_line(record)
-    assert "cold build 2.50 s (target <= 10 s: ok)" in line
-    assert "0.00 s of C++ compile (target 0 s: ok)" in line
+    line = compile_time.target_line(_results()["compile_time"])
+    assert "= 0.50 XLA shape compiles (target <= 5: ok)" in line
+    assert "with the kernels of a sibling cached 0.9 s (target <= 3 s: ok)" in line
+    assert "n compile time: ok {'cold': 'error: x', 'xla': 'ok'}." in line
 
 
 def test_plot_writes_png(tmp_path: pathlib.Path) -> None:
@@ -198,10 +204,12 @@ def test_progress_bar_logs_phase_changes_only_off_a_terminal() -> None:
     assert lines[-1].startswith("[1/2] w/tf: ok")
 
 
-def test_compile_time_summary_lists_both_runs() -> None:
+def test_compile_time_summary_lists_every_run_and_xla() -> None:
     lines = compile_time.summary(_results()["compile_time"])
-    assert any(line.startswith("| cold |") for line in lines)
-    assert "| cached | c0 | 60 | 17 (9) | 40 | True | 0.20 | 0.00 | 0.30 |" in lines
+    assert "| m | cold | 17 (9) | 4 / 0 | 40 | 0.20 | 1.50 | 2.00 |" in lines
+    assert "| m | kernel_warm | 17 (9) | 0 / 4 | 40 | 0.20 | 1.50 | 0.90 |" in lines
+    assert "| m | 3.90, 4.10 | 2.00 | 0.50 |" in lines
+    assert "| n | ok | | |" in lines
 
 
 def test_cli_bench_subcommand_shows_bench_options(capsys: pytest.CaptureFixture[str]) -> None:

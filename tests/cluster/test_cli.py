@@ -135,14 +135,16 @@ def test_optimize_reports_each_cluster_and_output_matches(saved_model, tmp_path)
     lines = [ln for ln in proc.stdout.splitlines() if "  disc_cluster_" in ln]
     for ln in lines:
         assert re.search(r"^__inference_\w+  disc_cluster_\d+  \d+ ops  front end \d+\.\d\ds, "
-                         r"(C\+\+ \d+\.\d\ds|cache), \d+ KiB, \d+ kernels \(\d+ distinct\)$",
+                         r"(C\+\+ \d+\.\d\ds \(\d+ units compiled, \d+ cached\)|cache), \d+ KiB, "
+                         r"\d+ kernels \(\d+ distinct\)$",
                          ln), ln
     assert sum(ln.startswith("__inference_f_") for ln in lines) == 2, proc.stdout
     n = len(lines)
     assert re.search(rf"^{n} of {n} clusters compiled, [\d.]+% of serving compute ops ",
                      proc.stdout, re.M), proc.stdout
     assert re.search(r"^compile profile: front end \d+\.\d\ds, C\+\+ \d+\.\d\ds \(\d+ of "
-                     rf"{n} clusters from the cache\), \d+ KiB of code, \d+ kernels", proc.stdout,
+                     rf"{n} clusters from the cache(; kernel units: \d+ compiled, \d+ from the "
+                     r"kernel cache)?\), \d+ KiB of code, \d+ kernels", proc.stdout,
                      re.M), proc.stdout
     assert f"[1/{n}] compiling disc_cluster_" in proc.stderr
     assert f"[{n}/{n}] compiling disc_cluster_" in proc.stderr

@@ -14,21 +14,29 @@ def _source(fn, *specs) -> str:
     return pipeline.front_end(cluster_of(fn, *specs)).source
 
 
+def _unit(src: str, kind: str) -> str:
+    """The content name of the (only) kernel unit of ``kind`` in ``src``."""
+    (name,) = set(re.findall(rf"\b{kind}_[0-9a-f]{{10}}\b", src))
+    return name
+
+
 def test_source_names_tf_ops_buffers_and_checks_inputs():
     src = _source(lambda x, b: tf.nn.relu(x + b) * 2.0, dyn(2), dyn(1))
     assert "// TF ops: add, Relu, mul" in src
-    assert re.search(r"static void kernel0_flat", src)
-    assert "kernel0_bcast" in src  # b may broadcast: speculated version chosen per call
+    k = _unit(src, "loop")
+    assert f"DISC_ENTRY void {k}_flat" in src
+    assert f"{k}_bcast" in src  # b may broadcast: speculated version chosen per call
     assert "Incompatible shapes" in src
     assert "expected rank 2 f32" in src and "expected rank 1 f32" in src
     assert 'extern "C" int32_t disc_entry(disc_ral* ral)' in src
-    assert src.count("#include") == 4  # only the C library and disc_ral.h
+    assert src.count("#include") == 8  # kernels and host runner: the C library and disc_ral.h
     assert "tensorflow" not in src.lower().replace("tensorflow's", "")
 
 
 def test_no_broadcast_version_when_shapes_are_proven_equal():
     src = _source(lambda x: tf.exp(x) * x, dyn(4))
-    assert "kernel0_flat" in src and "kernel0_bcast" not in src
+    k = _unit(src, "loop")
+    assert f"{k}_flat" in src and f"{k}_bcast" not in src
 
 
 def test_f16_rounds_after_every_op():
@@ -43,7 +51,8 @@ def test_small_constant_powers_are_multiplies():
 
 def test_softmax_keeps_exp_for_the_final_pass():
     src = _source(lambda x: tf.nn.softmax(x * 0.5, axis=-1), dyn(3))
-    row = src[src.index("kernel0_row("):src.index("kernel0_rows8")]
+    k = _unit(src, "stitch")
+    row = src[src.index(f"{k}_row("):src.index(f"{k}_rows8")]
     assert row.count("expf(") == 2  # the 8-lane loop and its tail; not the final pass
     assert "kept for the final pass" in row
     assert "r0[c]" in row and "st0" not in row  # contiguous rows, no stride
@@ -52,8 +61,9 @@ def test_softmax_keeps_exp_for_the_final_pass():
 def test_stitch_kernel_chooses_short_row_version_per_call():
     """Rows shorter than a vector run eight at a time, one per lane, from tiles."""
     src = _source(lambda x: tf.nn.softmax(x), dyn(2))
-    assert "kernel0_rows8" in src
-    assert re.search(r"if \(a\.dims\[1\] < 8\).*\n.*kernel0_rows8", src)
+    k = _unit(src, "stitch")
+    assert f"{k}_rows8" in src
+    assert re.search(rf"if \(a\.dims\[1\] < 8\).*\n.*{k}_rows8", src)
     assert "t0[c][l]" in src  # the input tile, read across lanes
 
 
@@ -66,4 +76,5 @@ def test_concatenation_read_in_place_by_a_loop_kernel():
 
 def test_no_short_row_version_for_rows_proven_long():
     src = _source(lambda x: tf.nn.softmax(x), tf.TensorSpec([None, 64], tf.float32))
-    assert "kernel0_rows8" not in src and "kernel0_row(" in src
+    k = _unit(src, "stitch")
+    assert f"{k}_rows8" not in src and f"{k}_row(" in src

@@ -20,11 +20,15 @@ def test_dump_dir_has_every_stage(tmp_path, monkeypatch):
     x, b = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)
     np.testing.assert_allclose(jitted(x, b), f(x, b), rtol=1e-6)  # what was dumped runs
     (cluster_dir,) = list(tmp_path.iterdir())
-    files = {p.name: p.read_text() for p in cluster_dir.iterdir()}
+    files = {p.name: p.read_text() for p in cluster_dir.iterdir() if p.is_file()}
     assert set(files) == {"cluster.pbtxt", "dhlo.mlir", "shapes.txt", "fusion_plan.txt",
-                          "kernels.cc"}
+                          "kernels.cc", "host_runner.cc"}
+    # each kernel unit as it was compiled
+    (unit,) = (cluster_dir / "kernels").iterdir()
+    assert unit.stem in files["kernels.cc"] and unit.stem in files["host_runner.cc"]
+    assert "TF ops: add, Relu, mul" in unit.read_text()
     assert 'op: "Relu"' in files["cluster.pbtxt"]
     assert "stablehlo.dynamic_broadcast_in_dim" in files["dhlo.mlir"]
     assert "check broadcast" in files["shapes.txt"]
     assert "TF ops: add, Relu, mul" in files["fusion_plan.txt"]
-    assert "disc_entry" in files["kernels.cc"]
+    assert "disc_entry" in files["host_runner.cc"]
