@@ -31,7 +31,7 @@ if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
              signatures=None, all_functions: bool = False, strict: bool | None = None,
-             quiet: bool = False) -> str:
+             quiet: bool = False, isa=None) -> str:
     """Optimizes a SavedModel ahead of time; returns ``output_dir``.
 
     Compiles what serving runs: the functions reachable from ``signatures``
@@ -42,10 +42,14 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
     raises StrictModeError. The report (per cluster: ops, kernels, compiled or
     refused and why, compile time) is printed to stderr unless ``quiet``, stored
     in ``assets.extra/disc/report.json`` and returned by :func:`last_report`.
+    ``isa``: the x86-64 levels CPU kernels are compiled for: "portable" (default,
+    unless ``$DISC_TF_ISA`` says otherwise: AVX-512, AVX2 and baseline clones, the
+    best chosen where the model runs), "host" (this machine's alone), or a list of
+    "x86-64-v4", "x86-64-v3", "x86-64" (the fleet's).
     """
     report = _optimize_saved_model(saved_model_dir, output_dir, target=target,
                                    signatures=signatures, all_functions=all_functions,
-                                   strict=strict)
+                                   strict=strict, isa_levels=isa)
     if not quiet:
         print("\n".join(f"disc_tf.optimize: {line}" for line in report.summary().splitlines()),
               file=sys.stderr)

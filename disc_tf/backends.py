@@ -32,8 +32,8 @@ class Backend:
     plan_options: PlanOptions
     #: (plan, input names, output names) -> sources
     emit: Callable[[FusionPlan, list[str], list[str]], Sources]
-    #: (sources, cluster name, kernel count) -> artifact
-    build: Callable[[Sources, str, int], Artifact]
+    #: (sources, cluster name, kernel count, x86-64 levels of CPU kernels) -> artifact
+    build: Callable[[Sources, str, int, tuple[str, ...]], Artifact]
 
 
 BACKENDS = {

@@ -33,6 +33,7 @@ from disc_tf.cluster.graph_view import (
 )
 from disc_tf.optimizer import FALLBACK_PREFIX, BodyOptimizer, Options, carve_clusters
 from disc_tf.report import NON_COMPUTE_OPS, OUTSIDE_SCOPE, ClusterReport, OptimizeReport
+from disc_tf.runtime import isa
 from disc_tf.saved_model import optimize_saved_model, referenced_nodes
 
 log = logging.getLogger("disc_tf")
@@ -316,7 +317,8 @@ def summary_lines(report: OptimizeReport) -> list[str]:
 
 def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None,
                    out: TextIO | None = None, err: TextIO | None = None,
-                   all_functions: bool = False, strict: bool | None = None) -> int:
+                   all_functions: bool = False, strict: bool | None = None,
+                   isa_levels: str | list[str] | None = None) -> int:
     """Optimizes a SavedModel and prints what happened to every cluster, then the
     report's summary (refused clusters and nodes, the total line)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -325,11 +327,15 @@ def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None
         bodies = [b for b in iter_bodies(sm, signatures, all_functions) if b.view is not None]
     except ValueError as e:  # a signature the model lacks
         raise UsageError(str(e)) from e
+    try:
+        levels = isa.resolve(isa_levels, "portable")
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     total = sum(len(cluster_body(b)[1]) for b in bodies)
     print(f"{total} cluster(s) to compile", file=err, flush=True)
     report = optimize_saved_model(src, dst, target=target, signatures=signatures,
                                   all_functions=all_functions, strict=strict,
-                                  progress=_progress(total, err))
+                                  progress=_progress(total, err), isa_levels=levels)
     for line in summary_lines(report):
         print(line, file=out)
     print(report.summary(), file=out)
@@ -359,6 +365,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="compile every function, not only what serving runs")
     opt.add_argument("--strict", action="store_true",
                      help="fail on any cluster that does not compile")
+    opt.add_argument("--isa", default=None,
+                     help="x86-64 levels of the CPU kernels: portable (default: AVX-512, AVX2 "
+                          "and baseline clones), host, or comma-separated levels among "
+                          "x86-64-v4, x86-64-v3, x86-64"),
     ins = sub.add_parser("inspect", help="show clusters and why other ops stay out")
     ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
     ins.add_argument("--until", choices=STAGES, default="cluster",
@@ -418,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                                  lower=not args.no_lower, all_functions=args.all_functions,
                                  signatures=signatures)
         return optimize_model(args.input, args.output, args.target, signatures,
-                              all_functions=args.all_functions, strict=args.strict or None)
+                              all_functions=args.all_functions, strict=args.strict or None,
+                              isa_levels=args.isa.split(",") if args.isa and "," in args.isa
+                              else args.isa)
     except UsageError as e:
         print(f"disc-tf: error: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from tensorflow.core.framework import graph_pb2
 
 from disc_tf import strict
 from disc_tf.cluster import op_registry
-from disc_tf.runtime import native
+from disc_tf.runtime import isa, native
 
 if TYPE_CHECKING:
     from disc_tf.background import CompileQueue, Publisher
@@ -176,7 +176,7 @@ def optimize_graph(data: bytes, protected_names: list[str], mode: str,
         _rename_refs(graph_def, renames)
         protected_names = [renames.get(n, n) for n in protected_names]
     options = Options(target=resolve_target(target or _config["target"]),
-                      min_cluster_size=_MIN_CLUSTER_SIZE)
+                      min_cluster_size=_MIN_CLUSTER_SIZE, isa_levels=isa.resolve(None, "host"))
     report = OptimizeReport()
     if mode == "sync":
         opt = BodyOptimizer(graph_def.library, options, report)

@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
-from disc_tf.runtime import native
+from disc_tf.runtime import isa, native
 
 log = logging.getLogger("disc_tf")
 
@@ -78,7 +78,8 @@ def jit(fn: Callable | None = None, *, input_signature=None, min_cluster_size: i
     ``strict`` (default ``$DISC_TF_STRICT``): a cluster that fails to compile
     raises StrictModeError instead of staying as TF ops.
     """
-    options = Options(min_cluster_size=min_cluster_size, strict=strict)
+    options = Options(min_cluster_size=min_cluster_size, strict=strict,
+                      isa_levels=isa.resolve(None, "host"))
     if fn is None:
         return lambda f: JitFunction(f, input_signature, options)
     return JitFunction(fn, input_signature, options)

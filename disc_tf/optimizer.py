@@ -24,7 +24,7 @@ from disc_tf.report import (
     ClusterReport,
     OptimizeReport,
 )
-from disc_tf.runtime import native
+from disc_tf.runtime import isa, native
 
 log = logging.getLogger("disc_tf")
 
@@ -50,6 +50,9 @@ class Options:
     strict: bool | None = None
     #: called with each cluster's spec as it starts compiling (the CLI's progress lines)
     progress: Callable[[rewrite.ClusterSpec], None] | None = None
+    #: x86-64 levels the CPU kernels are compiled for (``runtime/isa.py``): every level
+    #: for an artifact that travels, the host's alone for a JIT compile
+    isa_levels: tuple[str, ...] = isa.PORTABLE
 
 
 def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozenset[str],
@@ -154,7 +157,8 @@ class BodyOptimizer:
                     raise fe
                 if self.options.progress is not None:
                     self.options.progress(spec)
-                compiled = pipeline.build_cluster(spec, fe, self.options.target)
+                compiled = pipeline.build_cluster(spec, fe, self.options.target,
+                                                  self.options.isa_levels)
                 fallback = rewrite.fallback_function(spec)
             except Exception as e:  # noqa: BLE001 - any failure keeps the original ops
                 rep.error = f"{type(e).__name__}: {e}"

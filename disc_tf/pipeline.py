@@ -21,7 +21,7 @@ from disc_tf.dhlo_bridge.lower import DhloModule, lower_cluster
 from disc_tf.fusion.dhlo_reader import read_module
 from disc_tf.fusion.plan import FusionPlan
 from disc_tf.fusion.planner import plan_fusion
-from disc_tf.runtime import compiler
+from disc_tf.runtime import compiler, isa
 from disc_tf.sources import Sources
 
 log = logging.getLogger("disc_tf")
@@ -98,14 +98,17 @@ def _dump(spec: ClusterSpec, fe: FrontEnd) -> None:
     log.info("dumped cluster %s to %s", spec.name, d)
 
 
-def compile_cluster(spec: ClusterSpec, target: str = "cpu") -> CompiledCluster:
+def compile_cluster(spec: ClusterSpec, target: str = "cpu",
+                    levels: tuple[str, ...] = isa.PORTABLE) -> CompiledCluster:
     """Runs every stage on ``spec``; the artifact comes from the cache if present."""
-    return build_cluster(spec, front_end(spec, target), target)
+    return build_cluster(spec, front_end(spec, target), target, levels)
 
 
-def build_cluster(spec: ClusterSpec, fe: FrontEnd, target: str = "cpu") -> CompiledCluster:
-    """Builds the artifact of a front end (from the cache if present), dumping the
-    stages first so that a failing compile can be inspected."""
+def build_cluster(spec: ClusterSpec, fe: FrontEnd, target: str = "cpu",
+                  levels: tuple[str, ...] = isa.PORTABLE) -> CompiledCluster:
+    """Builds the artifact of a front end (from the cache if present) with CPU kernels
+    for the x86-64 ``levels``, dumping the stages first so that a failing compile can
+    be inspected."""
     _dump(spec, fe)
-    artifact = backend(target).build(fe.sources, spec.name, fe.plan.num_kernels)
+    artifact = backend(target).build(fe.sources, spec.name, fe.plan.num_kernels, levels)
     return CompiledCluster(spec, fe.dhlo, fe.shapes, fe.plan, fe.sources, artifact)

@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from disc_tf import scope
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
-from disc_tf.runtime import native
+from disc_tf.runtime import isa, native
 from disc_tf.runtime.target import resolve_target as _resolve_target
 
 log = logging.getLogger("disc_tf")
@@ -84,7 +84,7 @@ def last_report() -> OptimizeReport | None:
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
                          signatures=None, all_functions: bool = False,
                          min_cluster_size: int = 2, strict: bool | None = None,
-                         progress=None) -> OptimizeReport:
+                         progress=None, isa_levels=None) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
 
     Compiles what serving runs: the functions and main-graph nodes reachable from
@@ -92,7 +92,9 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     ``tf.function``s), or every function with ``all_functions``.
     ``strict`` (default ``$DISC_TF_STRICT``): any cluster that fails to compile
     raises StrictModeError (and nothing is written). ``progress(spec)`` is called as
-    each cluster starts compiling."""
+    each cluster starts compiling. ``isa_levels``: the x86-64 levels CPU kernels are
+    compiled for ("portable", the default: every level; "host"; or a list:
+    ``runtime/isa.py``)."""
     global _last_report
     native.load()
     src = pathlib.Path(saved_model_dir)
@@ -102,7 +104,8 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     if isinstance(signatures, str):
         signatures = [signatures]
     options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
-                      strict=strict, progress=progress)
+                      strict=strict, progress=progress,
+                      isa_levels=isa.resolve(isa_levels, "portable"))
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((src / "saved_model.pb").read_bytes())
     report = OptimizeReport(serving_bodies={"main_graph"})

@@ -45,8 +45,11 @@ VECTOR_MATH = elementwise.vector_math_declarations()
 #: Helpers every generated source defines once.
 PRELUDE = r"""
 // Kernels are built for AVX-512, AVX2 and baseline x86-64; the loader picks
-// the best the CPU has (GCC function multi-versioning).
+// the best the CPU has (GCC function multi-versioning). A build for one level
+// (a JIT compile for its host) defines DISC_CLONES empty and passes -march.
+#ifndef DISC_CLONES
 #define DISC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 // A kernel's entry points: called from the host runner's translation unit, not
 // exported from the shared object.
 #define DISC_ENTRY __attribute__((visibility("hidden")))

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from disc_tf.errors import CompileError
-from disc_tf.runtime import cache, compiler, elf_check, native
+from disc_tf.runtime import cache, compiler, elf_check, isa, native
 from disc_tf.sources import Sources, SourceUnit
 
 log = logging.getLogger("disc_tf.runtime")
@@ -59,25 +59,31 @@ def compile_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _toolchain() -> list[bytes]:
+def unit_flags(levels: tuple[str, ...] = isa.PORTABLE) -> list[str]:
+    """Flags of kernel units built for the x86-64 ``levels`` (``runtime/isa.py``)."""
+    return COMPILE_FLAGS + isa.compile_flags(levels)
+
+
+def _toolchain(flags: list[str]) -> list[bytes]:
     """What every object depends on besides its text: RAL header, flags, compiler."""
     ral = (native.ral_include_dir() / "disc_ral.h").read_bytes()
-    return [ral, " ".join(COMPILE_FLAGS).encode(), compiler.cxx().encode(),
+    return [ral, " ".join(flags).encode(), compiler.cxx().encode(),
             compiler.compiler_version().encode()]
 
 
-def object_key(unit: SourceUnit) -> str:
-    """Cache key of a kernel unit's object file."""
+def object_key(unit: SourceUnit, levels: tuple[str, ...] = isa.PORTABLE) -> str:
+    """Cache key of a kernel unit's object file, built for ``levels``."""
     h = hashlib.sha256(b"cpu-object")
-    for part in [unit.content_key.encode(), *_toolchain()]:
+    for part in [unit.content_key.encode(), *_toolchain(unit_flags(levels))]:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 
 
-def cluster_key(sources: Sources) -> str:
+def cluster_key(sources: Sources, levels: tuple[str, ...] = isa.PORTABLE) -> str:
     """Cache key of a cluster's artifact: every unit's content key, the host runner,
-    the link flags and the toolchain."""
-    parts = [u.content_key for u in sources.units] + [sources.host, " ".join(HOST_FLAGS)]
+    the flags of both and the toolchain."""
+    parts = [u.content_key for u in sources.units] + [
+        sources.host, " ".join(HOST_FLAGS), " ".join(unit_flags(levels))]
     return compiler.cache_key("\0".join(parts), "cpu")
 
 
@@ -103,10 +109,12 @@ def _object_hit(key: str, repair: bool) -> bytes | None:
     return hit[0]
 
 
-def _cached_object(unit: SourceUnit, out_dir: pathlib.Path) -> tuple[bytes, bool]:
-    """(object of ``unit``, whether it came from the kernel cache). A miss is compiled
-    and stored under the key's lock, so processes starting together compile it once."""
-    key = object_key(unit)
+def _cached_object(unit: SourceUnit, out_dir: pathlib.Path,
+                   levels: tuple[str, ...]) -> tuple[bytes, bool]:
+    """(object of ``unit`` for ``levels``, whether it came from the kernel cache). A
+    miss is compiled and stored under the key's lock, so processes starting together
+    compile it once."""
+    key = object_key(unit, levels)
     data = _object_hit(key, repair=False)
     if data is not None:
         return data, True
@@ -114,7 +122,7 @@ def _cached_object(unit: SourceUnit, out_dir: pathlib.Path) -> tuple[bytes, bool
         data = _object_hit(key, repair=locked)
         if data is not None:
             return data, True
-        data = _compile(unit.text, unit.name, out_dir)
+        data = _compile(unit.text, unit.name, out_dir, unit_flags(levels))
         try:
             cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
                                     "num_kernels": 0, "name": unit.name,
@@ -124,14 +132,16 @@ def _cached_object(unit: SourceUnit, out_dir: pathlib.Path) -> tuple[bytes, bool
     return data, False
 
 
-def compile_and_link(sources: Sources, name: str, counts: UnitCounts) -> bytes:
-    """The shared object of ``sources``: kernel objects (cached or compiled) and the
-    host runner compiled on ``compile_jobs()`` processes, then linked."""
+def compile_and_link(sources: Sources, name: str, counts: UnitCounts,
+                     levels: tuple[str, ...] = isa.PORTABLE) -> bytes:
+    """The shared object of ``sources``: kernel objects for ``levels`` (cached or
+    compiled) and the host runner compiled on ``compile_jobs()`` processes, then
+    linked."""
     with tempfile.TemporaryDirectory(prefix="disc_tf_build_") as tmp:
         out = pathlib.Path(tmp)
         with concurrent.futures.ThreadPoolExecutor(compile_jobs()) as pool:
             host = pool.submit(_compile, sources.host, f"{name}_host", out, HOST_FLAGS)
-            kernels = [pool.submit(_cached_object, u, out) for u in sources.units]
+            kernels = [pool.submit(_cached_object, u, out, levels) for u in sources.units]
             objects = [host.result()]
             for f in kernels:
                 data, from_cache = f.result()
@@ -149,17 +159,19 @@ def compile_and_link(sources: Sources, name: str, counts: UnitCounts) -> bytes:
         return compiler.run_for_output(cmd, so, "shared object")
 
 
-def build(sources: Sources, name: str, num_kernels: int) -> compiler.Artifact:
-    """The artifact of a cluster's CPU sources, from the cache or built (counted in
-    ``compilations``/``cache_hits``); the artifact says how many of its kernel units
-    were compiled and how many came from the kernel cache."""
+def build(sources: Sources, name: str, num_kernels: int,
+          levels: tuple[str, ...] = isa.PORTABLE) -> compiler.Artifact:
+    """The artifact of a cluster's CPU sources with kernels for the x86-64 ``levels``,
+    from the cache or built (counted in ``compilations``/``cache_hits``); the
+    artifact says how many of its kernel units were compiled and how many came from
+    the kernel cache."""
     counts = UnitCounts()
     start = time.perf_counter()
-    artifact = compiler.cached_build(cluster_key(sources), name, num_kernels, "cpu",
-                                     lambda: compile_and_link(sources, name, counts))
+    artifact = compiler.cached_build(cluster_key(sources, levels), name, num_kernels, "cpu",
+                                     lambda: compile_and_link(sources, name, counts, levels))
     artifact.units_compiled, artifact.units_cached = counts.compiled, counts.cached
     if not artifact.from_cache:
-        log.info("cluster %s: %d kernel units compiled, %d from the kernel cache (%.2fs, %d jobs)",
-                 name, counts.compiled, counts.cached, time.perf_counter() - start,
-                 compile_jobs())
+        log.info("cluster %s: %d kernel units compiled, %d from the kernel cache, for %s "
+                 "(%.2fs, %d jobs)", name, counts.compiled, counts.cached, ", ".join(levels),
+                 time.perf_counter() - start, compile_jobs())
     return artifact

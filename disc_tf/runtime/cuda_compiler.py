@@ -147,8 +147,9 @@ def _run_compilers(sources: Sources, name: str) -> bytes:
         return data
 
 
-def build(sources: Sources, name: str, num_kernels: int) -> Artifact:
-    """The artifact of CUDA sources (device and host runner), compiling unless cached."""
+def build(sources: Sources, name: str, num_kernels: int, levels: tuple[str, ...] = ()) -> Artifact:
+    """The artifact of CUDA sources (device and host runner), compiling unless cached
+    (``levels``, the CPU's x86-64 levels, do not apply)."""
     if sources.target != "cuda" or not sources.host:
         raise CompileError(f"cluster {name}: not CUDA sources (target {sources.target!r})")
     return compiler.cached_build(cache_key(sources), name, num_kernels, "cuda",

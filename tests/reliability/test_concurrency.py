@@ -51,29 +51,69 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
-def test_processes_compiling_one_cluster_compile_it_once(tmp_path: pathlib.Path) -> None:
-    n = 3
+def _start_together(tmp_path: pathlib.Path, script: str, n: int, tag: str) -> list:
+    """Runs ``script`` in ``n`` processes that start compiling together (a barrier),
+    with one cache and a compiler slow enough that every process arrives while the
+    first compiles; returns the JSON each printed after ``tag``."""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    # A compiler that takes a while, so every process arrives while the first compiles.
     slow = tmp_path / "slow-g++"
     slow.write_text(f'#!/bin/sh\n[ "$1" = "--version" ] || sleep 2\nexec {shutil.which("g++")} "$@"\n')
     slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_CACHE_DIR=str(tmp_path / "cache"),
                DISC_TF_CXX=str(slow))
-    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE, str(barrier), str(i), str(n)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(barrier), str(i), str(n)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(n)]
-    stats = []
+    printed = []
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-4000:]
-        line = [x for x in out.splitlines() if x.startswith("STATS ")][-1]
-        stats.append(json.loads(line[len("STATS "):]))
+        line = [x for x in out.splitlines() if x.startswith(tag)][-1]
+        printed.append(json.loads(line[len(tag):]))
+    return printed
+
+
+def test_processes_compiling_one_cluster_compile_it_once(tmp_path: pathlib.Path) -> None:
+    n = 3
+    stats = _start_together(tmp_path, _COMPILE, n, "STATS ")
     assert sum(s["compilations"] for s in stats) == 1, stats
     assert sum(s["cache_hits"] for s in stats) == n - 1, stats
     entries = sorted((tmp_path / "cache").glob("*/*.so"))
     assert len(entries) == 1, entries
+
+
+_SHARED_KERNEL = textwrap.dedent("""
+    import json, pathlib, sys, time
+    import tensorflow as tf
+    import disc_tf
+    barrier, me, n = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    # The same kernel in every process; the input's name (a comment of the host
+    # runner) makes each process's cluster its own.
+    f = tf.function(lambda x: tf.tanh(x * 0.75 + 1.0) * tf.sigmoid(x) - x,
+                    input_signature=[tf.TensorSpec([None, None], tf.float32, name=f"x{me}")])
+    (barrier / f"ready-{me}").touch()
+    deadline = time.monotonic() + 240
+    while len(list(barrier.glob("ready-*"))) < n:
+        assert time.monotonic() < deadline, "barrier timed out"
+        time.sleep(0.01)
+    jitted = disc_tf.jit(f, min_cluster_size=1)
+    (c,) = jitted.report.compiled
+    x = tf.random.normal([5, 9])
+    tf.debugging.assert_near(jitted(x), f(x), rtol=1e-5, atol=1e-6)
+    print("UNITS", json.dumps([c.from_cache, c.units_compiled, c.units_cached]))
+""")
+
+
+def test_four_processes_compile_a_shared_kernel_once(tmp_path: pathlib.Path) -> None:
+    """Four processes start together, each with its own cluster around the same
+    kernel: one compiles the kernel's object, the others link it from the cache."""
+    n = 4
+    units = _start_together(tmp_path, _SHARED_KERNEL, n, "UNITS ")
+    assert all(not from_cache for from_cache, _, _ in units), units  # four clusters
+    assert sorted((compiled, cached) for _, compiled, cached in units) == [(0, 1)] * 3 + [(1, 0)]
+    assert len(list((tmp_path / "cache").glob("*/*.o"))) == 1
+    assert len(list((tmp_path / "cache").glob("*/*.so"))) == n
 
 
 @pytest.fixture(scope="module")

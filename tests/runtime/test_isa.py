@@ -1,0 +1,105 @@
+"""x86-64 levels of the CPU kernels: every level for what travels, the host's for a
+JIT compile, and each level's code path checked on this machine (``DISC_TF_ISA``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from disc_tf.runtime import elf_check, isa
+from tests.harness import assert_matches_tf, compiled
+from tests.reliability import models
+
+V3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave", "sse4_2"}
+V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+def test_level_of_cpu_flags():
+    assert isa.level_of(V4) == "x86-64-v4"
+    assert isa.level_of(V3 | {"avx512f"}) == "x86-64-v3"  # AVX-512F alone is not v4
+    assert isa.level_of(V3 - {"fma"}) == "x86-64"
+    assert isa.host_level() in isa.LEVELS
+
+
+def test_resolve(monkeypatch):
+    monkeypatch.delenv("DISC_TF_ISA", raising=False)
+    assert isa.resolve(None, "portable") == isa.PORTABLE
+    assert isa.resolve(None, "host") == (isa.host_level(),)
+    assert isa.resolve("x86-64-v3", "host") == ("x86-64-v3",)
+    assert isa.resolve(["x86-64-v3", "x86-64-v4"], "host") == ("x86-64-v4", "x86-64-v3",
+                                                                 "x86-64")
+    for bad in ("avx2", [], ["x86-64-v5"]):
+        with pytest.raises(ValueError, match="expected 'host', 'portable' or levels"):
+            isa.resolve(bad, "host")
+
+
+def test_environment_overrides_the_default_capped_at_the_host(monkeypatch, caplog):
+    monkeypatch.setenv("DISC_TF_ISA", "x86-64")
+    assert isa.resolve(None, "portable") == ("x86-64",)
+    monkeypatch.setenv("DISC_TF_ISA", "x86-64-v4")
+    assert isa.resolve(None, "portable") == (isa._cap("x86-64-v4"),)
+    monkeypatch.setenv("DISC_TF_ISA", "portable")
+    assert isa.resolve(None, "host") == isa.PORTABLE
+    monkeypatch.setenv("DISC_TF_ISA", "sse9")
+    assert isa.resolve(None, "host") == (isa.host_level(),)
+    assert "DISC_TF_ISA='sse9'" in caplog.text
+    assert isa.resolve("portable", "host") == isa.PORTABLE  # an explicit choice wins
+
+
+def test_compile_flags():
+    assert isa.compile_flags(isa.PORTABLE) == []
+    assert isa.compile_flags(("x86-64-v3",)) == ["-march=x86-64-v3", "-DDISC_CLONES="]
+    (flag,) = isa.compile_flags(("x86-64-v4", "x86-64"))
+    assert flag == '-DDISC_CLONES=__attribute__((target_clones("arch=x86-64-v4", "default")))'
+
+
+def _model(x, b):
+    """A loop kernel with a broadcast, a stitch kernel (layer norm), a reduction and
+    a GEMM epilogue: each kernel kind's vector code."""
+    h = tf.nn.relu(x * 1.5 + b)
+    mean = tf.reduce_mean(h, -1, keepdims=True)
+    norm = (h - mean) * tf.math.rsqrt(tf.reduce_mean(tf.square(h - mean), -1, keepdims=True) + 1e-5)
+    w = tf.constant(np.linspace(-1, 1, 24 * 24, dtype=np.float32).reshape(24, 24))
+    return tf.nn.softmax(tf.matmul(norm, w)), tf.reduce_sum(tf.exp(-h * h), 0)
+
+
+@pytest.mark.parametrize("level", isa.LEVELS)
+def test_each_level_computes_what_tf_does(level, monkeypatch):
+    """The code path each machine takes, run here (capped at this host's level)."""
+    monkeypatch.setenv("DISC_TF_ISA", level)
+    fn = tf.function(_model, input_signature=[tf.TensorSpec([None, 24]), tf.TensorSpec([24])])
+    jitted = compiled(fn)
+    exports = _exports(jitted)
+    assert "disc_entry" in exports and not any(n.endswith(".resolver") for n in exports)
+    rng = np.random.default_rng(3)
+    for rows in (1, 7, 130):
+        x = tf.constant(rng.standard_normal((rows, 24)), tf.float32)
+        b = tf.constant(rng.standard_normal(24), tf.float32)
+        assert_matches_tf(fn, jitted, [x, b], rtol=1e-4, atol=1e-5)
+
+
+def _exports(jitted) -> set[str]:
+    names: set[str] = set()
+    for node in jitted.graph_def.node:
+        if node.op == "DiscCluster":
+            names |= elf_check.exported_functions(node.attr["artifact"].s)
+    return names
+
+
+def test_optimize_keeps_every_level_and_jit_the_hosts(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISC_TF_ISA", raising=False)
+    fn = tf.function(lambda x: tf.nn.softmax(x * 2.0), input_signature=[tf.TensorSpec([None, 8])])
+    exports = _exports(compiled(fn))  # a JIT compile: this host's level alone
+    assert "disc_entry" in exports and not any(n.endswith(".resolver") for n in exports)
+    module = tf.Module()
+    module.f = fn
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": fn})
+    for choice, clones in (("portable", True), ("host", False)):
+        out = tmp_path / choice
+        disc_tf.optimize(str(tmp_path / "m"), str(out), quiet=True,
+                         isa=None if choice == "portable" else choice)
+        (node,) = models.disc_nodes(models.read_saved_model(out))
+        exports = elf_check.exported_functions(node.attr["artifact"].s)
+        assert any(n.endswith(".resolver") for n in exports) == clones, sorted(exports)
