@@ -11,6 +11,9 @@
 
 namespace py = pybind11;
 
+// The GEMM the op library picked for this process (disc_ral_tf.cc).
+extern "C" const char* disc_gemm_isa(void);
+
 namespace {
 
 std::map<std::string, int64_t> Stats() {
@@ -44,6 +47,8 @@ PYBIND11_MODULE(_disc_py, m) {
         "Zeroes all counters and forgets the cluster artifacts seen.");
   m.def("add_stat", &AddStat, py::arg("name"), py::arg("n") = 1,
         "Adds n to the named counter (KeyError for an unknown name).");
+  m.def("gemm_isa", []() { return std::string(disc_gemm_isa()); },
+        "The RAL's GEMM for this process: avx512, avx2 or baseline (Eigen).");
   m.def("note_cluster", &NoteCluster, py::arg("sha"), py::arg("num_kernels"),
         "Counts a cluster artifact once per reset; returns True if counted.");
 }

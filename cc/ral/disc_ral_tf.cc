@@ -258,6 +258,8 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
 // block of one product per task on TF's intra-op pool. Fallback (a CPU
 // without AVX2/FMA, or DISC_TF_GEMM_ISA=baseline): Eigen tensor contractions
 // on the kernel's Eigen ThreadPoolDevice, as TF's own MatMul Eigen path.
+// DISC_TF_GEMM_ISA=avx2|baseline caps the choice; without it, DISC_TF_ISA
+// (the generated kernels' level: x86-64-v3 = avx2, x86-64 = baseline) does.
 
 using Index = Eigen::DenseIndex;
 using ConstMatrix =
@@ -270,6 +272,7 @@ constexpr double kSmallGemm = 64.0 * 64.0 * 64.0;
 
 // The GEMM entry points of one ISA (gemm_kernels.h).
 struct GemmIsa {
+  const char* name = "baseline";  // "avx512", "avx2" or "baseline" (Eigen)
   disc_gemm_block_fn block = nullptr;  // null: the Eigen fallback
   disc_gemm_prepacked_block_fn prepacked = nullptr;
   GemmPacker packer;
@@ -277,15 +280,25 @@ struct GemmIsa {
 
 #define DISC_GEMM_ISA_ENTRIES(isa)                                             \
   GemmIsa {                                                                    \
-    &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,                  \
+    #isa, &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,           \
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
   }
 
 // The GEMM for this CPU (no block: the Eigen fallback).
+// The cap DISC_TF_GEMM_ISA, else DISC_TF_ISA, asks for ("" for none).
+std::string GemmIsaCap() {
+  const char* gemm = std::getenv("DISC_TF_GEMM_ISA");
+  if (gemm != nullptr && *gemm != '\0') return gemm;
+  const char* level = std::getenv("DISC_TF_ISA");
+  const std::string want = level ? level : "";
+  if (want == "x86-64") return "baseline";
+  if (want == "x86-64-v3") return "avx2";
+  return "";
+}
+
 GemmIsa PickGemm() {
-  const char* env = std::getenv("DISC_TF_GEMM_ISA");
-  const std::string want = env ? env : "";
+  const std::string want = GemmIsaCap();
   if (want == "baseline") return {};
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
@@ -306,6 +319,13 @@ const GemmIsa& Gemm() {
   static const GemmIsa isa = PickGemm();
   return isa;
 }
+
+}  // namespace
+
+// The GEMM this process uses (read by tests through the Python extension).
+extern "C" const char* disc_gemm_isa(void) { return Gemm().name; }
+
+namespace {
 
 // C[m x n] = op(A) * op(B), all densely packed row-major.
 template <typename Device>

@@ -3,14 +3,21 @@ JIT compile, and each level's code path checked on this machine (``DISC_TF_ISA``
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import disc_tf
 from disc_tf.runtime import elf_check, isa
-from tests.harness import assert_matches_tf, compiled
+from tests.harness import compiled
 from tests.reliability import models
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 V3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave", "sse4_2"}
 V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
@@ -55,9 +62,31 @@ def test_compile_flags():
     assert flag == '-DDISC_CLONES=__attribute__((target_clones("arch=x86-64-v4", "default")))'
 
 
+_LEVEL_SCRIPT = """
+import json, sys
+import numpy as np, tensorflow as tf
+import disc_tf
+from disc_tf.runtime import native
+from tests.harness import assert_matches_tf, compiled
+from tests.runtime.test_isa import _exports, _model
+
+fn = tf.function(_model, input_signature=[tf.TensorSpec([None, 24]), tf.TensorSpec([24])])
+jitted = compiled(fn)
+exports = _exports(jitted)
+assert "disc_entry" in exports and not any(n.endswith(".resolver") for n in exports)
+rng = np.random.default_rng(3)
+for rows in (1, 7, 130):
+    x = tf.constant(rng.standard_normal((rows, 24)), tf.float32)
+    b = tf.constant(rng.standard_normal(24), tf.float32)
+    assert_matches_tf(fn, jitted, [x, b], rtol=1e-4, atol=1e-5)
+assert disc_tf.stats()["fallbacks"] == 0
+print("GEMM", native.load().py.gemm_isa())
+"""
+
+
 def _model(x, b):
     """A loop kernel with a broadcast, a stitch kernel (layer norm), a reduction and
-    a GEMM epilogue: each kernel kind's vector code."""
+    a GEMM (the RAL's) with its epilogue: each kernel kind's vector code."""
     h = tf.nn.relu(x * 1.5 + b)
     mean = tf.reduce_mean(h, -1, keepdims=True)
     norm = (h - mean) * tf.math.rsqrt(tf.reduce_mean(tf.square(h - mean), -1, keepdims=True) + 1e-5)
@@ -66,18 +95,17 @@ def _model(x, b):
 
 
 @pytest.mark.parametrize("level", isa.LEVELS)
-def test_each_level_computes_what_tf_does(level, monkeypatch):
-    """The code path each machine takes, run here (capped at this host's level)."""
-    monkeypatch.setenv("DISC_TF_ISA", level)
-    fn = tf.function(_model, input_signature=[tf.TensorSpec([None, 24]), tf.TensorSpec([24])])
-    jitted = compiled(fn)
-    exports = _exports(jitted)
-    assert "disc_entry" in exports and not any(n.endswith(".resolver") for n in exports)
-    rng = np.random.default_rng(3)
-    for rows in (1, 7, 130):
-        x = tf.constant(rng.standard_normal((rows, 24)), tf.float32)
-        b = tf.constant(rng.standard_normal(24), tf.float32)
-        assert_matches_tf(fn, jitted, [x, b], rtol=1e-4, atol=1e-5)
+def test_each_level_computes_what_tf_does(level, tmp_path):
+    """The code path each machine takes, run here (capped at this host's level): the
+    generated kernels built for that level alone, and the RAL's GEMM for it."""
+    env = dict(os.environ, DISC_TF_ISA=level, PYTHONPATH=str(REPO),
+               DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("DISC_TF_GEMM_ISA", None)
+    proc = subprocess.run([sys.executable, "-c", _LEVEL_SCRIPT], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gemm = {"x86-64-v4": "avx512", "x86-64-v3": "avx2", "x86-64": "baseline"}[isa._cap(level)]
+    assert f"GEMM {gemm}" in proc.stdout, proc.stdout
 
 
 def _exports(jitted) -> set[str]:
