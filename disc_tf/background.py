@@ -29,7 +29,7 @@ from disc_tf import pipeline
 from disc_tf.cluster import rewrite
 from disc_tf.cluster.graph_view import GraphView
 from disc_tf.optimizer import BodyOptimizer, ClusterReport, carve_clusters
-from disc_tf.runtime import native
+from disc_tf.runtime import isa, native
 from disc_tf.runtime.compiler import Artifact
 
 log = logging.getLogger("disc_tf")
@@ -82,7 +82,8 @@ class DeferredBodyOptimizer(BodyOptimizer):
             key = cluster_key(fallback.SerializeToString(deterministic=True),
                               self.options.target)
             self.pending[spec.name] = key
-            self.compiler.submit(key, spec, self.options.target, self.publish)
+            self.compiler.submit(key, spec, self.options.target, self.publish,
+                                 self.options.isa_levels)
             self.new_functions[fallback.signature.name] = fallback
             replaced.append((spec, fallback.signature.name, _NO_ARTIFACT))
         return replaced
@@ -115,8 +116,9 @@ class CompileQueue:
         self._closed = False
 
     def submit(self, key: str, spec: rewrite.ClusterSpec, target: str,
-               publish: Publisher) -> None:
-        """Queues ``spec`` unless ``key`` was queued before."""
+               publish: Publisher, levels: tuple[str, ...] = isa.PORTABLE) -> None:
+        """Queues ``spec`` (CPU kernels for the x86-64 ``levels``) unless ``key`` was
+        queued before."""
         with self._lock:
             if key in self._seen:
                 return
@@ -131,7 +133,7 @@ class CompileQueue:
                 atexit.register(self.close)
         if self._on_submit is not None:
             self._on_submit(key)
-        self._queue.put((key, spec, target, publish))
+        self._queue.put((key, spec, target, publish, levels))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until every queued cluster is published; False on timeout."""
@@ -162,10 +164,11 @@ class CompileQueue:
                     self._idle.notify_all()
 
     @staticmethod
-    def _build(key: str, spec: rewrite.ClusterSpec, target: str, publish: Publisher) -> None:
+    def _build(key: str, spec: rewrite.ClusterSpec, target: str, publish: Publisher,
+               levels: tuple[str, ...]) -> None:
         name = getattr(spec, "name", key)
         try:
-            artifact, error = pipeline.compile_cluster(spec, target).artifact, None
+            artifact, error = pipeline.compile_cluster(spec, target, levels).artifact, None
         except Exception as e:  # noqa: BLE001 - reported to the publisher
             artifact, error = None, f"{type(e).__name__}: {e}"
             log.warning("disc_tf: cluster %s left as TF ops: %s", name, error)

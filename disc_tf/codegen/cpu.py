@@ -1,9 +1,10 @@
 """CPU backend: the generated host runner of one cluster, around its kernels.
 
-The emitted source includes only ``disc_ral.h`` and the C library. The host
-runner (``disc_entry``) checks inputs, computes every symbolic dim, runs the
-host shape checks, allocates outputs and temporaries through the RAL and
-launches the kernels emitted by ``cpu_kernels.py`` (or the speculative plan's).
+The emitted sources include only ``disc_ral.h`` and the C library: a translation
+unit per distinct kernel (``cpu_units.py``; kernels from ``cpu_kernels.py``) and
+the host runner. The host runner (``disc_entry``) checks inputs, computes every
+symbolic dim, runs the host shape checks, allocates outputs and temporaries
+through the RAL and launches the kernel units (or the speculative plan's).
 """
 
 from __future__ import annotations

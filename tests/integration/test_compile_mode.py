@@ -32,7 +32,8 @@ def test_queue_compiles_each_key_once_and_reports_failures(monkeypatch):
     published: list[tuple[str, object, object]] = []
     gate = threading.Event()
 
-    def fake_compile(spec, target):
+    def fake_compile(spec, target, levels):
+        assert levels == ("x86-64-v3",)  # what submit was given
         gate.wait(10)
         calls.append(spec.name)
         raise RuntimeError(f"cannot compile {spec.name}")
@@ -41,9 +42,9 @@ def test_queue_compiles_each_key_once_and_reports_failures(monkeypatch):
     queue = CompileQueue()
     publish = lambda key, art, err: published.append((key, art, err))  # noqa: E731
     a, b = types.SimpleNamespace(name="a"), types.SimpleNamespace(name="b")
-    queue.submit("k1", a, "cpu", publish)
-    queue.submit("k1", a, "cpu", publish)  # same key: not compiled again
-    queue.submit("k2", b, "cpu", publish)
+    queue.submit("k1", a, "cpu", publish, ("x86-64-v3",))
+    queue.submit("k1", a, "cpu", publish, ("x86-64-v3",))  # same key: not compiled again
+    queue.submit("k2", b, "cpu", publish, ("x86-64-v3",))
     assert not queue.wait(0.2)  # still blocked in the first compile
     gate.set()
     assert queue.wait(30)
