@@ -15,6 +15,7 @@ from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (
     ITEMSIZE,
+    MATH,
     PRELUDE,
     RAL_DTYPE,
     STORAGE,
@@ -27,7 +28,7 @@ from disc_tf.fusion.plan import Buffer, FusionPlan
 from disc_tf.sources import Sources, SourceUnit
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
-CODEGEN_VERSION = "cpu-11"
+CODEGEN_VERSION = "cpu-12"
 
 
 _ARITH_CXX = {
@@ -319,8 +320,8 @@ def signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -
 def _prologue(title: list[str]) -> list[str]:
     """The lines every translation unit starts with: ``title`` comments, includes and
     the prelude (internal to the unit)."""
-    return [*title, "#include <math.h>", "#include <stdint.h>", "#include <stdio.h>",
-            '#include "disc_ral.h"', VECTOR_MATH, "", "namespace {", PRELUDE, "}  // namespace", ""]
+    return [*title, "#include <stdint.h>", "#include <stdio.h>", '#include "disc_ral.h"', MATH,
+            VECTOR_MATH, "", "namespace {", PRELUDE, "}  // namespace", ""]
 
 
 def unit_source(unit: KernelUnit) -> SourceUnit:
