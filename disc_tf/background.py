@@ -19,7 +19,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable
 
@@ -96,7 +95,9 @@ class DeferredBodyOptimizer(BodyOptimizer):
 
 
 class CompileQueue:
-    """One daemon thread compiling queued clusters in order, each key once.
+    """One daemon thread compiling queued clusters, each key once: the waiting
+    cluster whose fallback ran most often first (``priority(key)``: calls so far),
+    else in the order they came.
 
     At interpreter exit the queue is dropped and the compilation in progress
     is awaited (a daemon thread stopped inside native code can abort the
@@ -104,15 +105,19 @@ class CompileQueue:
     """
 
     def __init__(self, on_thread_start: Callable[[], None] | None = None,
-                 on_submit: Callable[[str], None] | None = None) -> None:
-        self._queue: queue.Queue = queue.Queue()
+                 on_submit: Callable[[str], None] | None = None,
+                 priority: Callable[[str], int] | None = None) -> None:
+        self._waiting: list[tuple[int, tuple]] = []  # (arrival, item)
+        self._arrivals = 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)  # nothing outstanding
+        self._more = threading.Condition(self._lock)  # something waiting, or closed
         self._outstanding = 0
         self._thread: threading.Thread | None = None
         self._on_thread_start = on_thread_start
         self._on_submit = on_submit
+        self._priority = priority
         self._closed = False
 
     def submit(self, key: str, spec: rewrite.ClusterSpec, target: str,
@@ -133,7 +138,15 @@ class CompileQueue:
                 atexit.register(self.close)
         if self._on_submit is not None:
             self._on_submit(key)
-        self._queue.put((key, spec, target, publish, levels))
+        with self._lock:
+            self._waiting.append((self._arrivals, (key, spec, target, publish, levels)))
+            self._arrivals += 1
+            self._more.notify()
+
+    def submitted(self) -> list[str]:
+        """The keys queued so far."""
+        with self._lock:
+            return sorted(self._seen)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until every queued cluster is published; False on timeout."""
@@ -145,16 +158,34 @@ class CompileQueue:
         with self._lock:
             self._closed = True
             thread = self._thread
-        self._queue.put(None)
+            self._more.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+    def _calls(self, key: str) -> int:
+        if self._priority is None:
+            return 0
+        try:
+            return int(self._priority(key))
+        except Exception:  # noqa: BLE001 - no count: its place in the order decides
+            return 0
+
+    def _next(self) -> tuple | None:
+        """The hottest waiting item (the first to come among equals); None once closed."""
+        with self._more:
+            self._more.wait_for(lambda: self._waiting or self._closed)
+            if self._closed:
+                return None
+            best = max(self._waiting, key=lambda w: (self._calls(w[1][0]), -w[0]))
+            self._waiting.remove(best)
+            return best[1]
 
     def _work(self) -> None:
         if self._on_thread_start is not None:
             self._on_thread_start()
         while True:
-            item = self._queue.get()
-            if item is None or self._closed:
+            item = self._next()
+            if item is None:
                 return
             try:
                 self._build(*item)
@@ -197,6 +228,8 @@ def _ops_lib() -> ctypes.CDLL:
             lib.disc_pending_fail.restype = None
             lib.disc_pending_state.argtypes = [ctypes.c_char_p]
             lib.disc_pending_state.restype = ctypes.c_int32
+            lib.disc_pending_calls.argtypes = [ctypes.c_char_p]
+            lib.disc_pending_calls.restype = ctypes.c_int64
             _lib = lib
         return _lib
 
@@ -219,3 +252,8 @@ def publish_bytes(key: str, data: bytes, sha256: str, num_kernels: int) -> bool:
 def pending_state(key: str) -> str:
     """'unknown', 'ready' or 'failed': what the op library knows of ``key``."""
     return ("unknown", "ready", "failed")[_ops_lib().disc_pending_state(key.encode())]
+
+
+def pending_calls(key: str) -> int:
+    """Calls that ran ``key``'s original ops while it was compiling."""
+    return int(_ops_lib().disc_pending_calls(key.encode()))

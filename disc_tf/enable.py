@@ -85,11 +85,11 @@ def _mark_busy() -> None:
 def compile_queue() -> CompileQueue:
     """The process's background CompileQueue."""
     global _queue
-    from disc_tf.background import CompileQueue
+    from disc_tf.background import CompileQueue, pending_calls
 
     with _queue_lock:
         if _queue is None:
-            _queue = CompileQueue(on_thread_start=_mark_busy)
+            _queue = CompileQueue(on_thread_start=_mark_busy, priority=pending_calls)
         return _queue
 
 

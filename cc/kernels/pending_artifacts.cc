@@ -14,6 +14,7 @@ namespace {
 struct Entry {
   PendingState state = PendingState::kUnknown;
   const LoadedArtifact* artifact = nullptr;
+  int64_t calls = 0;  // lookups while unknown: calls that ran the fallback
 };
 
 std::mutex& Mu() {
@@ -63,10 +64,22 @@ void FailPending(const std::string& key, const std::string& reason) {
 
 PendingState LookupPending(const std::string& key, const LoadedArtifact** out) {
   std::lock_guard<std::mutex> lock(Mu());
+  Entry& e = Table()[key];
+  if (e.state == PendingState::kUnknown) ++e.calls;
+  if (e.state == PendingState::kReady) *out = e.artifact;
+  return e.state;
+}
+
+PendingState PendingStateOf(const std::string& key) {
+  std::lock_guard<std::mutex> lock(Mu());
   auto it = Table().find(key);
-  if (it == Table().end()) return PendingState::kUnknown;
-  if (it->second.state == PendingState::kReady) *out = it->second.artifact;
-  return it->second.state;
+  return it == Table().end() ? PendingState::kUnknown : it->second.state;
+}
+
+int64_t PendingCalls(const std::string& key) {
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Table().find(key);
+  return it == Table().end() ? 0 : it->second.calls;
 }
 
 }  // namespace disc_tf
@@ -87,9 +100,11 @@ void disc_pending_fail(const char* key, const char* reason) {
 }
 
 int32_t disc_pending_state(const char* key) {
-  if (key == nullptr) return 0;
-  const disc_tf::LoadedArtifact* unused = nullptr;
-  return static_cast<int32_t>(disc_tf::LookupPending(key, &unused));
+  return key == nullptr ? 0 : static_cast<int32_t>(disc_tf::PendingStateOf(key));
+}
+
+int64_t disc_pending_calls(const char* key) {
+  return key == nullptr ? 0 : disc_tf::PendingCalls(key);
 }
 
 }  // extern "C"

@@ -33,8 +33,16 @@ absl::Status PublishPending(const std::string& key, absl::string_view bytes,
 // Marks `key` failed (the compiler gave up); `reason` is logged once.
 void FailPending(const std::string& key, const std::string& reason);
 
-// The state of `key`; sets *out when it is kReady.
+// The state of `key`; sets *out when it is kReady. A lookup while the key is
+// still unknown counts a call that ran the fallback (PendingCalls).
 PendingState LookupPending(const std::string& key, const LoadedArtifact** out);
+
+// The state of `key`, counting no call (for the compiler side).
+PendingState PendingStateOf(const std::string& key);
+
+// Calls that ran `key`'s fallback while it was compiling: the compile queue
+// builds the hottest waiting cluster first.
+int64_t PendingCalls(const std::string& key);
 
 }  // namespace disc_tf
 
@@ -47,6 +55,7 @@ __attribute__((visibility("default"))) int32_t disc_pending_publish(
 __attribute__((visibility("default"))) void disc_pending_fail(const char* key,
                                                               const char* reason);
 __attribute__((visibility("default"))) int32_t disc_pending_state(const char* key);
+__attribute__((visibility("default"))) int64_t disc_pending_calls(const char* key);
 }
 
 #endif  // DISC_TF_CC_KERNELS_PENDING_ARTIFACTS_H_

@@ -52,3 +52,30 @@ def test_queue_compiles_each_key_once_and_reports_failures(monkeypatch):
     assert [(k, a) for k, a, _ in published] == [("k1", None), ("k2", None)]
     assert all("cannot compile" in e for _, _, e in published)
     queue.close()
+
+
+def test_queue_builds_the_hottest_waiting_cluster_first(monkeypatch):
+    """While one cluster compiles, the waiting cluster whose fallback ran most is next;
+    equals go in the order they came."""
+    order: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def fake_compile(spec, target, levels):
+        if spec.name == "first":
+            started.set()
+            gate.wait(10)
+        order.append(spec.name)
+        raise RuntimeError("not compiled (test)")
+
+    monkeypatch.setattr("disc_tf.pipeline.compile_cluster", fake_compile)
+    calls = {"k2": 1, "k3": 5, "k4": 5}
+    queue = CompileQueue(priority=lambda key: calls.get(key, 0))
+    publish = lambda key, art, err: None  # noqa: E731
+    queue.submit("k1", types.SimpleNamespace(name="first"), "cpu", publish)
+    assert started.wait(10)  # the others wait while it compiles
+    for key, name in (("k2", "warm"), ("k3", "hot"), ("k4", "hot_later"), ("k5", "cold")):
+        queue.submit(key, types.SimpleNamespace(name=name), "cpu", publish)
+    gate.set()
+    assert queue.wait(30)
+    assert order == ["first", "hot", "hot_later", "warm", "cold"]
+    queue.close()

@@ -58,6 +58,9 @@ first = call(xs[0])
 if "disc_tf" in sys.modules:
     import disc_tf
     print("FIRST", json.dumps(disc_tf.stats()))
+    from disc_tf.background import pending_calls
+    from disc_tf.enable import compile_queue
+    print("PENDING_CALLS", sum(pending_calls(k) for k in compile_queue().submitted()))
     deadline = time.monotonic() + 240
     while disc_tf.stats()["clusters"] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)  # the compiler publishes the cluster when it is built
@@ -163,7 +166,7 @@ def run_script(script: str, tmp_path: pathlib.Path, enabled: bool, mode: str = "
             result["outs"].append(np.array(json.loads(rest), np.float32))
         elif key == "LOADED":
             result["loaded"] = rest == "True"
-        elif key in ("STATS", "FIRST", "BEFORE"):
+        elif key in ("STATS", "FIRST", "BEFORE", "PENDING_CALLS"):
             result[key.lower()] = json.loads(rest)
         elif key == "WAITED":
             result["waited"] = rest == "True"
@@ -221,6 +224,8 @@ def check_async(tmp_path: pathlib.Path, extra_env: dict[str, str] | None = None,
 def test_async_mode_serves_tf_ops_first_then_the_compiled_cluster(tmp_path):
     disc = check_async(tmp_path)
     assert disc["before"]["compilations"] >= 1, disc["log"]  # compiled in this process
+    # the fallback calls were counted, so the compile queue builds the hottest first
+    assert disc["pending_calls"] >= 1, disc["log"]
 
 
 @pytest.mark.fallback
