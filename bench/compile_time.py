@@ -73,7 +73,8 @@ def optimize_timed(model_dir: str, out_dir: str) -> Record:
         "distinct_kernels": c.distinct_kernels, "source_bytes": c.source_bytes,
         "from_cache": c.from_cache, "front_end_s": c.front_end_seconds,
         "cxx_compile_s": 0.0 if c.from_cache else c.compile_seconds,
-        "units_compiled": c.units_compiled, "units_cached": c.units_cached, "error": c.error,
+        "units_compiled": c.units_compiled, "units_cached": c.units_cached,
+        "unit_seconds": c.unit_seconds, "error": c.error,
     } for c in report.clusters]
     return {"optimize_s": optimize_s, "clusters": clusters, "profile": report.profile_line()}
 

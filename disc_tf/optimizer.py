@@ -179,6 +179,7 @@ class BodyOptimizer:
             rep.source_bytes = fe.sources.size_bytes
             rep.distinct_kernels = fe.sources.distinct_kernels
             rep.units_compiled, rep.units_cached = art.units_compiled, art.units_cached
+            rep.unit_seconds = dict(art.unit_seconds)
             self.new_functions[fallback.signature.name] = fallback
             native.load().py.note_cluster(art.sha256, art.num_kernels)
             attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)

@@ -50,13 +50,19 @@ class ClusterReport:
     #: the kernel cache (a kernel another cluster or model compiled)
     units_compiled: int = 0
     units_cached: int = 0
+    #: compiler seconds of each translation unit compiled (kernel units, host runner)
+    unit_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def profile(self) -> str:
-        """``front end 0.12s, C++ 3.40s (4 units compiled, 1 cached) (or cache), 41 KiB,
-        12 kernels (5 distinct)``."""
+        """``front end 0.12s, C++ 3.40s (4 units compiled, 1 cached; slowest stitch_…
+        0.80s) (or cache), 41 KiB, 12 kernels (5 distinct)``."""
         cxx = "cache" if self.from_cache else f"C++ {self.compile_seconds:.2f}s"
         if not self.from_cache and self.units_compiled + self.units_cached:
-            cxx += f" ({self.units_compiled} units compiled, {self.units_cached} cached)"
+            cxx += f" ({self.units_compiled} units compiled, {self.units_cached} cached"
+            if self.unit_seconds:
+                slowest = max(self.unit_seconds, key=self.unit_seconds.__getitem__)
+                cxx += f"; slowest {slowest} {self.unit_seconds[slowest]:.2f}s"
+            cxx += ")"
         return (f"front end {self.front_end_seconds:.2f}s, {cxx}, "
                 f"{self.source_bytes / 1024:.0f} KiB, {self.kernels} kernels "
                 f"({self.distinct_kernels} distinct)")

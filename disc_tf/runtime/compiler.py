@@ -54,6 +54,8 @@ class Artifact:
     #: kernel units (CPU) this build compiled, and took from the kernel cache
     units_compiled: int = 0
     units_cached: int = 0
+    #: compiler seconds of each translation unit this build compiled
+    unit_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def cxx() -> str:

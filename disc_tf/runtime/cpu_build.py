@@ -39,6 +39,8 @@ class UnitCounts:
 
     compiled: int = 0
     cached: int = 0
+    #: compiler seconds of each translation unit compiled (kernel units, host runner)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def compile_jobs() -> int:
@@ -109,27 +111,34 @@ def _object_hit(key: str, repair: bool) -> bytes | None:
     return hit[0]
 
 
+def _timed_compile(text: str, name: str, out_dir: pathlib.Path,
+                   flags: list[str]) -> tuple[bytes, float]:
+    start = time.perf_counter()
+    data = _compile(text, name, out_dir, flags)
+    return data, time.perf_counter() - start
+
+
 def _cached_object(unit: SourceUnit, out_dir: pathlib.Path,
-                   levels: tuple[str, ...]) -> tuple[bytes, bool]:
-    """(object of ``unit`` for ``levels``, whether it came from the kernel cache). A
-    miss is compiled and stored under the key's lock, so processes starting together
-    compile it once."""
+                   levels: tuple[str, ...]) -> tuple[bytes, float | None]:
+    """(object of ``unit`` for ``levels``, compiler seconds or None if it came from
+    the kernel cache). A miss is compiled and stored under the key's lock, so
+    processes starting together compile it once."""
     key = object_key(unit, levels)
     data = _object_hit(key, repair=False)
     if data is not None:
-        return data, True
+        return data, None
     with cache.key_lock(key, compiler.compile_timeout()) as locked:
         data = _object_hit(key, repair=locked)
         if data is not None:
-            return data, True
-        data = _compile(unit.text, unit.name, out_dir, unit_flags(levels))
+            return data, None
+        data, seconds = _timed_compile(unit.text, unit.name, out_dir, unit_flags(levels))
         try:
             cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
                                     "num_kernels": 0, "name": unit.name,
                                     "kind": "kernel object"}, suffix=cache.OBJECT)
         except OSError as e:
             log.warning("kernel %s: object not stored in the cache (%s)", unit.name, e)
-    return data, False
+    return data, seconds
 
 
 def compile_and_link(sources: Sources, name: str, counts: UnitCounts,
@@ -140,14 +149,18 @@ def compile_and_link(sources: Sources, name: str, counts: UnitCounts,
     with tempfile.TemporaryDirectory(prefix="disc_tf_build_") as tmp:
         out = pathlib.Path(tmp)
         with concurrent.futures.ThreadPoolExecutor(compile_jobs()) as pool:
-            host = pool.submit(_compile, sources.host, f"{name}_host", out, HOST_FLAGS)
+            host = pool.submit(_timed_compile, sources.host, f"{name}_host", out, HOST_FLAGS)
             kernels = [pool.submit(_cached_object, u, out, levels) for u in sources.units]
-            objects = [host.result()]
-            for f in kernels:
-                data, from_cache = f.result()
+            data, counts.seconds["host runner"] = host.result()
+            objects = [data]
+            for unit, f in zip(sources.units, kernels):
+                data, seconds = f.result()
                 objects.append(data)
-                counts.cached += from_cache
-                counts.compiled += not from_cache
+                if seconds is None:
+                    counts.cached += 1
+                else:
+                    counts.compiled += 1
+                    counts.seconds[unit.name] = seconds
         paths = []
         for n, data in enumerate(objects):
             path = out / f"part{n}.o"
@@ -170,6 +183,7 @@ def build(sources: Sources, name: str, num_kernels: int,
     artifact = compiler.cached_build(cluster_key(sources, levels), name, num_kernels, "cpu",
                                      lambda: compile_and_link(sources, name, counts, levels))
     artifact.units_compiled, artifact.units_cached = counts.compiled, counts.cached
+    artifact.unit_seconds = dict(counts.seconds)
     if not artifact.from_cache:
         log.info("cluster %s: %d kernel units compiled, %d from the kernel cache, for %s "
                  "(%.2fs, %d jobs)", name, counts.compiled, counts.cached, ", ".join(levels),

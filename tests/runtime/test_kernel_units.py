@@ -90,9 +90,13 @@ def test_kernel_cache_serves_the_same_kernels_of_another_cluster(fresh_cache):
     assert {u.content_key for u in two.sources.units} == {u.content_key for u in three.sources.units}
     first = cpu_build.build(two.sources, "two", two.plan.num_kernels)
     assert (first.units_compiled, first.units_cached) == (len(two.sources.units), 0)
+    # the compile profile: seconds of each translation unit compiled
+    assert set(first.unit_seconds) == {"host runner"} | {u.name for u in two.sources.units}
+    assert all(s > 0 for s in first.unit_seconds.values())
     second = cpu_build.build(three.sources, "three", three.plan.num_kernels)
     assert not second.from_cache  # another cluster: its own host runner and link
     assert (second.units_compiled, second.units_cached) == (0, len(three.sources.units))
+    assert set(second.unit_seconds) == {"host runner"}
     assert elf_check.artifact_problem(second.data, "cpu") is None
 
 
