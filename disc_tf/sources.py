@@ -57,9 +57,10 @@ class Sources:
 
 
 _KERNEL_NAME = re.compile(r"\b(?:spec_|Spec_)?[Kk]ernel\d+")
-_COMMENT = re.compile(r"//[^\n]*")
+#: A ``//`` comment of generated code (to its line's end).
+COMMENT = re.compile(r"//[^\n]*")
 
 
 def _unnamed(text: str) -> str:
     """A kernel's code with its name and comments (TF op names) taken out."""
-    return _KERNEL_NAME.sub("K", _COMMENT.sub("", text))
+    return _KERNEL_NAME.sub("K", COMMENT.sub("", text))

@@ -15,10 +15,11 @@ import dataclasses
 import hashlib
 import re
 
+from disc_tf.sources import COMMENT
+
 #: The name every kernel is emitted under before its content names it.
 PLACEHOLDER = "disc_kfn"
 
-_COMMENT = re.compile(r"//[^\n]*")
 _STRUCT = re.compile(r"^struct \w+ \{\n.*?^\};$", re.M | re.S)
 _ENTRY = re.compile(r"^(?:DISC_CLONES )?DISC_ENTRY void (\w+)\(([^)]*)\)", re.M)
 _HASH_CHARS = 10
@@ -27,7 +28,7 @@ _HASH_CHARS = 10
 def code_key(code: str) -> str:
     """The code without its comments (kept whole if it holds a string literal, where
     ``//`` need not start a comment): what its object file depends on."""
-    return code if '"' in code else _COMMENT.sub("", code)
+    return code if '"' in code else COMMENT.sub("", code)
 
 
 @dataclasses.dataclass(frozen=True)

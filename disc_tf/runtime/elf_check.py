@@ -25,32 +25,42 @@ _SYM = struct.Struct("<IBBHQQ")
 _PT_LOAD, _ET_REL, _ET_DYN, _SHT_DYNSYM = 1, 1, 3, 11
 
 
-def exported_functions(data: bytes) -> set[str]:
-    """Names of the functions ``data`` (a 64-bit little-endian ELF shared object)
-    defines and exports. Raises ValueError naming what is wrong with it."""
-    size = len(data)
+def _within(data: bytes, offset: int, length: int) -> bool:
+    return 0 <= offset <= len(data) and 0 <= length <= len(data) - offset
 
-    def within(offset: int, length: int) -> bool:
-        return 0 <= offset <= size and 0 <= length <= size - offset
 
-    if size < _EHDR.size or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+def _header(data: bytes) -> tuple:
+    """The ELF header fields of ``data``; ValueError unless it is 64-bit little-endian ELF."""
+    if len(data) < _EHDR.size or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
-    (_, e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
-     _) = _EHDR.unpack_from(data)
-    if e_type != _ET_DYN:
-        raise ValueError("not a shared object")
-    if phentsize != _PHDR.size or not within(phoff, phnum * _PHDR.size):
-        raise ValueError("program headers lie outside the file")
-    for i in range(phnum):
-        p_type, _, p_offset, _, _, p_filesz, _, _ = _PHDR.unpack_from(data, phoff + i * _PHDR.size)
-        if p_type == _PT_LOAD and not within(p_offset, p_filesz):
-            raise ValueError("a loadable segment lies outside the file (truncated?)")
-    if shnum == 0 or shentsize != _SHDR.size or not within(shoff, shnum * _SHDR.size):
+    return _EHDR.unpack_from(data)
+
+
+def _sections(data: bytes, shoff: int, shentsize: int, shnum: int) -> list[tuple]:
+    """The section headers; ValueError unless they and every section lie inside ``data``."""
+    if shnum == 0 or shentsize != _SHDR.size or not _within(data, shoff, shnum * _SHDR.size):
         raise ValueError("section headers are missing or lie outside the file")
     sections = [_SHDR.unpack_from(data, shoff + i * _SHDR.size) for i in range(shnum)]
     for _, sh_type, _, _, offset, length, _, _, _, _ in sections:
-        if sh_type != 8 and not within(offset, length):  # 8: SHT_NOBITS (.bss)
+        if sh_type != 8 and not _within(data, offset, length):  # 8: SHT_NOBITS (.bss)
             raise ValueError("a section lies outside the file (truncated?)")
+    return sections
+
+
+def exported_functions(data: bytes) -> set[str]:
+    """Names of the functions ``data`` (a 64-bit little-endian ELF shared object)
+    defines and exports. Raises ValueError naming what is wrong with it."""
+    (_, e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+     _) = _header(data)
+    if e_type != _ET_DYN:
+        raise ValueError("not a shared object")
+    if phentsize != _PHDR.size or not _within(data, phoff, phnum * _PHDR.size):
+        raise ValueError("program headers lie outside the file")
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz, _, _ = _PHDR.unpack_from(data, phoff + i * _PHDR.size)
+        if p_type == _PT_LOAD and not _within(data, p_offset, p_filesz):
+            raise ValueError("a loadable segment lies outside the file (truncated?)")
+    sections = _sections(data, shoff, shentsize, shnum)
     names: set[str] = set()
     for _, sh_type, _, _, offset, length, link, _, _, entsize in sections:
         if sh_type != _SHT_DYNSYM:
@@ -83,16 +93,11 @@ def artifact_problem(data: bytes, target: str) -> str | None:
 def object_problem(data: bytes) -> str | None:
     """Why ``data`` is not a relocatable 64-bit ELF object (a kernel unit's compiled
     code, linked into an artifact) whose sections lie inside it; None if it is."""
-    size = len(data)
-    if size < _EHDR.size or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return "not a 64-bit little-endian ELF file"
-    (_, e_type, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = _EHDR.unpack_from(data)
-    if e_type != _ET_REL:
-        return "not a relocatable object"
-    if shnum == 0 or shentsize != _SHDR.size or not 0 <= shoff <= size - shnum * _SHDR.size:
-        return "section headers are missing or lie outside the file"
-    for i in range(shnum):
-        _, sh_type, _, _, offset, length, _, _, _, _ = _SHDR.unpack_from(data, shoff + i * _SHDR.size)
-        if sh_type != 8 and not (0 <= offset <= size and length <= size - offset):
-            return "a section lies outside the file (truncated?)"
+    try:
+        (_, e_type, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = _header(data)
+        if e_type != _ET_REL:
+            return "not a relocatable object"
+        _sections(data, shoff, shentsize, shnum)
+    except ValueError as e:
+        return str(e)
     return None
