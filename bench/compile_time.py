@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench import machine
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 Record = dict[str, Any]
@@ -140,16 +142,8 @@ def measure_model(name: str, work: pathlib.Path, timeout: float) -> Record:
 def measure(timeout: float = 900.0, models: tuple[str, ...] = tuple(MODELS)) -> Record:
     """Measures every model of ``models``, in one run, side by side."""
     with tempfile.TemporaryDirectory(prefix="disc_compile_time_") as tmp:
-        return {"cores": os.cpu_count(), "isa": _isa(),
+        return {"cores": os.cpu_count(), "isa": machine.host_isa(),
                 "models": {m: measure_model(m, pathlib.Path(tmp), timeout) for m in models}}
-
-
-def _isa() -> str:
-    try:
-        flags = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "neither"
 
 
 def _ok(value: float, target: float) -> str:

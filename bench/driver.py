@@ -4,7 +4,9 @@ Each peer (``python -m bench.peer --interleave``) is started in turn and runs it
 setup and first pass alone; it then waits on stdin. The hot passes go round the
 peers (tf, xla, disc, ort, tf, xla, ...) for ``hot_repeats`` rounds, so that load
 from other work on a shared machine spreads over all peers instead of landing on
-one; each peer reports its best round. Only one peer computes at any time.
+one; each peer reports every round's time (``hot_pass_runs_s``) and the load at
+each round's start (``round_loads``), from which ``bench.rounds`` takes per-round
+ratios. Only one peer computes at any time.
 
 Then each peer of ``MEMORY_PEERS`` that succeeded runs once more, alone, in a
 fresh process that times nothing (``bench.peer --measure-memory``): its peak
@@ -23,6 +25,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from bench import machine
 from bench.peer import MEMORY_PEERS
 from bench.progress import ProgressBar
 
@@ -195,7 +198,9 @@ def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pat
 
     if live and bar is not None:
         bar.start(f"{name} hot x{hot_repeats}")
+    round_loads: list[float | None] = []
     for round_no in range(hot_repeats):
+        round_loads.append(machine.load_average())
         for peer in list(live):
             pp = live[peer][0]
             if bar is not None:
@@ -208,6 +213,9 @@ def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pat
     for peer in list(live):
         live[peer][0].send("stop")
         close(peer)
+    for record in records.values():
+        if record.get("status") == "ok":
+            record["round_loads"] = round_loads
     for peer in (p for p in peers if p in MEMORY_PEERS):  # one progress step each
         if bar is not None:
             bar.start(f"{name}/{peer} memory")

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ort_worker:  # inside the ORT venv: one JSON line of records
         print(json.dumps(measure_ort(shapes)))
         return 0
-    from bench.run import cpu_model
+    from bench.machine import cpu_model
 
     records = measure(shapes)
     ort = None if args.no_ort else ort_records(shapes)

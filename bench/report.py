@@ -6,6 +6,7 @@ import importlib.util
 import pathlib
 from typing import Any
 
+from bench import rounds
 from bench.peer import PEERS
 
 Record = dict[str, Any]
@@ -16,6 +17,9 @@ FIRST_VS_TF = 1.3
 FIRST_VS_XLA = 5.0
 #: disc's peak activation memory per call at most TF's.
 ACT_VS_TF = 1.0
+#: disc's hot pass against ONNX Runtime's (median of per-round ratios), per workload.
+HOT_VS_ORT = {"bert_base": 1.05}
+HOT_VS_ORT_DEFAULT = 1.15
 
 
 def add_speedups(records: dict[str, Record]) -> None:
@@ -33,10 +37,20 @@ def add_speedups(records: dict[str, Record]) -> None:
             rec["speedup_setup_first"] = (
                 (base["setup_s"] + base["first_pass_s"]) / (rec["setup_s"] + rec["first_pass_s"])
             )
+    for peer, rec in records.items():
+        for other in ("tf", "ort"):
+            ratio = rounds.from_records(records, peer, other) if peer != other else None
+            if ratio is not None:
+                rec[f"rounds_vs_{other}"] = ratio.as_dict()
 
 
 def _num(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+    if value is None:
+        return "-"
+    if fmt == "rounds":  # a RoundRatio.as_dict()
+        return rounds.RoundRatio(value["median"], value["low"], value["high"],
+                                 value["rounds"]).cell()
+    return format(value, fmt)
 
 
 COLUMNS = (
@@ -53,6 +67,7 @@ COLUMNS = (
     ("max abs err", "max_abs_err", ".2e"),
     ("x TF first", "speedup_first", ".2f"),
     ("x TF hot", "speedup_hot", ".2f"),
+    ("x TF hot, per round", "rounds_vs_tf", "rounds"),
     ("x TF setup+first", "speedup_setup_first", ".2f"),
 )
 
@@ -99,7 +114,15 @@ def target_rows(results: dict[str, Any]) -> list[str]:
         mark = "" if target is None else (" ok" if value >= target else " **miss**")
         return f"{value:.2f}x{mark}"
 
-    lines = [f"| workload | hot vs TF (>= {HOT_VS_TF}) | hot vs ORT (> 1) | first pass vs TF "
+    def round_cell(name: str, other: str, target: float) -> str:
+        ratio = rounds.from_records(results["results"][name], "disc", other)
+        if ratio is None:
+            return "n/a"
+        verdict = ratio.meets(target)
+        return f"{ratio.cell()} " + ("ok" if verdict == "ok" else f"**{verdict}**")
+
+    lines = [f"| workload | hot vs TF (>= {HOT_VS_TF}) | hot vs ORT (>= "
+             f"{HOT_VS_ORT_DEFAULT}; bert_base {HOT_VS_ORT['bert_base']}) | first pass vs TF "
              f"(>= {FIRST_VS_TF}) | first pass vs XLA (>= {FIRST_VS_XLA:g}) | setup+first vs TF | "
              f"peak act / TF (<= {ACT_VS_TF:g}) | clusters in TF | hot vs TF, TF call path |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -117,8 +140,8 @@ def target_rows(results: dict[str, Any]) -> list[str]:
                     else f"{act:.2f}x" + (" ok" if act <= ACT_VS_TF else " **miss**"))
         lines.append(" | ".join([
             f"| {name}",
-            cell(_ratio(records, "disc", "tf", "hot_pass_s"), HOT_VS_TF),
-            cell(_ratio(records, "disc", "ort", "hot_pass_s"), 1.0 + 1e-9),
+            round_cell(name, "tf", HOT_VS_TF),
+            round_cell(name, "ort", HOT_VS_ORT.get(name, HOT_VS_ORT_DEFAULT)),
             cell(_ratio(records, "disc", "tf", "first_pass_s"), FIRST_VS_TF),
             cell(_ratio(records, "disc", "xla", "first_pass_s"), FIRST_VS_XLA),
             cell(disc.get("speedup_setup_first"), None),
@@ -180,7 +203,8 @@ def _header(results: dict[str, Any]) -> list[str]:
     lines = [
         "# disc_tf benchmark results",
         "",
-        f"- CPU: {m['cpu']} ({m['cores']} cores, {m.get('memory_gib')} GiB); {m.get('platform')}",
+        f"- CPU: {m['cpu']} ({m['cores']} cores, {m.get('memory_gib')} GiB, "
+        f"{m.get('isa', 'ISA not recorded')}); {m.get('platform')}",
         f"- TensorFlow {m['tensorflow']}, numpy {m['numpy']}, Python {m['python']}; "
         f"disc_tf commit {m.get('commit')}",
     ]
@@ -189,11 +213,14 @@ def _header(results: dict[str, Any]) -> list[str]:
                      f"{ort['tf2onnx']} on TensorFlow {ort['tensorflow']}, opset {ort['opset']}")
     lines += [
         f"- Date: {m['date']}",
+        *([f"- Code paths capped at {m['isa_cap']}: "
+           + "; ".join(f"{k}: {v}" for k, v in (m.get("isa_caps") or {}).items())]
+          if m.get("isa_cap") else []),
         f"- 1-min load average at start / end: {m.get('loadavg_start')} / "
         f"{m.get('loadavg_end')} (other work shared the 2 cores when > ~0.3 at start)",
         f"- Stream: {cfg['count']} calls per pass, seed {cfg['seed']}"
         + (" (quick)" if cfg["quick"] else "")
-        + f"; hot pass: best of {cfg.get('hot_repeats', 1)}",
+        + f"; hot passes: {cfg.get('hot_repeats', 1)} interleaved rounds",
         "",
         "Times are sums of per-call wall time over the stream. Setup is load (tf, xla), "
         "optimize + load with an empty artifact cache (disc: every cluster compile is here, "
@@ -205,7 +232,10 @@ def _header(results: dict[str, Any]) -> list[str]:
         "optimized model called the way tf is. The first pass includes every lazy compile "
         "(XLA compiles once per distinct shape). The hot pass repeats the stream; its total "
         "is the best repeat's and p50/p99 are over each call's fastest time. `x TF` columns "
-        "are TF time / peer time (> 1 = faster than TF). `compiles`: "
+        "are TF time / peer time (> 1 = faster than TF). The hot passes run in rounds, one "
+        "pass of each peer per round; `per round` ratios are the median of the ratios taken "
+        "within each round, with the smallest and largest in brackets, and the target table "
+        "uses them: a spread that crosses 1.0 is a **tie**, not a win. `compiles`: "
         "XLA traces or disc cluster compilations. Peak RSS is the peer process's (includes "
         "TF itself; the ort process imports TF for the conversion). `peak act MiB` (tf, xla, "
         "disc): from a separate untimed process on the same stream, with TF's CPU device on "
@@ -247,6 +277,10 @@ def markdown_report(results: dict[str, Any], plot_name: str | None = None) -> st
                     f"{_num(disc.get('optimize_warm_cache_s'), '.2f')} s); first call "
                     f"{disc['first_call_s'] * 1e3:.1f} ms; stats {disc.get('disc_stats')}.", ""]
         out.append(markdown_table(records))
+        loads = next((r["round_loads"] for r in records.values() if r.get("round_loads")), None)
+        if loads:
+            out += ["", "1-min load average at the start of each hot round: "
+                    + ", ".join(_num(v, ".2f") for v in loads) + "."]
         notes = findings(records)
         if notes:
             out += [""] + [f"- {n}" for n in notes]

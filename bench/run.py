@@ -13,17 +13,14 @@ when matplotlib is importable, a PNG plot next to the report.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import sys
 import tempfile
 from typing import Any
 
-from bench import driver
+from bench import driver, machine
 from bench import report as report_mod
 from bench.peer import MEMORY_PEERS, PEERS
 from bench.progress import ProgressBar
@@ -34,68 +31,28 @@ REPO_ROOT = driver.REPO_ROOT
 Record = dict[str, Any]
 
 
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo ("unknown" elsewhere)."""
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+#: Per x86-64 level, the environment that caps each peer's code path at it.
+ISA_CAPS = {
+    "x86-64-v3": {"DISC_TF_ISA": "x86-64-v3", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                  "XLA_FLAGS": "--xla_cpu_max_isa=AVX2"},
+    "x86-64": {"DISC_TF_ISA": "x86-64", "ONEDNN_MAX_CPU_ISA": "SSE41",
+               "XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"},
+}
 
 
-def memory_gib() -> float | None:
-    """Total memory from /proc/meminfo, in GiB."""
-    try:
-        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def git_revision() -> str | None:
-    """The checked-out commit (with ``+dirty`` when the tree has changes).
-
-    ``BENCH_COMMIT`` names it instead, for a tree exported without ``.git``.
-    """
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (rev + ("+dirty" if dirty else "")) or None
-
-
-def machine_info(tf_version: str) -> dict[str, Any]:
-    """What the numbers were measured on."""
-    import numpy as np
-
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "memory_gib": memory_gib(),
-        "commit": git_revision(),
-        "python": platform.python_version(),
-        "tensorflow": tf_version,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-
-
-def load_average() -> float | None:
-    """The 1-minute load average (other work on the machine skews the timings)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+def cap_isa(level: str) -> dict[str, str]:
+    """Sets the environment the peers inherit so that they run ``level``'s code path;
+    returns what each peer was capped by (ort's MLAS dispatches on CPUID alone)."""
+    env = ISA_CAPS[level]
+    for key, value in env.items():
+        if key == "XLA_FLAGS" and os.environ.get(key):
+            value = f"{os.environ[key]} {value}"
+        os.environ[key] = value
+    return {"disc": f"DISC_TF_ISA={env['DISC_TF_ISA']} (kernels and RAL GEMM)",
+            "tf": f"ONEDNN_MAX_CPU_ISA={env['ONEDNN_MAX_CPU_ISA']} (oneDNN kernels; Eigen "
+                  "as built)",
+            "xla": f"XLA_FLAGS={env['XLA_FLAGS']}",
+            "ort": "not capped (MLAS picks its kernels from CPUID)"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,8 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short stream, for smoke tests")
     p.add_argument("--count", type=int, default=None, help="calls per pass (overrides --quick)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hot-repeats", type=int, default=3,
-                   help="rounds of hot passes, alternating peers; each peer's best is reported")
+    p.add_argument("--hot-repeats", type=int, default=7,
+                   help="rounds of hot passes, alternating peers; ratios are the median of "
+                        "per-round ratios, with their spread")
+    p.add_argument("--isa", choices=sorted(ISA_CAPS), default=None,
+                   help="cap the peers' code paths at this x86-64 level (disc: DISC_TF_ISA; "
+                        "tf's oneDNN and XLA by their own caps; ort cannot be capped)")
     p.add_argument("--out-dir", type=pathlib.Path, default=BENCH_DIR / "out")
     p.add_argument("--report", type=pathlib.Path, default=BENCH_DIR / "RESULTS.md",
                    help="markdown report path (the PNG plot goes next to it)")
@@ -181,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             results_path.write_text(json.dumps(results, indent=1))
         print(write_report(results, args.report))
         return 0
-    load_start = load_average()
+    load_start = machine.load_average()
+    caps = cap_isa(args.isa) if args.isa else {}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -191,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     previous = json.loads(results_path.read_text()) if args.merge and results_path.exists() else {}
     results: dict[str, Any] = {
-        "machine": {**machine_info(tf.__version__), "loadavg_start": load_start},
+        "machine": {**machine.machine_info(tf.__version__), "loadavg_start": load_start,
+                    "isa_caps": caps},
         "config": {"count": count, "seed": args.seed, "quick": args.quick,
                    "hot_repeats": args.hot_repeats,
                    "peers": args.peers, "workloads": args.workloads},
@@ -207,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         results["compile_time"] = compile_time.measure(timeout=args.timeout)
     records, failed = run_workloads(args, count)
     results["results"].update(records)
-    results["machine"]["loadavg_end"] = load_average()
+    results["machine"]["loadavg_end"] = machine.load_average()
     results_path.write_text(json.dumps(results, indent=1))
     print(write_report(results, args.report))
     return 1 if failed else 0

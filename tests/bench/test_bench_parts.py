@@ -63,9 +63,11 @@ def _results() -> dict:
                 "distinct_shapes": 47, "first_call_s": 0.01, **extra}
 
     records = {
-        "tf": rec("tf", 1.0, 0.8, peak_act_mb=10.0, alloc_peak_mb=40.0),
+        "tf": rec("tf", 1.0, 0.8, peak_act_mb=10.0, alloc_peak_mb=40.0,
+                  hot_pass_runs_s=[0.8, 0.9, 1.0]),
         "xla": rec("xla", 20.0, 0.7, compiles=47, memory_status="error: timeout after 9s"),
-        "disc": rec("disc", 0.7, 0.5, compiles=1, clusters=1, cluster_ops=[40], optimize_s=2.0,
+        "disc": rec("disc", 0.7, 0.5, hot_pass_runs_s=[0.5, 0.6, 0.5], compiles=1, clusters=1,
+                    cluster_ops=[40], optimize_s=2.0,
                     failed_clusters=["disc_cluster_1"], failed_cluster_errors=["boom"],
                     disc_stats={"fallbacks": 0}, peak_act_mb=15.0, alloc_peak_mb=30.25,
                     peak_act_shape=[4, 256, 768]),
@@ -97,7 +99,8 @@ def _cluster(from_cache: bool, compiled: int, cached: int) -> dict:
 def test_report_tables_targets_and_fallbacks() -> None:
     results = _results()
     text = report.markdown_report(results, "plot.png")
-    assert "| bert_base | 1.60x ok | n/a | 1.43x ok | 28.57x ok |" in text
+    # per-round ratios tf/disc: 1.6, 1.5, 2.0 -> median 1.6 (1.5-2.0)
+    assert "| bert_base | 1.60x (1.50-2.00) ok | n/a | 1.43x ok | 28.57x ok |" in text
     assert "1 failed to compile" in text
     assert "cluster disc_cluster_1 left as TF ops: boom" in text
     assert "| ort | not installed |" in text
@@ -105,6 +108,35 @@ def test_report_tables_targets_and_fallbacks() -> None:
     assert "| m | cached | 17 (9) | 0 / 0 | 40 | 0.20 | 0.00 | 0.30 |" in text
     assert "| n | cold | error: x | | | | | |" in text
     assert "m (2 cores, AVX2): optimize cold 2.0 s = 0.50 XLA shape compiles" in text
+
+
+def test_report_calls_a_spread_across_one_a_tie() -> None:
+    results = _results()
+    records = results["results"]["bert_base"]
+    records["ort"] = {**records["tf"], "peer": "ort", "hot_pass_runs_s": [0.45, 0.7, 0.75]}
+    report.add_speedups(records)
+    # ort/disc per round: 0.9, 1.1667, 1.5 -> the spread crosses 1.0
+    assert records["disc"]["rounds_vs_ort"]["verdict"] == "tie"
+    text = report.markdown_report(results)
+    assert "| 1.17x (0.90-1.50) **tie** |" in text
+    records["tf"]["round_loads"] = [1.5, 0.25, None]
+    assert "start of each hot round: 1.50, 0.25, -." in report.markdown_report(results)
+    records["ort"]["hot_pass_runs_s"] = [0.55, 0.65, 0.56]  # 1.1, 1.083, 1.12
+    assert "| 1.10x (1.08-1.12) ok |" in report.markdown_report(results)  # bert_base: >= 1.05
+    results["results"]["bert_small"] = results["results"].pop("bert_base")
+    assert "| 1.10x (1.08-1.12) **miss** |" in report.markdown_report(results)  # >= 1.15
+
+
+def test_round_ratio_pairs_rounds_and_judges_targets() -> None:
+    from bench import rounds
+
+    ratio = rounds.round_ratio([1.0, 2.0, 1.0, 1.0], [1.2, 2.6, 1.5])  # 3 common rounds
+    assert ratio is not None and ratio.rounds == 3
+    assert (ratio.median, ratio.low, ratio.high) == pytest.approx((1.3, 1.2, 1.5))
+    assert ratio.verdict == "faster" and ratio.meets(1.3) == "ok" and ratio.meets(1.4) == "miss"
+    slower = rounds.round_ratio([2.0, 2.0], [1.0, 1.5])
+    assert slower is not None and slower.verdict == "slower" and slower.meets(1.0) == "miss"
+    assert rounds.round_ratio([], [1.0]) is None
 
 
 def test_report_shows_peak_activation_memory() -> None:
