@@ -127,6 +127,8 @@ class DirectFunction:
     def __init__(self, name: str, function: Any, concrete: Any, keyword: bool,
                  refuse: str | None = None) -> None:
         self.name = name
+        #: the values of the parameters a positional call may omit (Python defaults)
+        self._defaults = _python_defaults(function) if not keyword else ()
         self._function = function  # what a TF-way call calls
         self._keyword = keyword  # signatures take keyword arguments, __call__ positional ones
         self.plan: DirectPlan | None = None
@@ -161,7 +163,17 @@ class DirectFunction:
             if kwargs:
                 raise NotDirect("keyword-only arguments")
             names = []
-            specs = list(args)
+            tensors = next((i for i, a in enumerate(args) if not isinstance(a, tf.TensorSpec)),
+                           len(args))
+            specs, fixed = list(args[:tensors]), tuple(args[tensors:])
+            # Trailing Python values (training=False) are the trace's: a call that omits
+            # them runs it only if they are the defaults.
+            if any(isinstance(x, tf.TensorSpec) for x in nest.flatten(fixed)):
+                raise NotDirect("an argument is not a plain tensor")
+            if fixed and (len(fixed) > len(self._defaults)
+                          or any((type(f), f) != (type(d), d)
+                                 for f, d in zip(fixed, self._defaults[-len(fixed):]))):
+                raise NotDirect("traced with Python arguments other than their defaults")
         if not all(isinstance(s, tf.TensorSpec) for s in specs):
             raise NotDirect("an argument is not a plain tensor")
         captured = list(concrete.captured_inputs)
@@ -294,7 +306,7 @@ class DiscModel:
             for name, fn in module.signatures.items()}
         self._call: DirectFunction | None = None
         call = module.__call__ if callable(module) else None
-        concretes = list(getattr(call, "concrete_functions", ()) or ())
+        concretes = _serving_traces(call)
         if call is not None and len(concretes) == 1:
             self._call = DirectFunction("__call__", call, concretes[0], keyword=False,
                                         refuse=refuse)
@@ -302,7 +314,7 @@ class DiscModel:
         self._methods: dict[str, DirectFunction] = {}
         for name in function_names:
             fn = getattr(module, name, None)
-            concretes = list(getattr(fn, "concrete_functions", ()) or ())
+            concretes = _serving_traces(fn)
             if name == "__call__" or fn is None or not concretes:
                 continue
             why = refuse if refuse is not None or len(concretes) == 1 else (
@@ -366,3 +378,30 @@ def _root_function_names(export_dir: str) -> tuple[str, ...]:
     sm = saved_model_pb2.SavedModel.FromString(path.read_bytes())
     return tuple(sorted({name for mg in sm.meta_graphs for name in root_functions(mg)
                          if name != "signatures"}))
+
+
+def _python_defaults(function: Any) -> tuple:
+    """The default values of ``function``'s trailing parameters (empty if unknown)."""
+    spec = getattr(getattr(function, "function_spec", None), "fullargspec", None)
+    return tuple(getattr(spec, "defaults", None) or ())
+
+
+def _serving_traces(function: Any) -> list[Any]:
+    """``function``'s restored concrete functions less those traced with
+    ``training=True`` (a Keras model's training-mode calls), which a call that omits
+    ``training`` never runs; all of them when ``training`` defaults to True."""
+    concretes = list(getattr(function, "concrete_functions", ()) or ())
+    spec = getattr(getattr(function, "function_spec", None), "fullargspec", None)
+    if spec is None or "training" not in spec.args:
+        return concretes
+    at = spec.args.index("training")
+    defaults = tuple(spec.defaults or ())
+    first_default = len(spec.args) - len(defaults)
+    if at >= first_default and defaults[at - first_default] is True:
+        return concretes
+
+    def trains(concrete: Any) -> bool:
+        args, kwargs = concrete.structured_input_signature
+        return kwargs.get("training", args[at] if at < len(args) else None) is True
+
+    return [c for c in concretes if not trains(c)]

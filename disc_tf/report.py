@@ -93,6 +93,8 @@ class OptimizeReport:
     skipped_functions: list[str] = dataclasses.field(default_factory=list)
     #: bodies that could not be analysed (left as they are) -> why
     not_analysed: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: what defined the serving scope, e.g. "signature serving_default", "function serve"
+    entries: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def compiled(self) -> list[ClusterReport]:
@@ -191,4 +193,5 @@ class OptimizeReport:
             else None,
             "skipped_functions": self.skipped_functions,
             "not_analysed": self.not_analysed,
+            "entries": self.entries,
         }

@@ -112,6 +112,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     for meta_graph in sm.meta_graphs:
         served = scope.serving_scope(meta_graph, signatures, all_functions)
         report.serving_bodies |= served.functions
+        report.entries += [e for e in served.entries if e not in report.entries]
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
         library = opt.optimize_library(object_graph_references(meta_graph),
                                        served.has_function)

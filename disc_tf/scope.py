@@ -3,8 +3,10 @@
 A SavedModel's entry points are its signatures (run through the main graph's
 call nodes) and the ``tf.function``s of its root object (``loaded.serve``,
 ``loaded.__call__``). Everything they call, transitively, is in scope; the
-checkpoint save/restore functions, the init op and functions only reachable
-from inner objects (a Keras layer's own traced calls) are not.
+checkpoint save/restore functions, the init op, functions only reachable from
+inner objects (a Keras layer's own traced calls) and a Keras model's traces for
+``training=True`` (dropout and batch statistics: what ``fit`` runs, never what
+serving runs) are not.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def serving_signatures(meta_graph: meta_graph_pb2.MetaGraphDef) -> list[str]:
                   if not k.startswith(INTERNAL_SIGNATURE_PREFIX))
 
 
-def root_functions(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, list[str]]:
-    """The root object's ``tf.function`` attributes: name -> concrete functions."""
+def root_functions(meta_graph: meta_graph_pb2.MetaGraphDef,
+                   serving_only: bool = False) -> dict[str, list[str]]:
+    """The root object's ``tf.function`` attributes: name -> concrete functions
+    (with ``serving_only``, those traced with ``training=True`` left out)."""
     graph = meta_graph.object_graph_def
     if not graph.nodes:
         return {}
@@ -68,10 +72,58 @@ def root_functions(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, list[st
         node = graph.nodes[child.node_id]
         kind = node.WhichOneof("kind")
         if kind == "function":
-            found[child.local_name] = list(node.function.concrete_functions)
+            spec = node.function.function_spec
+            found[child.local_name] = [
+                c for c in node.function.concrete_functions
+                if not (serving_only and c in graph.concrete_functions
+                        and not _trains_by_default(spec)
+                        and traced_for_training(spec, graph.concrete_functions[c]))]
         elif kind == "bare_concrete_function":
             found[child.local_name] = [node.bare_concrete_function.concrete_function_name]
     return found
+
+
+def _argspec_field(function_spec, key: str):
+    """One field (``args``, ``defaults``...) of a saved function's FullArgSpec, or None."""
+    for field in function_spec.fullargspec.named_tuple_value.values:
+        if field.key == key:
+            return field.value
+    return None
+
+
+def _arg_names(function_spec) -> list[str]:
+    """The positional parameter names of a saved function's spec (``self`` left out)."""
+    args = _argspec_field(function_spec, "args")
+    names = [v.string_value for v in args.list_value.values] if args is not None else []
+    return names[1:] if function_spec.is_method and names else names
+
+
+def _trains_by_default(function_spec) -> bool:
+    """Whether ``training`` defaults to True (then a call that omits it trains)."""
+    args, defaults = _argspec_field(function_spec, "args"), _argspec_field(function_spec,
+                                                                           "defaults")
+    if args is None or defaults is None:
+        return False
+    names = [v.string_value for v in args.list_value.values]
+    values = list(defaults.tuple_value.values)
+    if "training" not in names or names.index("training") < len(names) - len(values):
+        return False
+    value = values[names.index("training") - (len(names) - len(values))]
+    return value.WhichOneof("kind") == "bool_value" and value.bool_value
+
+
+def traced_for_training(function_spec, concrete) -> bool:
+    """Whether a concrete function was traced with ``training=True`` (passed by
+    position or by keyword), as Keras saves a model's training-mode calls."""
+    signature = concrete.canonicalized_input_signature.tuple_value.values
+    if len(signature) != 2:
+        return False
+    args, kwargs = signature[0].tuple_value.values, signature[1].dict_value.fields
+    names = _arg_names(function_spec)
+    value = kwargs["training"] if "training" in kwargs else None
+    if value is None and "training" in names and names.index("training") < len(args):
+        value = args[names.index("training")]
+    return value is not None and value.WhichOneof("kind") == "bool_value" and value.bool_value
 
 
 def _graph_nodes_reached(meta_graph: meta_graph_pb2.MetaGraphDef,
@@ -111,10 +163,13 @@ def serving_scope(meta_graph: meta_graph_pb2.MetaGraphDef,
     pending = called_functions([by_name[n] for n in nodes], set(fdefs))
     entries = [f"signature {k}" for k in chosen]
     if signatures is None:
-        for name, concrete in sorted(root_functions(meta_graph).items()):
+        every_trace = root_functions(meta_graph)
+        for name, concrete in sorted(root_functions(meta_graph, serving_only=True).items()):
             if name == "signatures":
                 continue
-            entries.append(f"function {name}")
+            training = len(every_trace[name]) - len(concrete)
+            entries.append(f"function {name}" + (f" ({training} training-mode trace(s) left "
+                                                  "out)" if training else ""))
             pending.update(c for c in concrete if c in fdefs)
     functions: set[str] = set()
     while pending:

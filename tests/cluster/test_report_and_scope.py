@@ -113,6 +113,50 @@ def test_all_functions_and_signatures(model_dir, tmp_path):
         optimize_saved_model(str(model_dir), str(tmp_path / "bad"), signatures=["nope"])
 
 
+class _KerasLike(tf.Module):
+    """Saves its call traced twice, as Keras does: for inference and for training."""
+
+    @tf.function
+    def __call__(self, x, training=False):
+        if training:
+            return tf.nn.dropout(x, 0.5) * 2.0 + 1.0
+        return tf.exp(x) * 2.0 + 1.0
+
+
+@pytest.mark.parametrize("by_keyword", [True, False])
+def test_training_mode_traces_are_not_the_serving_path(tmp_path, by_keyword):
+    m = _KerasLike()
+    if by_keyword:
+        m.__call__.get_concrete_function(SPEC, training=True)
+        m.__call__.get_concrete_function(SPEC, training=False)
+    else:
+        m.__call__.get_concrete_function(SPEC, True)
+        m.__call__.get_concrete_function(SPEC, False)
+    src = tmp_path / "model"
+    tf.saved_model.save(m, str(src))
+    report = optimize_saved_model(str(src), str(tmp_path / "opt"), strict=True)
+    # The inference trace compiles; the training one (dropout) is left as it was.
+    assert report.clusters and not report.refused
+    assert any("1 training-mode trace(s) left out" in e for e in report.entries), report.entries
+    training = [f for f in report.skipped_functions if f.startswith("__inference___call__")]
+    assert len(training) == 1, report.skipped_functions
+    compiled = _functions_with_clusters(tmp_path / "opt")
+    assert len([f for f in compiled if f.startswith("__inference___call__")]) == 1, compiled
+    everything = optimize_saved_model(str(src), str(tmp_path / "all"), strict=False,
+                                      all_functions=True)
+    assert not any(f.startswith("__inference___call__") for f in everything.skipped_functions)
+
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for loaded in (tf.saved_model.load(str(tmp_path / "opt")),
+                   disc_tf.load(str(tmp_path / "opt"))):
+        assert_same(tf.exp(x) * 2.0 + 1.0, loaded(x), tf.float32)
+        assert loaded(x, training=True).shape == (3, 4)
+    # disc_tf.load calls the inference trace directly; a training call goes through TF.
+    assert loaded.direct_functions() == {"__call__": None}
+    assert loaded.warmed_up == {"__call__": True}
+    assert loaded._call.direct_calls == 1 and loaded._call.tf_calls == 1
+
+
 def test_report_is_printed_stored_and_kept(model_dir, tmp_path, capsys):
     out = tmp_path / "opt"
     assert disc_tf.optimize(str(model_dir), str(out), strict=False) == str(out)
