@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 4
+#define DISC_RAL_ABI_VERSION 5
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -124,6 +124,13 @@ struct disc_ral {
                          int64_t stride_c_outer, int64_t stride_c_inner,
                          disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows,
                          int32_t accumulate);
+
+  /* ABI 5. One GEMM on the calling thread, no pool: C[m x n] (+)= op(A) * op(B),
+   * operands as in sgemm_batched (one product). For a GEMM that runs inside another's
+   * epilogue on the rows that block just finished (attention's P * V after softmax). */
+  void (*sgemm_rows)(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, int transpose_a, const float* b, int64_t ldb,
+                     int transpose_b, float* c, int64_t ldc, int32_t accumulate);
 };
 
 #ifdef __cplusplus

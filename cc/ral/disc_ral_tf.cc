@@ -620,6 +620,24 @@ void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
                 GemmEpilogue{epilogue, closure, full_rows != 0, accumulate != 0});
 }
 
+void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                  int transpose_a, const float* b, int64_t ldb, int transpose_b, float* c,
+                  int64_t ldc, int32_t accumulate) {
+  if (m < 0 || n < 0 || k < 0) {
+    TfRal::From(ral)->SetError(DISC_INTERNAL, absl::StrCat("sgemm_rows: negative size: m ", m,
+                                                           ", n ", n, ", k ", k));
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  const disc_gemm_block_fn block = Gemm().block;
+  if (block != nullptr) {
+    block(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate);
+  } else {
+    ContractStrided(m, n, k, a, lda, transpose_a != 0, b, ldb, transpose_b != 0, c, ldc,
+                    accumulate != 0);
+  }
+}
+
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {
   TfRal::From(ral)->SetError(code, message ? message : "");
 }
@@ -658,6 +676,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_batched = &RalSgemmBatched;
   sgemm_strided = &RalSgemmStrided;
   sgemm_epilogue = &RalSgemmEpilogue;
+  sgemm_rows = &RalSgemmRows;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

@@ -243,13 +243,13 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             last_use[plan.memory(a.buffer)] = n
     out.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;")
     size_of: dict[str, str] = {}
-    # A GEMM epilogue runs inside its GEMM's launch: its outputs are allocated there.
+    # A GEMM epilogue (and a GEMM chained after it) runs inside its GEMM's launch: its
+    # outputs are allocated there.
     index = {k.name: n for n, k in enumerate(plan.kernels)}
-    inside_a_gemm = {index[k.epilogue] for k in plan.kernels if k.epilogue}
+    inside_a_gemm = {index[name] for k in plan.kernels for name in (k.epilogue, k.chain) if name}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
-        if k.epilogue:
-            writers.append(plan.kernels[index[k.epilogue]])
+        writers += [plan.kernels[index[name]] for name in (k.epilogue, k.chain) if name]
         for _, bname in [o for w in writers for o in w.outputs]:
             b = plan.buffers[bname]
             if b.role == "output":  # as late as TF would: no output held while others compute
@@ -271,7 +271,8 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append(f"  temp_bytes += {nbytes};")
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
         if k.epilogue:
-            out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]]))
+            out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]],
+                                        chain=emitters[index[k.chain]] if k.chain else None))
         elif n not in inside_a_gemm:
             out.extend(e.launch(ptr))
         for bname, last in last_use.items():

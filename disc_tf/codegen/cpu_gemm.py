@@ -15,16 +15,18 @@ if TYPE_CHECKING:
 
 
 def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
-                   epilogue: KernelEmitter | None = None) -> list[str]:
+                   epilogue: KernelEmitter | None = None,
+                   chain: KernelEmitter | None = None) -> list[str]:
     """Host-runner lines of a library kernel: one batched GEMM call (with the
-    ``epilogue`` kernel run on each block of C, when the plan fused one)."""
+    ``epilogue`` kernel run on each block of C, when the plan fused one, and the
+    ``chain`` GEMM on the block's rows after it)."""
     plan, k = em.plan, em.k
     (op,) = k.ops
     lhs, rhs = (em.buf(a) for a in k.inputs)
     if op.op == "conv_taps":
         return conv_taps_launch(em, buffer_ptr, epilogue)
     if epilogue is not None:
-        return epilogue_launch(em, buffer_ptr, epilogue)
+        return epilogue_launch(em, buffer_ptr, epilogue, chain)
     if "strided" in op.attrs:
         return strided_launch(em, buffer_ptr)
     form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
@@ -63,50 +65,118 @@ def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows:
     return lines, f"{epilogue.fn}_epilogue", f"const_cast<{struct}*>(&epi)"
 
 
-def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
-                    epilogue: KernelEmitter) -> list[str]:
-    """The GEMM through ``sgemm_epilogue``: the epilogue kernel's args, then the
-    GEMM (a plain batched one as a two-level batch of batch x 1)."""
+def _gemm_operands(em: KernelEmitter) -> dict:
+    """A dot_general library kernel as a two-level-batched GEMM: host ``lines``
+    defining outer, inner, m, n and kk, the leading dims, the (outer, inner) batch
+    strides of A, B and C (``sa``, ``sb``, ``sc``) and the transposes."""
     plan, k = em.plan, em.k
+    (op,) = k.ops
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    if "strided" in op.attrs:
+        f = op.attrs["strided"]
+        g = strided_gemm_exprs(f, lhs, rhs, plan)
+        return {**g, "ta": int(f["transpose_a"]), "tb": int(f["transpose_b"]),
+                "sc": ["inner * m * n", "m * n"]}
+    form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+    if form is None:
+        raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
+
+    def of(buf: Buffer, positions: list[int]) -> str:
+        return product([buf.dims[p] for p in positions], plan)
+
+    return {"lines": [f"    const int64_t outer = {of(lhs, form.batch)}, inner = 1;",
+                      f"    const int64_t m = {of(lhs, form.m)};",
+                      f"    const int64_t n = {of(rhs, form.n)};",
+                      f"    const int64_t kk = {of(lhs, form.k)};"],
+            "sa": [of(lhs, form.stride_a), "0"], "sb": [of(rhs, form.stride_b), "0"],
+            "lda": of(lhs, form.lda), "ldb": of(rhs, form.ldb),
+            "ta": int(form.transpose_a), "tb": int(form.transpose_b), "sc": ["m * n", "0"]}
+
+
+def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                    epilogue: KernelEmitter, chain: KernelEmitter | None = None) -> list[str]:
+    """The GEMM through ``sgemm_epilogue``: the epilogue kernel's args, then the
+    GEMM (a plain batched one as a two-level batch of batch x 1); with ``chain``, the
+    GEMM reading the epilogue's result runs on each block's rows after it."""
+    k = em.k
     (op,) = k.ops
     lhs, rhs = (em.buf(a) for a in k.inputs)
     (_, out_name), = k.outputs
     e = epilogue.k.name
-    lines = [f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, "
-             f"{e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block"]
-    if "strided" in op.attrs:
-        f = op.attrs["strided"]
-        g = strided_gemm_exprs(f, lhs, rhs, plan)
-        lines += g["lines"]
-        sa, sb, ta, tb = g["sa"], g["sb"], int(f["transpose_a"]), int(f["transpose_b"])
-        lda, ldb, sc = g["lda"], g["ldb"], ["inner * m * n", "m * n"]
-    else:
-        form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
-        if form is None:
-            raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
-
-        def of(buf: Buffer, positions: list[int]) -> str:
-            return product([buf.dims[p] for p in positions], plan)
-
-        lines += [f"    const int64_t outer = {of(lhs, form.batch)}, inner = 1;",
-                  f"    const int64_t m = {of(lhs, form.m)};",
-                  f"    const int64_t n = {of(rhs, form.n)};",
-                  f"    const int64_t kk = {of(lhs, form.k)};"]
-        sa, sb = [of(lhs, form.stride_a), "0"], [of(rhs, form.stride_b), "0"]
-        ta, tb = int(form.transpose_a), int(form.transpose_b)
-        lda, ldb, sc = of(lhs, form.lda), of(rhs, form.ldb), ["m * n", "0"]
+    title = (f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, "
+             f"{e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block")
+    if chain is not None:
+        title += f", then {chain.k.name} ({comment(chain.k.ops[0].tf_node)}) on its rows"
+    g = _gemm_operands(em)
+    lines = [title, *g["lines"]]
     epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
-    lines += epi + [
+    lines += epi
+    if chain is not None:
+        chain_lines, fn, closure = _chain_closure(chain, buffer_ptr, fn, closure)
+        lines += chain_lines
+    sa, sb, sc = g["sa"], g["sb"], g["sc"]
+    lines += [
         "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-        f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {lda}, "
-        f"{sa[0]}, {sa[1]}, {ta},",
-        f"                          {buffer_ptr[rhs.name]}, {ldb}, {sb[0]}, {sb[1]}, {tb},",
+        f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
+        f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
+        f"                          {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
+        f"{g['tb']},",
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
         "    }",
         "  }",
     ]
     return lines
+
+
+def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn: str,
+                   epilogue_closure: str) -> tuple[list[str], str, str]:
+    """Host lines of the closure that runs the epilogue on a block of C and then the
+    chained GEMM (``chain``, reading the epilogue's result as A) on the block's rows,
+    and the function and closure arguments of ``sgemm_epilogue``."""
+    k = chain.k
+    lhs, rhs = (chain.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    g = _gemm_operands(chain)
+    sa, sb, sc = g["sa"], g["sb"], g["sc"]
+    assert g["ta"] == 0, f"{k.name}: a chained GEMM reads its A rows as they are stored"
+    return [
+        f"    // {k.name} ({comment(k.ops[0].tf_node)}): C2 = A2 * op(B2) on the rows of A2 that",
+        "    // each block's epilogue just wrote, on the thread that wrote them",
+        "    struct Chain {",
+        "      disc_ral* ral;",
+        "      disc_gemm_epilogue_fn epilogue;",
+        "      void* closure;",
+        "      int64_t inner, n, kk;",
+        "      const float* a;",
+        "      int64_t lda, sa_outer, sa_inner;",
+        "      const float* b;",
+        "      int64_t ldb, sb_outer, sb_inner;",
+        "      int tb;",
+        "      float* c;",
+        "      int64_t sc_outer, sc_inner;",
+        "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
+        "int64_t j1) {",
+        "        const Chain& h = *static_cast<const Chain*>(p);",
+        "        h.epilogue(h.closure, q, i0, i1, j0, j1);",
+        "        const int64_t qo = q / h.inner, qi = q % h.inner;  // the same product of C2",
+        "        h.ral->sgemm_rows(h.ral, i1 - i0, h.n, h.kk,",
+        "                          h.a + qo * h.sa_outer + qi * h.sa_inner + i0 * h.lda, "
+        "h.lda, 0,",
+        "                          h.b + qo * h.sb_outer + qi * h.sb_inner, h.ldb, h.tb,",
+        "                          h.c + qo * h.sc_outer + qi * h.sc_inner + i0 * h.n, h.n, 0);",
+        "      }",
+        "    };",
+        "    Chain chain{};",
+        "    {",
+        *("  " + line for line in g["lines"]),
+        f"      chain = Chain{{ral, {epilogue_fn}, {epilogue_closure}, inner, n, kk,",
+        f"                    {buffer_ptr[lhs.name]}, {g['lda']}, {sa[0]}, {sa[1]},",
+        f"                    {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, {g['tb']},",
+        f"                    {buffer_ptr[out_name]}, {sc[0]}, {sc[1]}}};",
+        "    }",
+    ], "&Chain::run", "&chain"
+
 
 def strided_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
     """Host-runner lines of a GEMM reading transposed operands in place."""

@@ -336,9 +336,10 @@ class KernelEmitter(StitchEmitter):
         return "\n\n".join(parts)
 
     def library_launch(self, buffer_ptr: dict[str, str],
-                       epilogue: KernelEmitter | None = None) -> list[str]:
+                       epilogue: KernelEmitter | None = None,
+                       chain: KernelEmitter | None = None) -> list[str]:
         """Host-runner lines of a library kernel (``cpu_gemm.py``)."""
-        return cpu_gemm.library_launch(self, buffer_ptr, epilogue)
+        return cpu_gemm.library_launch(self, buffer_ptr, epilogue, chain)
 
     def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
         """Host-runner lines that fill the args and launch the kernel."""

@@ -41,10 +41,7 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     def memory(name: str) -> str:
         return memory_of(buffers, name)
 
-    first_write: dict[str, int] = {}
-    for n, k in enumerate(order):
-        for _, b in k.outputs:
-            first_write.setdefault(root(b), n)
+    first_write = _first_writes(order, buffers)
     taken: set[str] = set()
     for li, lib in enumerate(order):
         if lib.kind != "library" or not (
@@ -82,6 +79,15 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             break
 
 
+def _first_writes(order: list[Kernel], buffers: dict[str, Buffer]) -> dict[str, int]:
+    """Root buffer -> position in ``order`` of the first kernel writing it."""
+    first: dict[str, int] = {}
+    for n, k in enumerate(order):
+        for _, b in k.outputs:
+            first.setdefault(root_of(buffers, b), n)
+    return first
+
+
 def _read_of_c(e: Kernel, c_name: str, root) -> str | None:
     """The buffer (C or a view of C) through which E reads C's memory, if E reads it
     through exactly one access, at E's own index."""
@@ -99,3 +105,72 @@ def _ready_before(e: Kernel, c_name: str, li: int, first_write: dict[str, int],
         if r != c_name and first_write.get(r, -1) >= li:
             return False
     return True
+
+
+def plan_chains(order: list[Kernel], buffers: dict[str, Buffer],
+                same_dim: Callable[[int, int], bool]) -> None:
+    """Sets ``chain`` on every library kernel L1 whose row-wise epilogue E (a stitch
+    kernel on whole rows of C) writes the A operand of a later GEMM L2: L2 then runs on
+    the rows of each block of C right after E, on the same thread (attention:
+    P = softmax(Q Kᵀ) and P · V per block of query rows, P still in cache). L2 must:
+
+    * read E's result as its A, not transposed, with the same products in the same
+      order ([batch..., m, k], k being C's n) and m = C's m;
+    * read a B written before L1 starts;
+    * write memory that no kernel from L1 to L2 reads or writes (it is written earlier
+      now, while they run).
+    """
+    def memory(name: str) -> str:
+        return memory_of(buffers, name)
+
+    def root(name: str) -> str:
+        return root_of(buffers, name)
+
+    by_name = {k.name: n for n, k in enumerate(order)}
+    first_write = _first_writes(order, buffers)
+    chained: set[str] = set()
+    for li, lib in enumerate(order):
+        if lib.kind != "library" or lib.ops[0].op != "dot_general" or lib.epilogue is None:
+            continue
+        ei = by_name[lib.epilogue]
+        e = order[ei]
+        (_, c_name), = lib.outputs
+        c = buffers[c_name]
+        if e.kind != "stitch" or len(e.dims) != len(c.dims) or not all(
+                same_dim(a, b) for a, b in zip(e.dims, c.dims)):
+            continue
+        results = {b for _, b in e.outputs}
+        for l2i in range(ei + 1, len(order)):
+            l2 = order[l2i]
+            if (l2.kind != "library" or l2.ops[0].op != "dot_general" or l2.epilogue
+                    or l2.chain or l2.name in chained or not l2.inputs
+                    or l2.inputs[0].buffer not in results or not l2.inputs[0].is_identity):
+                continue
+            if not _rows_of_products(l2, buffers[l2.inputs[0].buffer], c, same_dim):
+                continue
+            if first_write.get(root(l2.inputs[1].buffer), -1) >= li:
+                continue
+            written = {memory(b) for _, b in l2.outputs}
+            touched = {memory(a.buffer) for k in order[li:l2i + 1] for a in k.inputs}
+            touched |= {memory(b) for k in order[li:l2i] for _, b in k.outputs}
+            if written & touched:
+                continue
+            lib.chain = l2.name
+            chained.add(l2.name)
+            break
+
+
+def _rows_of_products(l2: Kernel, a: Buffer, c: Buffer,
+                      same_dim: Callable[[int, int], bool]) -> bool:
+    """Whether GEMM ``l2`` reads ``a`` (shaped as C) as row-major products [batch..., m, k]
+    in C's product order, not transposed: row i of product q of C is row i of its A."""
+    nb = len(c.dims) - 2
+    if len(a.dims) != len(c.dims) or not all(same_dim(x, y) for x, y in zip(a.dims, c.dims)):
+        return False
+    attrs = l2.ops[0].attrs
+    if "strided" in attrs:
+        f = attrs["strided"]
+        return ([b[0] for b in f["batch"]] == list(range(nb)) and f["m"] == nb
+                and f["k_lhs"] == nb + 1 and not f["transpose_a"])
+    return (attrs.get("lhs_batch") == list(range(nb)) and attrs.get("lhs_contract") == [nb + 1]
+            and len(a.dims) == nb + 2)

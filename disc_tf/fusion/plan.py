@@ -138,6 +138,10 @@ class Kernel:
     #: the epilogue needs blocks of whole rows of C (a row reduction, or rows of a
     #: view of C that split C's rows), so the GEMM is cut by rows only
     epilogue_full_rows: bool = False
+    #: library kernels with a row-wise epilogue: the library kernel whose A is that
+    #: epilogue's result, run on each block's rows right after it (attention's
+    #: softmax(Q Kᵀ) · V) instead of being launched after this GEMM
+    chain: str | None = None
 
     @property
     def tf_ops(self) -> list[str]:
@@ -318,6 +322,9 @@ class FusionPlan:
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
             if k.epilogue:
                 lines.append(f"  epilogue: {k.epilogue} runs on each block of the GEMM's result")
+            if k.chain:
+                lines.append(f"  chain: {k.chain} runs on the rows of each block after the "
+                             "epilogue")
         if self.speculative is not None:
             cond = ", ".join(f"s{s} == {self.symbols[s]}" for s in self.speculated_symbols)
             lines.append(f"speculation: when {cond} (nothing broadcast in this call):")

@@ -129,3 +129,68 @@ def test_consumer_of_a_view_of_the_gemm_result():
     assert lib.epilogue and lib.epilogue_full_rows, plan.describe()
     _check(head_projection, [tf.TensorSpec([None, None, 64], F32)],
            lambda r: [(r % 3 + 1, r, 64)], seed=6)
+
+
+def _chains(plan) -> dict[str, str]:
+    return {k.name: k.chain for k in plan.kernels if k.chain}
+
+
+def _qkv(x):
+    """Queries, keys and values of one input (equal batch dims, as in a model)."""
+    return x, x * 0.7 - 0.2, tf.tanh(x)
+
+
+def attention(x):
+    q, k, v = _qkv(x)
+    p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * 0.125, axis=-1)
+    return tf.matmul(p, v)
+
+
+def test_attention_runs_p_times_v_on_each_block_of_softmax_rows():
+    spec = dyn(4)
+    plan = _plan(attention, spec)
+    assert len(_chains(plan)) == 1, plan.describe()
+    assert "sgemm_rows" in pipeline.front_end(cluster_of(attention, spec)).source
+    # One product of 130 or 515 query rows is cut into row blocks for the pool (a
+    # block's P * V starts at its first row); more products are one block each.
+    _check(attention, [spec], lambda r: [(1, 1, r, 16) if r > 100 else (2, 3, r, 16)], seed=7)
+
+
+def bert_attention(x):
+    """Heads read through transposes of [batch, seq, heads, dim], the context written
+    back as [batch, seq, heads, dim]: the GEMMs read their operands in place."""
+    q, k, v = (tf.transpose(t, [0, 2, 1, 3]) for t in _qkv(x))
+    p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * 0.125, axis=-1)
+    return tf.transpose(tf.matmul(p, v), [0, 2, 1, 3])
+
+
+def test_attention_on_heads_read_in_place():
+    spec = tf.TensorSpec([None, None, 4, 16], F32)
+    plan = _plan(bert_attention, spec)
+    assert len(_chains(plan)) == 1, plan.describe()
+    _check(bert_attention, [spec], lambda r: [(2, r, 4, 16)], seed=8)
+
+
+def attention_and_probs(x):
+    q, k, v = _qkv(x)
+    p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True), axis=-1)
+    return tf.matmul(p, v), p * 2.0
+
+
+def test_chained_probabilities_still_reach_their_other_reader():
+    spec = dyn(3)
+    assert len(_chains(_plan(attention_and_probs, spec))) == 1
+    _check(attention_and_probs, [spec], lambda r: [(3, r % 300 + 1, 8)], seed=9)
+
+
+def probs_transposed_times_v(x):
+    q, k, v = _qkv(x)
+    p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True), axis=-1)
+    return tf.matmul(p, v, transpose_a=True)  # reads P's columns: no row block is enough
+
+
+def test_a_gemm_reading_the_probabilities_transposed_is_not_chained():
+    spec = dyn(3)
+    plan = _plan(probs_transposed_times_v, spec)
+    assert not _chains(plan), plan.describe()
+    _check(probs_transposed_times_v, [spec], lambda r: [(3, r % 300 + 1, 8)], seed=10)
