@@ -81,33 +81,41 @@ def measure(shapes: list[tuple[int, int, int]], seed: int = 0,
     return records
 
 
+def ort_dense_session(rng: np.random.Generator, m: int, k: int, n: int,
+                      threads: int) -> tuple:
+    """An ONNX Runtime session of ``relu(x @ W + b)`` (MatMul + Add + Relu, W and b
+    seeded from ``rng``) with ``threads`` intra-op threads, and its x [m, k], W, b.
+    Runs where onnxruntime is installed (``bench/.venv-ort``)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+             helper.make_node("Add", ["xw", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what the installed runtime reads
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session, rng.standard_normal((m, k)).astype(np.float32), w, b
+
+
 def measure_ort(shapes: list[tuple[int, int, int]], seed: int = 0,
                 calls: int | None = None) -> list[dict]:
     """ONNX Runtime's seconds per call of the same layers (run where onnxruntime is
     installed): one session per shape, as many intra-op threads as cores."""
     import os
 
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(seed)
     records = []
     for m, k, n in shapes:
-        w = rng.standard_normal((k, n)).astype(np.float32)
-        b = rng.standard_normal(n).astype(np.float32)
-        nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]),
-                 helper.make_node("Add", ["xw", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
-        graph = helper.make_graph(
-            nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-            [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8  # what the installed runtime reads
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = os.cpu_count() or 1
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        x = rng.standard_normal((m, k)).astype(np.float32)
+        session, x, w, b = ort_dense_session(rng, m, k, n, os.cpu_count() or 1)
         expected = np.maximum(x @ w + b, 0)
         np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-3, atol=1e-3)
         per_round = calls or min(500, max(20, int(2e8 / (2 * m * k * n))))

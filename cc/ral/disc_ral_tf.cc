@@ -3,6 +3,8 @@
 
 #include "cc/ral/disc_ral_tf.h"
 #include "cc/ral/gemm_kernels.h"
+#include "cc/ral/gemm_split.h"
+#include "cc/ral/run_tasks.h"
 #include "cc/ral/launch_profile.h"
 
 #include <algorithm>
@@ -44,53 +46,6 @@ tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
       r->ctx->device()->tensorflow_cpu_worker_threads();
   if (workers == nullptr || workers->num_threads <= 1) return nullptr;
   return workers->workers;
-}
-
-// Runs fn(t) for every t in [0, tasks): the calling thread and up to
-// NumThreads() - 1 pool threads take tasks from a shared counter until none
-// is left, so a helper that wakes late costs nothing (the caller takes its
-// tasks), and the caller never competes with a full pool for the cores. The
-// caller spins briefly for tasks still running elsewhere, then sleeps.
-// Helpers share the counters by reference count and call fn only for a task
-// they took, so one that starts after RunTasks returned takes none and
-// touches nothing of the caller's. Without a pool (or with one task) the
-// caller runs every task itself.
-void RunTasks(tensorflow::thread::ThreadPool* pool, int64_t tasks,
-              const std::function<void(int64_t)>& fn) {
-  if (pool == nullptr || tasks <= 1) {
-    for (int64_t t = 0; t < tasks; ++t) fn(t);
-    return;
-  }
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-    int64_t total = 0;
-    const std::function<void(int64_t)>* fn = nullptr;
-    std::mutex mu;
-    std::condition_variable finished;
-  };
-  auto state = std::make_shared<State>();
-  state->total = tasks;
-  state->fn = &fn;
-  auto work = [](State& s) {
-    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < s.total;) {
-      (*s.fn)(t);
-      if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.total) {
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.finished.notify_all();
-      }
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool->NumThreads() - 1, tasks - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool->Schedule([state, work] { work(*state); });
-  work(*state);
-  for (int spin = 0; spin < 4096; ++spin) {
-    if (state->done.load(std::memory_order_acquire) == tasks) return;
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->finished.wait(lock, [&] { return state->done.load(std::memory_order_acquire) == tasks; });
 }
 
 bool CheckInput(TfRal* r, int32_t i, const char* what) {
@@ -266,9 +221,6 @@ using ConstMatrix =
     Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor, Index>>;
 using Matrix = Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor, Index>>;
 
-// Products smaller than this (m * n * k) are not split across threads; a
-// batch of them is spread over the pool one product per task.
-constexpr double kSmallGemm = 64.0 * 64.0 * 64.0;
 
 // The GEMM entry points of one ISA (gemm_kernels.h).
 struct GemmIsa {
@@ -359,66 +311,6 @@ void ContractStrided(int64_t m, int64_t n, int64_t k, const float* a,
       c[i * ldc + j] = static_cast<float>(acc) + (accumulate ? c[i * ldc + j] : 0.0f);
     }
   }
-}
-
-// How one product is cut into blocks of C for the pool. A block reads its
-// rows of op(A) in place and packs (or, with few rows, streams) its columns
-// of op(B), so cutting rows packs B once more per row block while cutting
-// columns costs nothing extra.
-struct GemmSplit {
-  int64_t row_blocks = 1, col_blocks = 1;
-  int64_t row_align = 1;  // rows per block are a multiple of this
-  int64_t rows(int64_t m) const {
-    const int64_t r = (m + row_blocks - 1) / row_blocks;
-    return std::min(m, (r + row_align - 1) / row_align * row_align);
-  }
-  // Columns per block: whole 64-column panels of the GEMM block's tiles.
-  int64_t cols(int64_t n) const {
-    const int64_t c = (n + col_blocks - 1) / col_blocks;
-    return col_blocks == 1 ? n : std::min(n, (c + 63) / 64 * 64);
-  }
-};
-
-// The split into at least `want` blocks (rows of 8 or more, columns of 64 or
-// more, where the product allows) that packs the fewest elements of B; with
-// full_rows, rows only.
-GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, bool full_rows) {
-  GemmSplit best;
-  if (full_rows) {
-    best.row_blocks = std::max<int64_t>(1, std::min(want, m / 8));
-    return best;
-  }
-  double best_packed = -1;
-  for (int64_t rb = 1; rb <= want; ++rb) {
-    const int64_t cb = (want + rb - 1) / rb;
-    if ((rb > 1 && m < 8 * rb) || (cb > 1 && n < 64 * cb)) continue;
-    const double packed = static_cast<double>(rb) * k * n;
-    if (best_packed < 0 || packed < best_packed) {
-      best_packed = packed;
-      best.row_blocks = rb;
-      best.col_blocks = cb;
-    }
-  }
-  return best;
-}
-
-// The split of a product whose B is packed already: no block packs
-// anything, so rows cost nothing to cut. Up to two blocks per thread (of at
-// least kMinBlockWork multiply-adds each) let the threads that start first
-// take the blocks of one that starts late (1, 2, 4 or 8 per thread measured
-// the same within noise on the keras_encoder shapes).
-constexpr double kMinBlockWork = 1 << 20;
-GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
-                               bool full_rows) {
-  const double work = static_cast<double>(m) * n * k;
-  const int64_t want = std::max<int64_t>(
-      threads, std::min<int64_t>(2 * threads, static_cast<int64_t>(work / kMinBlockWork)));
-  GemmSplit split;
-  split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
-  const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
-  split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
-  split.row_align = 6;  // whole register tiles of every ISA's GEMM block
-  return split;
 }
 
 // Where product q's operand starts: q = outer * inner_count + inner.
