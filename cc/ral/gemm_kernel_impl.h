@@ -35,6 +35,7 @@ inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec Splat(float x) { return _mm512_set1_ps(x); }
 inline Vec Zero() { return _mm512_setzero_ps(); }
 inline Vec MulAdd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 #else
 using Vec = __m256;
 constexpr int kLanes = 8, kRows = 6, kVecs = 2;  // 12 accumulators of 16 registers
@@ -43,6 +44,7 @@ inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec Splat(float x) { return _mm256_set1_ps(x); }
 inline Vec Zero() { return _mm256_setzero_ps(); }
 inline Vec MulAdd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 #endif
 constexpr int64_t kPanel = kLanes * kVecs;  // columns of one full tile
 
@@ -54,26 +56,53 @@ inline float AElem(const float* a, int64_t lda, int r, int64_t p) {
   return TA ? a[p * lda + r] : a[r * lda + p];
 }
 
+// Independent accumulator chains a tile needs to keep the FMA units busy (two
+// FMA pipes of latency 4). A tile of fewer than this many vectors of C splits k
+// into kSplits(R, V) interleaved partial sums, added at the end: a one-row tile
+// (m = 1, a GEMV) otherwise waits on its own FMA latency, at half the speed
+// or less on AVX2's two accumulators.
+constexpr int kChains = 8;
+constexpr int kSplits(int r, int v) {
+  return r * v >= kChains ? 1 : (kChains / (r * v) > 4 ? 4 : kChains / (r * v));
+}
+
 // C[0:R, 0:V*kLanes] (+)= op(A)[0:R, 0:k] * B[0:k, 0:V*kLanes]; rows of B are
 // ldb floats apart.
 template <int R, int V, bool TA>
 inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float* c, int64_t ldc, bool accumulate) {
-  Vec acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v)
-      acc[r][v] = accumulate ? Load(c + r * ldc + v * kLanes) : Zero();
-  for (int64_t p = 0; p < k; ++p) {
+  constexpr int U = kSplits(R, V);
+  Vec acc[U][R][V];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v)
+        acc[u][r][v] = u == 0 && accumulate ? Load(c + r * ldc + v * kLanes) : Zero();
+  int64_t p = 0;
+  for (; p + U <= k; p += U) {
+    for (int u = 0; u < U; ++u) {
+      const float* row = b + (p + u) * ldb;
+      Vec bv[V];
+      for (int v = 0; v < V; ++v) bv[v] = Load(row + v * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const Vec av = Splat(AElem<TA>(a, lda, r, p + u));
+        for (int v = 0; v < V; ++v) acc[u][r][v] = MulAdd(av, bv[v], acc[u][r][v]);
+      }
+    }
+  }
+  for (; p < k; ++p) {  // the last k % U rows of B
     const float* row = b + p * ldb;
     Vec bv[V];
     for (int v = 0; v < V; ++v) bv[v] = Load(row + v * kLanes);
     for (int r = 0; r < R; ++r) {
       const Vec av = Splat(AElem<TA>(a, lda, r, p));
-      for (int v = 0; v < V; ++v) acc[r][v] = MulAdd(av, bv[v], acc[r][v]);
+      for (int v = 0; v < V; ++v) acc[0][r][v] = MulAdd(av, bv[v], acc[0][r][v]);
     }
   }
+  for (int u = 1; u < U; ++u)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[0][r][v] = Add(acc[0][r][v], acc[u][r][v]);
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) Store(c + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < V; ++v) Store(c + r * ldc + v * kLanes, acc[0][r][v]);
 }
 
 // As Tile, but only the first w < V*kLanes columns of C exist: the tile is

@@ -68,7 +68,7 @@ import numpy as np, tensorflow as tf
 import disc_tf
 from disc_tf.runtime import native
 from tests.harness import assert_matches_tf, compiled
-from tests.runtime.test_isa import _exports, _model
+from tests.runtime.test_isa import _exports, _few_rows, _model
 
 fn = tf.function(_model, input_signature=[tf.TensorSpec([None, 24]), tf.TensorSpec([24])])
 jitted = compiled(fn)
@@ -79,9 +79,21 @@ for rows in (1, 7, 130):
     x = tf.constant(rng.standard_normal((rows, 24)), tf.float32)
     b = tf.constant(rng.standard_normal(24), tf.float32)
     assert_matches_tf(fn, jitted, [x, b], rtol=1e-4, atol=1e-5)
+# Few rows, an odd depth and a partial last panel: the GEMM tiles that split k over
+# partial sums, their remainder rows of B and their edge columns.
+gemv = tf.function(_few_rows, input_signature=[tf.TensorSpec([None, 13])])
+jitted = compiled(gemv)
+for rows in (1, 2, 3, 5):
+    x = tf.constant(rng.standard_normal((rows, 13)), tf.float32)
+    assert_matches_tf(gemv, jitted, [x], rtol=1e-4, atol=1e-5)
 assert disc_tf.stats()["fallbacks"] == 0
 print("GEMM", native.load().py.gemm_isa())
 """
+
+
+def _few_rows(x):
+    w = tf.constant(np.linspace(-1, 1, 13 * 40, dtype=np.float32).reshape(13, 40))
+    return tf.nn.relu(tf.matmul(x * 2.0, w) + 0.5)
 
 
 def _model(x, b):
