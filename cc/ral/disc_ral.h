@@ -131,6 +131,20 @@ struct disc_ral {
   void (*sgemm_rows)(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a,
                      int64_t lda, int transpose_a, const float* b, int64_t ldb,
                      int transpose_b, float* c, int64_t ldc, int32_t accumulate);
+
+  /* ABI 5. `count` GEMMs reading one A (the Q, K and V projections of one input):
+   *   C_p[m x n_p] = A[m x k] * op(B_p)   for p in [0, count),
+   * B_p as in sgemm_batched ([k x n_p], or [n_p x k] with transpose_b[p], row stride
+   * ldb[p]), C_p with row stride ldc[p]. One launch: the host cuts rows into blocks,
+   * and one task computes its rows of every C_p (its rows of A stay in cache), then
+   * runs `epilogue` (may be NULL) on them: product 0, rows [i0, i1), columns
+   * [0, n_{count-1}) -- the consumer of the last product, which may read the
+   * others' same rows. */
+  void (*sgemm_shared_a)(disc_ral* ral, int32_t count, int64_t m, int64_t k,
+                         const float* a, int64_t lda, const float* const* b,
+                         const int64_t* ldb, const int32_t* transpose_b, const int64_t* n,
+                         float* const* c, const int64_t* ldc,
+                         disc_gemm_epilogue_fn epilogue, void* closure);
 };
 
 #ifdef __cplusplus

@@ -512,6 +512,66 @@ void RalSgemmEpilogue(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
                 GemmEpilogue{epilogue, closure, full_rows != 0, accumulate != 0});
 }
 
+void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const float* a,
+                     int64_t lda, const float* const* b, const int64_t* ldb,
+                     const int32_t* transpose_b, const int64_t* n, float* const* c,
+                     const int64_t* ldc, disc_gemm_epilogue_fn epilogue_fn, void* closure) {
+  TfRal* r = TfRal::From(ral);
+  int64_t total_n = 0;
+  for (int32_t p = 0; p < count; ++p) {
+    if (n[p] < 0) {
+      r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_shared_a: negative n ", n[p]));
+      return;
+    }
+    total_n += n[p];
+  }
+  if (count <= 0 || m < 0 || k < 0) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_shared_a: count ", count, ", m ", m,
+                                            ", k ", k));
+    return;
+  }
+  const GemmEpilogue epilogue{epilogue_fn, closure, true, false};
+  const int64_t last_n = n[count - 1];
+  const GemmIsa& isa = Gemm();
+  if (isa.block == nullptr || k == 0) {  // each product on its own, then the epilogue
+    for (int32_t p = 0; p < count; ++p)
+      SgemmImpl(r, 1, m, n[p], k, a, lda, {1, 0, 0}, 0, b[p], ldb[p], {1, 0, 0},
+                transpose_b[p], c[p], ldc[p], {1, 0, 0});
+    if (m > 0 && !r->has_error()) epilogue(0, 0, m, 0, last_n);
+    return;
+  }
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "gemm");
+  if (r->profiling) {
+    timer.detail = absl::StrCat("shared A: ", count, " products m=", m, " k=", k,
+                                " n=", total_n, epilogue_fn ? " +epilogue" : "");
+  }
+  if (m == 0) return;
+  std::vector<std::shared_ptr<const PackedOperand>> packed(count);
+  for (int32_t p = 0; p < count; ++p)
+    packed[p] = PrepackedB(r, isa, b[p], k, n[p], ldb[p], transpose_b[p] != 0);
+  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
+  const double work = static_cast<double>(m) * total_n * k;
+  GemmSplit split;
+  if (pool != nullptr && work >= kSmallGemm)
+    split = ChoosePrepackedSplit(m, total_n, k, pool->NumThreads(), /*full_rows=*/true);
+  const int64_t rows = split.rows(m);
+  const int64_t tasks = (m + rows - 1) / rows;
+  RunTasks(work < kSmallGemm ? nullptr : pool, tasks, [&](int64_t t) {
+    const int64_t i0 = t * rows, i1 = std::min(m, i0 + rows);
+    for (int32_t p = 0; p < count; ++p) {
+      if (n[p] == 0) continue;
+      if (packed[p] != nullptr) {
+        isa.prepacked(i1 - i0, n[p], k, a + i0 * lda, lda, 0, packed[p]->data.get(),
+                      c[p] + i0 * ldc[p], ldc[p], 0);
+      } else {
+        isa.block(i1 - i0, n[p], k, a + i0 * lda, lda, 0, b[p], ldb[p], transpose_b[p],
+                  c[p] + i0 * ldc[p], ldc[p], 0);
+      }
+    }
+    epilogue(0, i0, i1, 0, last_n);
+  });
+}
+
 void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                   int transpose_a, const float* b, int64_t ldb, int transpose_b, float* c,
                   int64_t ldc, int32_t accumulate) {
@@ -569,6 +629,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_strided = &RalSgemmStrided;
   sgemm_epilogue = &RalSgemmEpilogue;
   sgemm_rows = &RalSgemmRows;
+  sgemm_shared_a = &RalSgemmSharedA;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

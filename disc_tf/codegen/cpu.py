@@ -246,10 +246,13 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     # A GEMM epilogue (and a GEMM chained after it) runs inside its GEMM's launch: its
     # outputs are allocated there.
     index = {k.name: n for n, k in enumerate(plan.kernels)}
-    inside_a_gemm = {index[name] for k in plan.kernels for name in (k.epilogue, k.chain) if name}
+    def inside(k) -> list[str]:  # the kernels that run in k's launch
+        return [name for name in (*k.shares_a, k.epilogue, k.chain) if name]
+
+    inside_a_gemm = {index[name] for k in plan.kernels for name in inside(k)}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
-        writers += [plan.kernels[index[name]] for name in (k.epilogue, k.chain) if name]
+        writers += [plan.kernels[index[name]] for name in inside(k)]
         for _, bname in [o for w in writers for o in w.outputs]:
             b = plan.buffers[bname]
             if b.role == "output":  # as late as TF would: no output held while others compute
@@ -270,7 +273,11 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
             out.append(f"  temp_bytes += {nbytes};")
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
-        if k.epilogue:
+        if k.shares_a:
+            out.extend(e.library_launch(
+                ptr, epilogue=emitters[index[k.epilogue]] if k.epilogue else None,
+                shares=[emitters[index[name]] for name in k.shares_a]))
+        elif k.epilogue:
             out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]],
                                         chain=emitters[index[k.chain]] if k.chain else None))
         elif n not in inside_a_gemm:

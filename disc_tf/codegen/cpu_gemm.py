@@ -129,6 +129,55 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     return lines
 
 
+def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                    shares: list[KernelEmitter], epilogue: KernelEmitter | None) -> list[str]:
+    """GEMMs reading one A (``shares`` then ``em``) as one ``sgemm_shared_a`` launch:
+    each row block of every product, then ``epilogue`` (``em``'s) on the block."""
+    members = [*shares, em]
+    count = len(members)
+    names = ", ".join(m.k.name for m in members)
+    tf_ops = ", ".join(comment(m.k.ops[0].tf_node) for m in members)
+    title = f"  {{  // {names}: library GEMMs for {tf_ops}, reading one A, as one launch"
+    if epilogue is not None:
+        title += f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each row block"
+    g = _gemm_operands(em)  # m and kk are every member's: the same A
+    operands = [_gemm_operands(m) for m in members]
+    a_ptr = buffer_ptr[em.buf(em.k.inputs[0]).name]
+    b_ptrs = [buffer_ptr[m.buf(m.k.inputs[1]).name] for m in members]
+    c_ptrs = [buffer_ptr[m.k.outputs[0][1]] for m in members]
+    lines = [title, *g["lines"]]
+    lines += [f"    const int64_t n_{i} = {_n_expr(m)};" for i, m in enumerate(members)]
+    lines += [
+        f"    const float* const bs[{count}] = {{{', '.join(b_ptrs)}}};",
+        f"    const int64_t ldbs[{count}] = {{{', '.join(o['ldb'] for o in operands)}}};",
+        f"    const int32_t tbs[{count}] = {{{', '.join(str(o['tb']) for o in operands)}}};",
+        f"    const int64_t ns[{count}] = {{{', '.join(f'n_{i}' for i in range(count))}}};",
+        f"    float* const cs[{count}] = {{{', '.join(c_ptrs)}}};",
+        f"    const int64_t ldcs[{count}] = {{{', '.join(f'n_{i}' for i in range(count))}}};",
+    ]
+    fn, closure = "nullptr", "nullptr"
+    if epilogue is not None:
+        epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
+        lines += epi
+    lines += [
+        "    if (outer > 0 && m > 0) {",
+        f"      ral->sgemm_shared_a(ral, {count}, m, kk, {a_ptr}, {g['lda']}, bs, ldbs, tbs, "
+        "ns, cs, ldcs,",
+        f"                          {fn}, {closure});",
+        "    }",
+        "  }",
+    ]
+    return lines
+
+
+def _n_expr(em: KernelEmitter) -> str:
+    """The n of a plain (unbatched) GEMM kernel, as a host expression."""
+    lhs, rhs = (em.buf(a) for a in em.k.inputs)
+    form = gemm_form(len(lhs.dims), len(rhs.dims), em.k.ops[0].attrs)
+    assert form is not None, em.k.name
+    return product([rhs.dims[p] for p in form.n], em.plan)
+
+
 def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn: str,
                    epilogue_closure: str) -> tuple[list[str], str, str]:
     """Host lines of the closure that runs the epilogue on a block of C and then the

@@ -337,8 +337,11 @@ class KernelEmitter(StitchEmitter):
 
     def library_launch(self, buffer_ptr: dict[str, str],
                        epilogue: KernelEmitter | None = None,
-                       chain: KernelEmitter | None = None) -> list[str]:
+                       chain: KernelEmitter | None = None,
+                       shares: list[KernelEmitter] | None = None) -> list[str]:
         """Host-runner lines of a library kernel (``cpu_gemm.py``)."""
+        if shares:
+            return cpu_gemm.shared_a_launch(self, buffer_ptr, shares, epilogue)
         return cpu_gemm.library_launch(self, buffer_ptr, epilogue, chain)
 
     def launch(self, buffer_ptr: dict[str, str]) -> list[str]:

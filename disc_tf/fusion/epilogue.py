@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.plan import Buffer, Kernel, memory_of, root_of
+from disc_tf.fusion.plan import Buffer, Kernel, gemm_form, memory_of, root_of
 
 #: Kernels that can run on a block of C: loop kernels on any block, stitch kernels
 #: (a row-wise reduction and its consumers: layer norm, softmax) on blocks of whole
@@ -174,3 +174,66 @@ def _rows_of_products(l2: Kernel, a: Buffer, c: Buffer,
                 and f["k_lhs"] == nb + 1 and not f["transpose_a"])
     return (attrs.get("lhs_batch") == list(range(nb)) and attrs.get("lhs_contract") == [nb + 1]
             and len(a.dims) == nb + 2)
+
+
+def plan_shared_a(order: list[Kernel], buffers: dict[str, Buffer],
+                  same_dim: Callable[[int, int], bool]) -> None:
+    """Sets ``shares_a`` on the last of every run of consecutive GEMMs that read the
+    same A (Q, K and V projected from one input): one launch then computes each row
+    block of all of them, the block's rows of A read once into cache, and the last
+    one's epilogue runs on the block. Each of the run must be a plain GEMM without
+    batch dims ([m.., k] x [k, n] or [n, k]), A read as stored; all but the last
+    without an epilogue or chain; all results of one shape, in memory none of them
+    reads; and the last one's epilogue may read the others' results only at its own
+    index (the rows its block has)."""
+    by_name = {k.name: k for k in order}
+    run: list[Kernel] = []
+
+    def flush() -> None:
+        if len(run) > 1 and _group_legal(run, by_name, buffers, same_dim):
+            run[-1].shares_a = [k.name for k in run[:-1]]
+        run.clear()
+
+    for k in order:
+        if not _plain_gemm(k, buffers):
+            flush()
+            continue
+        if run and (k.inputs[0].buffer != run[0].inputs[0].buffer
+                    or run[-1].epilogue or run[-1].chain):
+            flush()
+        run.append(k)
+    flush()
+
+
+def _plain_gemm(k: Kernel, buffers: dict[str, Buffer]) -> bool:
+    """A library dot_general without batch dims, A not transposed, both read as stored."""
+    if k.kind != "library" or k.ops[0].op != "dot_general" or "strided" in k.ops[0].attrs:
+        return False
+    if len(k.inputs) != 2 or not all(a.is_identity and a.window is None for a in k.inputs):
+        return False
+    lhs, rhs = (buffers[a.buffer] for a in k.inputs)
+    form = gemm_form(len(lhs.dims), len(rhs.dims), k.ops[0].attrs)
+    return form is not None and not form.batch and not form.transpose_a
+
+
+def _group_legal(run: list[Kernel], by_name: dict[str, Kernel], buffers: dict[str, Buffer],
+                 same_dim: Callable[[int, int], bool]) -> bool:
+    """The shape, memory and epilogue conditions of ``plan_shared_a`` for ``run``."""
+    outs = [buffers[k.outputs[0][1]] for k in run]
+    first = buffers[run[0].inputs[0].buffer]
+    if any(len(o.dims) != len(outs[0].dims) or not all(same_dim(x, y) for x, y in zip(
+            o.dims, outs[0].dims)) for o in outs):
+        return False
+    if any(len(buffers[k.inputs[0].buffer].dims) != len(first.dims) for k in run):
+        return False
+    read = {memory_of(buffers, a.buffer) for k in run for a in k.inputs}
+    if any(memory_of(buffers, o.name) in read for o in outs):
+        return False
+    last = run[-1]
+    if last.epilogue is not None:
+        e = by_name[last.epilogue]
+        roots = {root_of(buffers, k.outputs[0][1]) for k in run[:-1]}
+        for a in e.inputs:
+            if root_of(buffers, a.buffer) in roots and not (a.is_identity and a.window is None):
+                return False
+    return True

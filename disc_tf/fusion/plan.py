@@ -142,6 +142,10 @@ class Kernel:
     #: epilogue's result, run on each block's rows right after it (attention's
     #: softmax(Q Kᵀ) · V) instead of being launched after this GEMM
     chain: str | None = None
+    #: library kernels: the library kernels just before this one that read the same A
+    #: (the Q and K projections beside V's) and run in this one's launch, row block by
+    #: row block (``sgemm_shared_a``)
+    shares_a: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def tf_ops(self) -> list[str]:
@@ -322,6 +326,9 @@ class FusionPlan:
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
             if k.epilogue:
                 lines.append(f"  epilogue: {k.epilogue} runs on each block of the GEMM's result")
+            if k.shares_a:
+                lines.append(f"  shares A: {', '.join(k.shares_a)} run in this launch, on "
+                             "the same row blocks")
             if k.chain:
                 lines.append(f"  chain: {k.chain} runs on the rows of each block after the "
                              "epilogue")

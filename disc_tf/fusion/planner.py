@@ -22,7 +22,7 @@ import logging
 
 from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
-from disc_tf.fusion.epilogue import plan_chains, plan_epilogues
+from disc_tf.fusion.epilogue import plan_chains, plan_epilogues, plan_shared_a
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import (
@@ -55,6 +55,8 @@ class PlanOptions:
     #: a GEMM reading a row-wise epilogue's result may run on each block's rows inside
     #: the first GEMM too (attention's softmax(Q Kᵀ) · V; needs ``gemm_epilogues``)
     gemm_chains: bool = True
+    #: consecutive GEMMs reading one A run as one launch (Q, K, V projections)
+    shared_a_gemms: bool = True
     #: a stride-1 Conv1D is one library kernel (one GEMM over the input's overlapping
     #: windows, or one per filter tap when dilated) rather than im2col + GEMM
     conv_taps: bool = True
@@ -64,8 +66,8 @@ class PlanOptions:
     @classmethod
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
-        return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False, conv_taps=False,
-                   concat_maps=False)
+        return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
+                   shared_a_gemms=False, conv_taps=False, concat_maps=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -520,6 +522,9 @@ class _Planner(DataKernelPlacement):
                            self.a.symbols.constant_value)
             if self.options.gemm_chains:
                 plan_chains(order, self.buffers, lambda a, b: find(a) == find(b))
+        if self.options.shared_a_gemms:
+            plan_shared_a(order, self.buffers, lambda a, b: self.a.symbols.find(a)
+                          == self.a.symbols.find(b))
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,

@@ -194,3 +194,55 @@ def test_a_gemm_reading_the_probabilities_transposed_is_not_chained():
     plan = _plan(probs_transposed_times_v, spec)
     assert not _chains(plan), plan.describe()
     _check(probs_transposed_times_v, [spec], lambda r: [(3, r % 300 + 1, 8)], seed=10)
+
+
+def _shares(plan) -> dict[str, list[str]]:
+    return {k.name: k.shares_a for k in plan.kernels if k.shares_a}
+
+
+PROJ_Q, PROJ_K, PROJ_V = (np.random.default_rng(s).standard_normal((96, 64)).astype(np.float32) / 10
+              for s in (11, 12, 13))
+
+
+def qkv_projections(x):
+    """Three projections of one input, then their biases and a product of them: the
+    bias adds run as the last GEMM's epilogue and read the other two at its index."""
+    q, k, v = (tf.matmul(x, w) for w in (PROJ_Q, PROJ_K, PROJ_V))
+    return (q + 0.1) * (k - 0.2) + v
+
+
+def test_projections_of_one_input_run_as_one_launch():
+    spec = tf.TensorSpec([None, 96], F32)
+    plan = _plan(qkv_projections, spec)
+    assert [len(v) for v in _shares(plan).values()] == [2], plan.describe()
+    assert "sgemm_shared_a" in pipeline.front_end(cluster_of(qkv_projections, spec)).source
+    _check(qkv_projections, [spec], lambda r: [(r, 96)], seed=11)
+
+
+def projections_of_a_3d_input(x):
+    """BERT's head projections: [batch, seq, hidden] x [hidden, heads, dim]."""
+    q, k, v = (tf.einsum("bsh,hnd->bsnd", x, tf.constant(w.reshape(96, 4, 16)))
+               for w in (PROJ_Q, PROJ_K, PROJ_V))
+    return v + q * k
+
+
+def test_projections_of_a_3d_input_share_one_launch():
+    spec = tf.TensorSpec([None, None, 96], F32)
+    plan = _plan(projections_of_a_3d_input, spec)
+    assert [len(v) for v in _shares(plan).values()] == [2], plan.describe()
+    _check(projections_of_a_3d_input, [spec], lambda r: [(2, r, 96)], seed=12)
+
+
+def chained_projection(x):
+    """The second GEMM reads the first's result: not the same A, not one launch."""
+    return tf.matmul(tf.matmul(x, PROJ_Q), PROJ_Q.T) + tf.matmul(x, PROJ_K[:, :1])
+
+
+def test_gemms_reading_each_others_results_are_not_grouped():
+    spec = tf.TensorSpec([None, 96], F32)
+    plan = _plan(chained_projection, spec)
+    for last, members in _shares(plan).items():
+        names = {k.name: k for k in plan.kernels}
+        outs = {names[m].outputs[0][1] for m in members}
+        assert not any(a.buffer in outs for a in names[last].inputs), plan.describe()
+    _check(chained_projection, [spec], lambda r: [(r, 96)], seed=13)
