@@ -124,9 +124,20 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
         "    }",
-        "  }",
     ]
-    return lines
+    if chain is not None:  # no column of C: the chained GEMM's depth is 0, its result zeros
+        lines += [
+            "    else if (outer > 0 && inner > 0 && m > 0) {",
+            "      for (int64_t q = 0; q < outer * inner; ++q) {",
+            "        const int64_t qo = q / chain.inner, qi = q % chain.inner;",
+            "        ral->sgemm_rows(ral, m, chain.n, 0, chain.a, chain.lda, 0, chain.b, "
+            "chain.ldb, chain.tb,",
+            "                        chain.c + qo * chain.sc_outer + qi * chain.sc_inner, "
+            "chain.n, 0);",
+            "      }",
+            "    }",
+        ]
+    return lines + ["  }"]
 
 
 def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
