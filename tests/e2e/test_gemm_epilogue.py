@@ -246,3 +246,24 @@ def test_gemms_reading_each_others_results_are_not_grouped():
         outs = {names[m].outputs[0][1] for m in members}
         assert not any(a.buffer in outs for a in names[last].inputs), plan.describe()
     _check(chained_projection, [spec], lambda r: [(r, 96)], seed=13)
+
+
+def keys_and_values(q, k, v):
+    return tf.matmul(tf.nn.softmax(tf.matmul(q, k, transpose_b=True), axis=-1), v)
+
+
+def test_chained_product_of_zero_depth_is_zeros():
+    """No keys: the scores GEMM has no columns and is skipped, and P · V (depth 0) must
+    still write its zeros, into memory a previous call may have filled."""
+    specs = [tf.TensorSpec([2, 3, None, 8], F32), tf.TensorSpec([2, 3, None, 8], F32),
+             tf.TensorSpec([2, 3, None, 5], F32)]
+    assert _chains(_plan(keys_and_values, *specs)), _plan(keys_and_values, *specs).describe()
+    tf_fn = tf.function(keys_and_values, input_signature=specs)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(14)
+    for _ in range(4):
+        big = [1e3 * random_value(rng, (2, 3, 7, d), F32) for d in (8, 8, 5)]
+        assert_matches_tf(tf_fn, jitted, big, 1e-4, 1e-2)
+        empty = [random_value(rng, (2, 3, 7, 8), F32), np.zeros((2, 3, 0, 8), np.float32),
+                 np.zeros((2, 3, 0, 5), np.float32)]
+        assert_matches_tf(tf_fn, jitted, empty, 1e-4, 1e-4)
