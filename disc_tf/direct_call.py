@@ -380,10 +380,14 @@ def _root_function_names(export_dir: str) -> tuple[str, ...]:
                          if name != "signatures"}))
 
 
+def _fullargspec(function: Any) -> Any:
+    """A restored tf.function's ``inspect.FullArgSpec``, or None."""
+    return getattr(getattr(function, "function_spec", None), "fullargspec", None)
+
+
 def _python_defaults(function: Any) -> tuple:
     """The default values of ``function``'s trailing parameters (empty if unknown)."""
-    spec = getattr(getattr(function, "function_spec", None), "fullargspec", None)
-    return tuple(getattr(spec, "defaults", None) or ())
+    return tuple(getattr(_fullargspec(function), "defaults", None) or ())
 
 
 def _serving_traces(function: Any) -> list[Any]:
@@ -391,11 +395,11 @@ def _serving_traces(function: Any) -> list[Any]:
     ``training=True`` (a Keras model's training-mode calls), which a call that omits
     ``training`` never runs; all of them when ``training`` defaults to True."""
     concretes = list(getattr(function, "concrete_functions", ()) or ())
-    spec = getattr(getattr(function, "function_spec", None), "fullargspec", None)
+    spec = _fullargspec(function)
     if spec is None or "training" not in spec.args:
         return concretes
     at = spec.args.index("training")
-    defaults = tuple(spec.defaults or ())
+    defaults = _python_defaults(function)
     first_default = len(spec.args) - len(defaults)
     if at >= first_default and defaults[at - first_default] is True:
         return concretes

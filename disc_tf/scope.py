@@ -100,11 +100,10 @@ def _arg_names(function_spec) -> list[str]:
 
 def _trains_by_default(function_spec) -> bool:
     """Whether ``training`` defaults to True (then a call that omits it trains)."""
-    args, defaults = _argspec_field(function_spec, "args"), _argspec_field(function_spec,
-                                                                           "defaults")
-    if args is None or defaults is None:
+    defaults = _argspec_field(function_spec, "defaults")
+    if defaults is None:
         return False
-    names = [v.string_value for v in args.list_value.values]
+    names = _arg_names(function_spec)  # defaults belong to the last names
     values = list(defaults.tuple_value.values)
     if "training" not in names or names.index("training") < len(names) - len(values):
         return False

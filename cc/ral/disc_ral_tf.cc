@@ -221,7 +221,6 @@ using ConstMatrix =
     Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor, Index>>;
 using Matrix = Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor, Index>>;
 
-
 // The GEMM entry points of one ISA (gemm_kernels.h).
 struct GemmIsa {
   const char* name = "baseline";  // "avx512", "avx2" or "baseline" (Eigen)
@@ -517,6 +516,11 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
                      const int32_t* transpose_b, const int64_t* n, float* const* c,
                      const int64_t* ldc, disc_gemm_epilogue_fn epilogue_fn, void* closure) {
   TfRal* r = TfRal::From(ral);
+  if (count <= 0 || m < 0 || k < 0) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_shared_a: count ", count, ", m ", m,
+                                            ", k ", k));
+    return;
+  }
   int64_t total_n = 0;
   for (int32_t p = 0; p < count; ++p) {
     if (n[p] < 0) {
@@ -524,11 +528,6 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
       return;
     }
     total_n += n[p];
-  }
-  if (count <= 0 || m < 0 || k < 0) {
-    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_shared_a: count ", count, ", m ", m,
-                                            ", k ", k));
-    return;
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, true, false};
   const int64_t last_n = n[count - 1];

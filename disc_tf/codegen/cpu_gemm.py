@@ -1,7 +1,8 @@
-"""Host-runner lines of library kernels: GEMMs through the RAL, batched
-(``sgemm_batched``), over operands read in place (``sgemm_strided``), or with a
-fused consumer run on each block of C (``sgemm_epilogue``, see
-``fusion/epilogue.py``)."""
+"""Host-runner lines of library kernels: GEMMs through the RAL over operands as
+stored, transposed ones read in place (``sgemm_strided``); with a fused consumer
+run on each block of C (``sgemm_epilogue``, see ``fusion/epilogue.py``), and a
+GEMM chained on its rows (``sgemm_rows``); several reading one A as one launch
+(``sgemm_shared_a``)."""
 
 from __future__ import annotations
 
@@ -17,41 +18,34 @@ if TYPE_CHECKING:
 def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
                    epilogue: KernelEmitter | None = None,
                    chain: KernelEmitter | None = None) -> list[str]:
-    """Host-runner lines of a library kernel: one batched GEMM call (with the
-    ``epilogue`` kernel run on each block of C, when the plan fused one, and the
-    ``chain`` GEMM on the block's rows after it)."""
-    plan, k = em.plan, em.k
+    """Host-runner lines of a library kernel: one two-level-batched GEMM call over its
+    operands as stored (a plain batched GEMM is the batch x 1 case), with the
+    ``epilogue`` kernel run on each block of C when the plan fused one, and the
+    ``chain`` GEMM on the block's rows after it."""
+    k = em.k
     (op,) = k.ops
-    lhs, rhs = (em.buf(a) for a in k.inputs)
     if op.op == "conv_taps":
         return conv_taps_launch(em, buffer_ptr, epilogue)
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue, chain)
-    if "strided" in op.attrs:
-        return strided_launch(em, buffer_ptr)
-    form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
-    if form is None:
-        raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
-
-    def of(buf: Buffer, positions: list[int]) -> str:
-        return product([buf.dims[p] for p in positions], plan)
-
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    g = _gemm_operands(em)
+    sa, sb, sc = g["sa"], g["sb"], g["sc"]
     (_, out_name), = k.outputs
     return [
-        f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}",
-        f"    const int64_t batch = {of(lhs, form.batch)};",
-        f"    const int64_t m = {of(lhs, form.m)};",
-        f"    const int64_t n = {of(rhs, form.n)};",
-        f"    const int64_t kk = {of(lhs, form.k)};",
-        "    if (batch > 0 && m > 0 && n > 0) {",
-        f"      ral->sgemm_batched(ral, batch, m, n, kk, {buffer_ptr[lhs.name]}, "
-        f"{of(lhs, form.lda)}, {of(lhs, form.stride_a)}, {int(form.transpose_a)},",
-        f"                         {buffer_ptr[rhs.name]}, {of(rhs, form.ldb)}, "
-        f"{of(rhs, form.stride_b)}, {int(form.transpose_b)},",
-        f"                         {buffer_ptr[out_name]}, n, m * n);",
+        f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}"
+        + (", operands read in place" if "strided" in op.attrs else ""),
+        *g["lines"],
+        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+        f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
+        f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
+        f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
+        f"{g['tb']},",
+        f"                         {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]});",
         "    }",
         "  }",
     ]
+
 
 def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
                       cols: str) -> tuple[list[str], str, str]:
@@ -67,8 +61,9 @@ def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows:
 
 def _gemm_operands(em: KernelEmitter) -> dict:
     """A dot_general library kernel as a two-level-batched GEMM: host ``lines``
-    defining outer, inner, m, n and kk, the leading dims, the (outer, inner) batch
-    strides of A, B and C (``sa``, ``sb``, ``sc``) and the transposes."""
+    defining outer, inner, m, n and kk, n's expression (plain GEMMs), the leading
+    dims, the (outer, inner) batch strides of A, B and C (``sa``, ``sb``, ``sc``) and
+    the transposes."""
     plan, k = em.plan, em.k
     (op,) = k.ops
     lhs, rhs = (em.buf(a) for a in k.inputs)
@@ -84,11 +79,12 @@ def _gemm_operands(em: KernelEmitter) -> dict:
     def of(buf: Buffer, positions: list[int]) -> str:
         return product([buf.dims[p] for p in positions], plan)
 
+    n = of(rhs, form.n)
     return {"lines": [f"    const int64_t outer = {of(lhs, form.batch)}, inner = 1;",
                       f"    const int64_t m = {of(lhs, form.m)};",
-                      f"    const int64_t n = {of(rhs, form.n)};",
+                      f"    const int64_t n = {n};",
                       f"    const int64_t kk = {of(lhs, form.k)};"],
-            "sa": [of(lhs, form.stride_a), "0"], "sb": [of(rhs, form.stride_b), "0"],
+            "n": n, "sa": [of(lhs, form.stride_a), "0"], "sb": [of(rhs, form.stride_b), "0"],
             "lda": of(lhs, form.lda), "ldb": of(rhs, form.ldb),
             "ta": int(form.transpose_a), "tb": int(form.transpose_b), "sc": ["m * n", "0"]}
 
@@ -128,13 +124,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     if chain is not None:  # no column of C: the chained GEMM's depth is 0, its result zeros
         lines += [
             "    else if (outer > 0 && inner > 0 && m > 0) {",
-            "      for (int64_t q = 0; q < outer * inner; ++q) {",
-            "        const int64_t qo = q / chain.inner, qi = q % chain.inner;",
-            "        ral->sgemm_rows(ral, m, chain.n, 0, chain.a, chain.lda, 0, chain.b, "
-            "chain.ldb, chain.tb,",
-            "                        chain.c + qo * chain.sc_outer + qi * chain.sc_inner, "
-            "chain.n, 0);",
-            "      }",
+            "      for (int64_t q = 0; q < outer * inner; ++q) chain.rows(q, 0, m, 0);",
             "    }",
         ]
     return lines + ["  }"]
@@ -151,13 +141,13 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title = f"  {{  // {names}: library GEMMs for {tf_ops}, reading one A, as one launch"
     if epilogue is not None:
         title += f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each row block"
-    g = _gemm_operands(em)  # m and kk are every member's: the same A
     operands = [_gemm_operands(m) for m in members]
+    g = operands[-1]  # m and kk are every member's: the same A
     a_ptr = buffer_ptr[em.buf(em.k.inputs[0]).name]
     b_ptrs = [buffer_ptr[m.buf(m.k.inputs[1]).name] for m in members]
     c_ptrs = [buffer_ptr[m.k.outputs[0][1]] for m in members]
     lines = [title, *g["lines"]]
-    lines += [f"    const int64_t n_{i} = {_n_expr(m)};" for i, m in enumerate(members)]
+    lines += [f"    const int64_t n_{i} = {o['n']};" for i, o in enumerate(operands)]
     lines += [
         f"    const float* const bs[{count}] = {{{', '.join(b_ptrs)}}};",
         f"    const int64_t ldbs[{count}] = {{{', '.join(o['ldb'] for o in operands)}}};",
@@ -179,14 +169,6 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "  }",
     ]
     return lines
-
-
-def _n_expr(em: KernelEmitter) -> str:
-    """The n of a plain (unbatched) GEMM kernel, as a host expression."""
-    lhs, rhs = (em.buf(a) for a in em.k.inputs)
-    form = gemm_form(len(lhs.dims), len(rhs.dims), em.k.ops[0].attrs)
-    assert form is not None, em.k.name
-    return product([rhs.dims[p] for p in form.n], em.plan)
 
 
 def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn: str,
@@ -215,16 +197,19 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "      int tb;",
         "      float* c;",
         "      int64_t sc_outer, sc_inner;",
+        "      // Rows [i0, i1) of product q of C2, from `depth` columns of A2.",
+        "      void rows(int64_t q, int64_t i0, int64_t i1, int64_t depth) const {",
+        "        const int64_t qo = q / inner, qi = q % inner;  // the same product of C",
+        "        ral->sgemm_rows(ral, i1 - i0, n, depth,",
+        "                        a + qo * sa_outer + qi * sa_inner + i0 * lda, lda, 0,",
+        "                        b + qo * sb_outer + qi * sb_inner, ldb, tb,",
+        "                        c + qo * sc_outer + qi * sc_inner + i0 * n, n, 0);",
+        "      }",
         "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
         "int64_t j1) {",
         "        const Chain& h = *static_cast<const Chain*>(p);",
         "        h.epilogue(h.closure, q, i0, i1, j0, j1);",
-        "        const int64_t qo = q / h.inner, qi = q % h.inner;  // the same product of C2",
-        "        h.ral->sgemm_rows(h.ral, i1 - i0, h.n, h.kk,",
-        "                          h.a + qo * h.sa_outer + qi * h.sa_inner + i0 * h.lda, "
-        "h.lda, 0,",
-        "                          h.b + qo * h.sb_outer + qi * h.sb_inner, h.ldb, h.tb,",
-        "                          h.c + qo * h.sc_outer + qi * h.sc_inner + i0 * h.n, h.n, 0);",
+        "        h.rows(q, i0, i1, h.kk);",
         "      }",
         "    };",
         "    Chain chain{};",
@@ -236,28 +221,6 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         f"                    {buffer_ptr[out_name]}, {sc[0]}, {sc[1]}}};",
         "    }",
     ], "&Chain::run", "&chain"
-
-
-def strided_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
-    """Host-runner lines of a GEMM reading transposed operands in place."""
-    k = em.k
-    (op,) = k.ops
-    f = op.attrs["strided"]
-    lhs, rhs = (em.buf(a) for a in k.inputs)
-    g = strided_gemm_exprs(f, lhs, rhs, em.plan)
-    (_, out_name), = k.outputs
-    return [
-        f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, operands read in place",
-        *g["lines"],
-        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-        f"      ral->sgemm_strided(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, {g['lda']}, "
-        f"{g['sa'][0]}, {g['sa'][1]}, {int(f['transpose_a'])},",
-        f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {g['sb'][0]}, "
-        f"{g['sb'][1]}, {int(f['transpose_b'])},",
-        f"                         {buffer_ptr[out_name]}, n, inner * m * n, m * n);",
-        "    }",
-        "  }",
-    ]
 
 
 def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],

@@ -322,7 +322,7 @@ class KernelEmitter(StitchEmitter):
             f"// TF ops: {comment(', '.join(self.k.tf_ops))}"
         )
         if self.k.kind == "library":
-            return header + "\n// (a GEMM through ral->sgemm_batched; no generated code)"
+            return header + "\n// (a GEMM through the RAL; no generated code)"
         if self.k.kind == "stitch":
             parts = [header, self.struct(), self.stitch()]
             return "\n\n".join(parts + ([self.epilogue()] if self.epilogue_of else []))

@@ -516,15 +516,17 @@ class _Planner(DataKernelPlacement):
                 self.kernels[k].outputs.append((value, buf))
         order = launch_order(self.kernels, self.deps, self.prefix)
         plan_reuse(order, self.buffers, self.a.symbols)
+        find = self.a.symbols.find
+
+        def same_dim(a: int, b: int) -> bool:
+            return find(a) == find(b)
+
         if self.options.gemm_epilogues:
-            find = self.a.symbols.find
-            plan_epilogues(order, self.buffers, lambda a, b: find(a) == find(b),
-                           self.a.symbols.constant_value)
+            plan_epilogues(order, self.buffers, same_dim, self.a.symbols.constant_value)
             if self.options.gemm_chains:
-                plan_chains(order, self.buffers, lambda a, b: find(a) == find(b))
+                plan_chains(order, self.buffers, same_dim)
         if self.options.shared_a_gemms:
-            plan_shared_a(order, self.buffers, lambda a, b: self.a.symbols.find(a)
-                          == self.a.symbols.find(b))
+            plan_shared_a(order, self.buffers, same_dim)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,
