@@ -235,12 +235,6 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     # A view (reshape) is its root buffer's memory, which lives until the
     # view's last reader too.
     ptr = {name: plan.root(name) for name in plan.buffers}
-    # A temp reusing another's memory (the buffer planner's decision) keeps that
-    # memory alive: the allocation is freed after the last reader of either.
-    last_use: dict[str, int] = {}
-    for n, k in enumerate(plan.kernels):
-        for a in k.inputs:
-            last_use[plan.memory(a.buffer)] = n
     out.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;")
     size_of: dict[str, str] = {}
     # A GEMM epilogue (and a GEMM chained after it) runs inside its GEMM's launch: its
@@ -250,6 +244,19 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
         return [name for name in (*k.shares_a, k.epilogue, k.chain) if name]
 
     inside_a_gemm = {index[name] for k in plan.kernels for name in inside(k)}
+    # Where each kernel's reads are done: at its own place, or, for a GEMM sharing A
+    # with a later one, at that launch (it runs there, after its own place).
+    done_at = list(range(len(plan.kernels)))
+    for n, k in enumerate(plan.kernels):
+        for name in k.shares_a:
+            done_at[index[name]] = max(done_at[index[name]], n)
+    # A temp reusing another's memory (the buffer planner's decision) keeps that
+    # memory alive: the allocation is freed after the last reader of either.
+    last_use: dict[str, int] = {}
+    for n, k in enumerate(plan.kernels):
+        for a in k.inputs:
+            memory = plan.memory(a.buffer)
+            last_use[memory] = max(last_use.get(memory, 0), done_at[n])
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
         writers += [plan.kernels[index[name]] for name in inside(k)]

@@ -267,3 +267,37 @@ def test_chained_product_of_zero_depth_is_zeros():
         empty = [random_value(rng, (2, 3, 7, 8), F32), np.zeros((2, 3, 0, 8), np.float32),
                  np.zeros((2, 3, 0, 5), np.float32)]
         assert_matches_tf(tf_fn, jitted, empty, 1e-4, 1e-4)
+
+
+def projections_of_computed_weights(x, wq, wk, wv):
+    """Gemma's projections: weights computed in the cluster (temps), one of them
+    the size of a result, so memory freed too early is handed to a result."""
+    q, k, v = (tf.matmul(x, w * 0.5) for w in (wq, wk, wv))
+    return (q + 0.1) * k + v
+
+
+def _read_after_free(source: str) -> list[str]:
+    """Temps the host runner mentions after freeing them."""
+    import re
+
+    freed: set[str] = set()
+    late = []
+    for line in source.splitlines():
+        if (m := re.search(r"free_temp\(ral, (\w+)\)", line)):
+            freed.add(m.group(1))
+            continue
+        late += [name for name in freed if re.search(rf"\b{name}\b", line)]
+    return late
+
+
+def test_weights_of_a_shared_launch_live_until_that_launch():
+    """A GEMM that runs inside a later GEMM's launch reads its operands there: they
+    must not be freed at its own place in the order (they were, and the result
+    allocated next took their memory: wrong answers in keras-hub's Gemma)."""
+    specs = [tf.TensorSpec([None, 16], F32)] + [tf.TensorSpec([16, 16], F32)] * 3
+    plan = _plan(projections_of_computed_weights, *specs)
+    assert [len(v) for v in _shares(plan).values()] == [2], plan.describe()
+    source = str(pipeline.front_end(cluster_of(projections_of_computed_weights, *specs)).source)
+    assert "sgemm_shared_a" in source and not _read_after_free(source), _read_after_free(source)
+    _check(projections_of_computed_weights, specs,
+           lambda r: [(16 if r % 2 else r % 40 + 1, 16)] + [(16, 16)] * 3, seed=15)
