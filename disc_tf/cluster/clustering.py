@@ -100,6 +100,20 @@ class HostValues:
             self._memo[key] = node is not None and self._node_known(node, static)
         return self._memo[key]
 
+    def exact_float(self, tensor: str) -> bool:
+        """True if ``tensor`` is a float scalar the host knows exactly: a constant, or
+        an integer host value cast to float (``Cast(tf.shape(x)[1])``, the limit of
+        a Keras ``arange`` over a sequence length)."""
+        node = self.view.nodes.get(producer(tensor))
+        if node is None or node.control_inputs or node.outputs[0].dims != ():
+            return False
+        if node.op == "Const":
+            return node.outputs[0].dtype.is_floating
+        if node.op in ("Identity", "StopGradient", "Snapshot"):
+            return self.exact_float(node.inputs[0].name)
+        return node.op == "Cast" and node.outputs[0].dtype.is_floating \
+            and node.inputs[0].dtype in (tf.int32, tf.int64) and self.known(node.inputs[0].name)
+
     def evaluable(self, node: NodeInfo) -> bool:
         """True if the host can compute every output of ``node`` from dims."""
         return self._node_known(node, False)
@@ -146,15 +160,18 @@ class HostValues:
 def _why_not_host_known(host: HostValues, node: NodeInfo) -> str | None:
     """A reason if an input the op needs at compile time (or on the host) is unknown."""
     support = op_registry.lookup(node.op)
+    if node.op == "Range" and node.outputs[0].dtype.is_floating:
+        # A float Range's bounds: constants, or integer host values cast to float.
+        for i, t in enumerate(node.inputs):
+            if not host.exact_float(t.name):
+                return f"input {i} of {node.op} must be a constant or a cast dim"
+        return None
     for i in support.const_inputs:
         if i >= len(node.inputs) or not host.known(node.inputs[i].name, static=True):
             return f"input {i} of {node.op} must be a constant"
-    # A float Range's length is computed when lowering: its bounds must be constants.
-    static = node.op == "Range" and node.outputs[0].dtype.is_floating
     for i in support.shape_inputs:
-        if i >= len(node.inputs) or not host.known(node.inputs[i].name, static=static):
-            what = "a constant" if static else "computable from constants and dims"
-            return f"input {i} of {node.op} must be {what}"
+        if i >= len(node.inputs) or not host.known(node.inputs[i].name):
+            return f"input {i} of {node.op} must be computable from constants and dims"
     return None
 
 

@@ -84,6 +84,8 @@ class DhloBuilder:
         self.const_values: dict = {}
         #: values of ``index`` constants (host scalars known at compile time)
         self.index_values: dict[str, int] = {}
+        #: float scalars that are host integers cast to float: ssa -> ``index`` scalar
+        self.exact_ints: dict[str, str] = {}
         self.loc = "unknown"
 
     def _fresh(self, prefix: str = "v") -> str:

@@ -342,16 +342,38 @@ def iota(b: DhloBuilder, extents: list[str], dim: int, elem: str) -> TValue:
 
 
 def _float_range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
-    """A float Range of constant bounds: its length is known when lowering."""
+    """A float Range: of constant bounds (its length known when lowering), or with
+    host integers cast to float among its bounds (``arange`` over a sequence
+    length). The latter is computed as an integer Range over the bounds scaled by
+    2^m so that the constant ones are integers, converted and scaled back: exact, as
+    TF's float arithmetic is for such bounds (the host checks they stay within
+    float32's integers)."""
     from disc_tf.dhlo_bridge.rules import _scalar
 
     bounds = [b.const_values.get(v.ssa) for v in xs]
+    elem = MLIR_TYPE[tf.as_dtype(node.attr["Tidx"].type)]
     if any(v is None for v in bounds):
-        raise LoweringError(f"Range {node.name}: float bounds must be constants")
+        scale = _dyadic_scale(node, [float(np.asarray(c).reshape(())) for c in bounds
+                                     if c is not None])
+        start, limit, delta = (_scaled_bound(b, node, v, c, scale) for v, c in zip(xs, bounds))
+        step = b.index_values.get(delta)
+        if step is None or step == 0:
+            raise LoweringError(f"Range {node.name}: delta must be a non-zero constant")
+        count = _range_count(b, start, limit, delta, step)
+        ramp = iota(b, [count], 0, "i64")
+        shape = b.shape_of(ramp)
+        scaled = b.op("multiply", [ramp, b.broadcast_to(b.host_tensor([delta], "i64", 0), shape,
+                                                        1, [])], "i64", ramp.dims)
+        offset = b.broadcast_to(b.host_tensor([start], "i64", 0), shape, 1, [])
+        values = b.op("convert", [b.op("add", [scaled, offset], "i64", ramp.dims)], elem,
+                      ramp.dims)
+        if scale == 1:
+            return [values]
+        inverse = b.broadcast_to(_scalar(b, 1.0 / scale, elem), shape, 1, [])
+        return [b.op("multiply", [values, inverse], elem, ramp.dims)]
     start, limit, delta = (float(np.asarray(v).reshape(())) for v in bounds)
     if delta == 0 or (limit - start) * delta < 0:
         raise LoweringError(f"Range {node.name}: bounds TF rejects")
-    elem = MLIR_TYPE[tf.as_dtype(node.attr["Tidx"].type)]
     count = int(np.ceil(abs((limit - start) / delta)))
     ramp = b.op("convert", [iota(b, [b.index_const(count)], 0, "i64")], elem, (count,))
     shape = b.shape_of(ramp)
@@ -359,6 +381,45 @@ def _float_range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -
                   elem, ramp.dims)
     return [b.op("add", [scaled, b.broadcast_to(_scalar(b, start, elem), shape, 1, [])], elem,
                  ramp.dims)]
+
+
+#: Integers a float32 holds exactly: a scaled bound beyond this would round in TF.
+_EXACT_F32 = 2**24
+#: Finest step of a float Range with a computed bound: 2^-8.
+_MAX_SCALE_BITS = 8
+
+
+def _dyadic_scale(node: node_def_pb2.NodeDef, constants: list[float]) -> int:
+    """The least 2^m (m <= 8) that makes every constant bound an integer."""
+    for bits in range(_MAX_SCALE_BITS + 1):
+        scale = 1 << bits
+        if all((c * scale).is_integer() and abs(c * scale) <= _EXACT_F32 for c in constants):
+            return scale
+    raise LoweringError(f"Range {node.name}: constant bounds {constants} beside a computed one "
+                        "are not multiples of 2^-8")
+
+
+def _scaled_bound(b: DhloBuilder, node: node_def_pb2.NodeDef, value: TValue, const,
+                  scale: int) -> str:
+    """A float Range bound times ``scale`` as an ``index`` scalar: a constant, or a
+    host integer cast to float (the host checks the product is exact in float32)."""
+    if const is not None:
+        return b.index_const(int(float(np.asarray(const).reshape(())) * scale))
+    scalar = b.exact_ints.get(value.ssa)
+    if scalar is None:
+        raise LoweringError(f"Range {node.name}: float bounds must be constants or cast dims")
+    for predicate, bound in (("sle", _EXACT_F32 // scale), ("sge", -_EXACT_F32 // scale)):
+        b.require(predicate, scalar, b.index_const(bound),
+                  "float Range bound too large to be exact in float32")
+    return scalar if scale == 1 else b.index_arith("muli", scalar, b.index_const(scale))
+
+
+def _range_count(b: DhloBuilder, start: str, limit: str, delta: str, step: int) -> str:
+    """Elements of an integer Range; the host checks TF's order of the bounds."""
+    lo, hi = (start, limit) if step > 0 else (limit, start)
+    b.require_equal_extents([b.shape_from([b.index_arith("maxsi", lo, hi)]), b.shape_from([hi])], 1)
+    span = b.index_arith("subi", limit, start)
+    return b.index_arith("maxsi", b.index_const(0), b.index_arith("ceildivsi", span, delta))
 
 
 @tf_op("Range", dtypes=INT_TYPES | {tf.float32}, dtype_attr="Tidx", shape_inputs=(0, 1),
@@ -373,10 +434,7 @@ def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
     if step is None or step == 0:
         raise LoweringError(f"Range {node.name}: delta must be a non-zero constant")
     # TF requires start <= limit (delta > 0) or start >= limit (delta < 0).
-    lo, hi = (start[0], limit[0]) if step > 0 else (limit[0], start[0])
-    b.require_equal_extents([b.shape_from([b.index_arith("maxsi", lo, hi)]), b.shape_from([hi])], 1)
-    span = b.index_arith("subi", limit[0], start[0])
-    count = b.index_arith("maxsi", b.index_const(0), b.index_arith("ceildivsi", span, delta[0]))
+    count = _range_count(b, start[0], limit[0], delta[0], step)
     elem = MLIR_TYPE[tf.as_dtype(node.attr["Tidx"].type)]
     ramp = iota(b, [count], 0, elem)
     scaled = b.op("multiply", [ramp, b.broadcast_to(b.host_tensor(delta, elem, 0), b.shape_of(ramp),

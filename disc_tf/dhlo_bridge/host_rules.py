@@ -25,6 +25,7 @@ HostRule = Callable[[DhloBuilder, node_def_pb2.NodeDef, list[TValue]], list[TVal
 _HOST_RULES: dict[str, HostRule] = {}
 
 _INT = ("i32", "i64")
+_FLOAT = ("f16", "bf16", "f32", "f64")
 
 #: TF binary ops on host integers -> ``arith`` op on ``index`` scalars.
 _ARITH = {"Mul": "muli", "Add": "addi", "AddV2": "addi", "Sub": "subi",
@@ -116,9 +117,19 @@ def _neg(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[T
 def _identity(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue] | None:
     elem = _out_elem(node, "DstT") if node.op == "Cast" else xs[0].elem
     elems = _elements(b, xs[0])
-    if elems is None or elem not in _INT:
+    if elems is None:
         return None
+    if elem not in _INT:
+        return _int_to_float(b, elems, elem) if xs[0].rank == 0 and elem in _FLOAT else None
     return [b.host_tensor(elems, elem, xs[0].rank)]
+
+
+def _int_to_float(b: DhloBuilder, elems: list[str], elem: str) -> list[TValue]:
+    """A host integer scalar cast to float: converted from its i64 tensor, and kept
+    as ``b.exact_ints`` for a float Range's bounds."""
+    result = b.op("convert", [b.host_tensor(elems, "i64", 0)], elem, ())
+    b.exact_ints[result.ssa] = elems[0]
+    return [result]
 
 
 @host_rule("Reshape", "ExpandDims", "Squeeze")

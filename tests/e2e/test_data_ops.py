@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
-from tests.harness import assert_same, compiled, random_value
+from tests.harness import assert_ops_compiled, assert_same, compiled, random_value
 from tests.stage_helpers import cluster_of, dyn
 
 F32, I32, BOOL = tf.float32, tf.int32, tf.bool
@@ -284,15 +284,49 @@ def test_float_range_with_constant_bounds_matches_tf():
         assert_same(tf_fn(x), jitted(x), F32)
 
 
-def test_float_range_with_computed_bounds_stays_in_tf_with_a_reason():
-    from disc_tf.cluster import clustering
-    from disc_tf.cluster.graph_view import view_of_graph_def
+@pytest.mark.parametrize("bounds", [
+    (0.0, None, 1.0),  # keras.ops.arange(seq_len), as keras-hub decoders build masks
+    (None, None, 1.0),  # start and limit both computed: range(n/2 .. n) via casts
+    (0.5, None, 0.25),  # dyadic constants beside a computed limit
+    (None, -3.0, -2.0),  # counting down from a computed start
+])
+def test_float_range_with_a_cast_dim_bound_compiles_and_matches_tf(bounds):
+    def fn(x):
+        n = tf.shape(x)[0]
+        start, limit, delta = bounds
+        start = tf.cast(n // 2, tf.float32) if start is None else start
+        limit = tf.cast(n, tf.float32) if limit is None else limit
+        ramp = tf.range(start, limit, delta)
+        return tf.reduce_sum(ramp) * 2.0 + ramp[:1] + tf.reduce_sum(x)
 
-    fn = tf.function(lambda x: tf.range(0.0, tf.cast(tf.shape(x)[0], tf.float32), 0.5) + 1.0,
+    tf_fn = tf.function(fn, input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"Range", "Cast"})
+    rng = np.random.default_rng(3)
+    for n in [1, 2, 7, 40, 1000]:
+        x = rng.normal(size=(n,)).astype(np.float32)
+        assert_same(tf_fn(x), jitted(x), F32)
+
+
+def test_float_range_of_a_cast_dim_checks_the_bounds_tf_checks():
+    tf_fn = tf.function(lambda x: tf.range(2.0, tf.cast(tf.shape(x)[0], tf.float32)) + 1.0,
+                        input_signature=[dyn(1)])
+    jitted = compiled(tf_fn)
+    assert_same(tf_fn(np.ones(5, np.float32)), jitted(np.ones(5, np.float32)), F32)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(np.ones(1, np.float32))  # limit 1 < start 2 with delta 1: TF refuses too
+    assert_same(tf_fn(np.ones(3, np.float32)), jitted(np.ones(3, np.float32)), F32)
+
+
+def test_float_range_of_a_cast_dim_with_an_inexact_step_is_refused_with_a_reason():
+    fn = tf.function(lambda x: tf.range(0.0, tf.cast(tf.shape(x)[0], tf.float32), 0.1) + 1.0,
                      input_signature=[dyn(1)])
-    gd = fn.get_concrete_function().graph.as_graph_def()
-    reasons = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=1).reasons
-    assert reasons["range"] == "input 1 of Range must be a constant"
+    jitted = disc_tf.jit(fn, min_cluster_size=1, strict=False)
+    reasons = {name: why for body in jitted.report.unclustered.values()
+               for name, why in body.items()}
+    assert reasons["range"].startswith("lowering refused: Range range: constant bounds"), reasons
+    x = np.ones(12, np.float32)
+    assert_same(fn(x), jitted(x), F32)
 
 
 def test_negative_computed_dims_are_invalid_argument_then_next_call_works():
