@@ -13,9 +13,12 @@ planned.
 
 A call goes the direct way only when it can give the same answer: eager
 execution, no gradient tape recording, no GPU in the process, and every
-argument a tensor or array of the signature's dtype and a compatible shape.
-Any other call, and any function the planner refuses, runs the restored
-function as ``tf.saved_model.load`` would.
+argument a tensor or array of the signature's dtype and a compatible shape, or
+(a positional argument) a dict, list or tuple of them of exactly the traced
+structure (same container types, keys and lengths; a Keras ``model.export``'s
+``serve(inputs)`` takes a dict). Any other call, and any function the planner
+refuses, runs the restored function as ``tf.saved_model.load`` would. The
+outputs have the structure TF's call gives them (the function's output type).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import hashlib
 import logging
 import pathlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -76,6 +79,134 @@ def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
 WARMUP_DIMS = (8, 1)
 
 
+#: Appends a structured argument's leaves to a list in ``tf.nest`` order; False
+#: (the list then partly filled) when the value's structure is not the traced one.
+Flatten = Callable[[Any, list[Any]], bool]
+#: Builds a call's result from the flat outputs.
+Pack = Callable[[list[Any]], Any]
+
+
+def _tensor_leaves(spec: Any) -> int | None:
+    """How many TensorSpecs ``spec`` holds if it is one, or dicts, lists and tuples
+    (exactly those types) of them; None if it holds anything else."""
+    if isinstance(spec, tf.TensorSpec):
+        return 1
+    kind = type(spec)
+    if kind is dict:
+        parts = list(spec.values())
+    elif kind is list or kind is tuple:
+        parts = spec
+    else:
+        return None
+    total = 0
+    for part in parts:
+        n = _tensor_leaves(part)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def _flattener(spec: Any) -> Flatten | None:
+    """A ``Flatten`` for a structure ``_tensor_leaves`` counts, checking container
+    types, dict keys and lengths exactly; None for a TensorSpec (the value is the
+    leaf). Dict values go in sorted-key order, as ``tf.nest`` and TF's binding
+    take them."""
+    if isinstance(spec, tf.TensorSpec):
+        return None
+    kind = type(spec)
+    if kind is dict:
+        keys = tuple(sorted(spec))
+        parts = tuple(_flattener(spec[k]) for k in keys)
+        size = len(keys)
+        if not any(parts):
+
+            def flat_dict(value: Any, out: list[Any]) -> bool:
+                if type(value) is not dict or len(value) != size:
+                    return False
+                try:  # same length and every key: the same keys
+                    out.extend([value[k] for k in keys])
+                except KeyError:
+                    return False
+                return True
+
+            return flat_dict
+
+        def nested_dict(value: Any, out: list[Any]) -> bool:
+            if type(value) is not dict or len(value) != size:
+                return False
+            for key, part in zip(keys, parts):
+                if key not in value:
+                    return False
+                if part is None:
+                    out.append(value[key])
+                elif not part(value[key], out):
+                    return False
+            return True
+
+        return nested_dict
+    parts = tuple(_flattener(s) for s in spec)
+    size = len(parts)
+    if not any(parts):
+
+        def flat_sequence(value: Any, out: list[Any]) -> bool:
+            if type(value) is not kind or len(value) != size:
+                return False
+            out.extend(value)
+            return True
+
+        return flat_sequence
+
+    def nested_sequence(value: Any, out: list[Any]) -> bool:
+        if type(value) is not kind or len(value) != size:
+            return False
+        for item, part in zip(value, parts):
+            if part is None:
+                out.append(item)
+            elif not part(item, out):
+                return False
+        return True
+
+    return nested_sequence
+
+
+def _output_packer(concrete: Any, count: int) -> Pack:
+    """What builds a call's result from its ``count`` flat outputs as TF's own call
+    does (``function_type.pack_output``), checked once on stand-ins; a lone tensor
+    is returned as it is, and without a usable output type the result is
+    ``structured_outputs`` packed by ``tf.nest`` (as before)."""
+    structure = concrete.structured_outputs
+    if count == 1 and isinstance(structure, (tf.TensorSpec, tf.Tensor)) and \
+            structure.dtype not in (tf.resource, tf.variant):  # no handle data to set
+        return _first
+    function_type = getattr(concrete, "function_type", None)
+    if getattr(function_type, "output", None) is not None:
+        stand_ins = [_StandIn() for _ in range(count)]
+        try:
+            packed = function_type.pack_output(stand_ins)
+            leaves = [x for x in nest.flatten(packed) if type(x) is _StandIn]
+        except Exception:  # noqa: BLE001 - any failure: the other way
+            leaves = None
+        if leaves is not None and len(leaves) == count and all(
+                a is b for a, b in zip(leaves, stand_ins)):
+            return function_type.pack_output
+
+    def pack(outs: list[Any]) -> Any:
+        return nest.pack_sequence_as(structure, outs)
+
+    return pack
+
+
+class _StandIn:
+    """An output in ``_output_packer``'s dry run."""
+
+    __slots__ = ()
+
+
+def _first(outs: list[Any]) -> Any:
+    return outs[0]
+
+
 class _Spec:
     """One argument's dtype and shape, checked per call."""
 
@@ -100,7 +231,7 @@ class _Spec:
             if value.dtype != self.dtype:
                 return None
             tensor = value
-        elif isinstance(value, np.ndarray) and value.dtype == self.np_dtype:
+        elif isinstance(value, (np.ndarray, np.generic)) and value.dtype == self.np_dtype:
             tensor = tf.constant(value)
         else:
             return None
@@ -136,6 +267,10 @@ class DirectFunction:
         self.direct_calls = 0
         self.tf_calls = 0
         self._count_lock = threading.Lock()  # calls may come from many threads
+        #: positional calls: how many arguments hold tensors, and their ``Flatten``s
+        #: (None for a plain tensor; all None: every argument a plain tensor)
+        self._num_args = 0
+        self._flatteners: tuple[Flatten | None, ...] | None = None
         try:
             if refuse is not None:
                 raise NotDirect(refuse)
@@ -163,17 +298,19 @@ class DirectFunction:
             if kwargs:
                 raise NotDirect("keyword-only arguments")
             names = []
-            tensors = next((i for i, a in enumerate(args) if not isinstance(a, tf.TensorSpec)),
-                           len(args))
-            specs, fixed = list(args[:tensors]), tuple(args[tensors:])
+            # Leading arguments are tensors or dicts, lists and tuples of them.
+            tensors = next((i for i, a in enumerate(args) if not _tensor_leaves(a)), len(args))
+            structured, fixed = tuple(args[:tensors]), tuple(args[tensors:])
             # Trailing Python values (training=False) are the trace's: a call that omits
             # them runs it only if they are the defaults.
             if any(isinstance(x, tf.TensorSpec) for x in nest.flatten(fixed)):
-                raise NotDirect("an argument is not a plain tensor")
+                raise NotDirect("an argument is not a plain tensor or a dict, list or tuple "
+                                "of tensors")
             if fixed and (len(fixed) > len(self._defaults)
                           or any((type(f), f) != (type(d), d)
                                  for f, d in zip(fixed, self._defaults[-len(fixed):]))):
                 raise NotDirect("traced with Python arguments other than their defaults")
+            specs = self._prepare_structure(structured)
         if not all(isinstance(s, tf.TensorSpec) for s in specs):
             raise NotDirect("an argument is not a plain tensor")
         captured = list(concrete.captured_inputs)
@@ -185,6 +322,10 @@ class DirectFunction:
         for name, t in zip(names, flat_inputs):
             if t.op.name != name:
                 raise NotDirect(f"argument {name} has placeholder {t.op.name}")
+        for spec, t in zip(specs, flat_inputs):
+            if t.dtype != spec.dtype or not t.shape.is_compatible_with(spec.shape):
+                raise NotDirect(f"placeholder {t.op.name} ({t.dtype.name} {t.shape}) is not "
+                                f"the signature's {spec}")
         is_resource = [t.dtype == tf.resource for t in flat_inputs]
         plan = plan_function(concrete.function_def, len(specs), is_resource, _lookup_function)
         if len(plan.outputs) != len(concrete.outputs):
@@ -196,7 +337,7 @@ class DirectFunction:
         self._names = names
         self._specs = [_Spec(s) for s in specs]
         self._captured = captured
-        self._structure = concrete.structured_outputs
+        self._pack = _output_packer(concrete, len(plan.outputs))
         keys = _publish_artifacts(plan)
         self._steps = [
             (step.op, step.num_outputs, step.inputs,
@@ -205,6 +346,29 @@ class DirectFunction:
             for step, key in zip(plan.steps, keys)]
         self._constants = [tf.constant(c) for c in plan.constants]
         self.plan = plan
+
+    def _prepare_structure(self, structured: tuple) -> list[tf.TensorSpec]:
+        """The flat specs of the positional tensor arguments ``structured``, and
+        ``_flatteners`` for the call (None when every one is a plain tensor)."""
+        self._num_args = len(structured)
+        if all(isinstance(a, tf.TensorSpec) for a in structured):
+            return list(structured)
+        try:
+            flatteners = tuple(_flattener(a) for a in structured)
+        except TypeError as e:  # dict keys that do not sort
+            raise NotDirect(f"an argument's structure does not flatten: {e}") from e
+        specs: list[Any] = []
+        for flatten, arg in zip(flatteners, structured):
+            if flatten is None:
+                specs.append(arg)
+            elif not flatten(arg, specs):
+                raise NotDirect("an argument's structure does not flatten")
+        # The order TF binds the graph's inputs in is tf.nest's.
+        if len(specs) != len(nest.flatten(structured)) or any(
+                a is not b for a, b in zip(specs, nest.flatten(structured))):
+            raise NotDirect("an argument flattens in an order other than tf.nest's")
+        self._flatteners = flatteners
+        return specs
 
     def _args(self, args: tuple, kwargs: dict) -> list[Any] | None:
         if self._keyword:
@@ -215,9 +379,18 @@ class DirectFunction:
             except KeyError:
                 return None
         else:
-            if kwargs or len(args) != len(self._specs):
+            if kwargs or len(args) != self._num_args:
                 return None
-            values = args
+            flatteners = self._flatteners
+            if flatteners is None:
+                values = args
+            else:
+                values = []
+                for flatten, value in zip(flatteners, args):
+                    if flatten is None:
+                        values.append(value)
+                    elif not flatten(value, values):
+                        return None
         out = []
         for spec, value in zip(self._specs, values):
             t = spec.convert(value)
@@ -252,8 +425,7 @@ class DirectFunction:
         for op, num_outputs, inputs, attrs in self._steps:
             values = [self._value(s, flat, results) for s in inputs]
             results.append(execute.quick_execute(op, num_outputs, values, attrs, ctx))
-        outs = [self._value(s, flat, results) for s in self.plan.outputs]
-        return nest.pack_sequence_as(self._structure, outs)
+        return self._pack([self._value(s, flat, results) for s in self.plan.outputs])
 
     def _value(self, source: Source, args: list[Any], results: list[list[Any]]) -> Any:
         if source.kind == "arg":
