@@ -223,3 +223,45 @@ class KerasEncoderBlock(tf.Module):
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """The block's output, same shape as ``x``."""
         return self.model(x, training=False)
+
+
+class GptDecoder(tf.Module):
+    """A keras-hub GPT-2 backbone built from config (random weights): 4 layers,
+    hidden 256, 4 heads, FFN 1024, vocabulary 1000. Token ids ``[batch, seq]`` in
+    (no padding: the mask is all ones), hidden states ``[batch, seq, 256]`` out."""
+
+    HIDDEN = 256
+    VOCABULARY = 1000
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        import keras
+        import keras_hub
+
+        keras.utils.set_random_seed(seed)
+        self.model = keras_hub.models.GPT2Backbone(
+            vocabulary_size=self.VOCABULARY, num_layers=4, num_heads=4, hidden_dim=self.HIDDEN,
+            intermediate_dim=4 * self.HIDDEN, max_sequence_length=512)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="x")])
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        """The last hidden states of the tokens ``x``."""
+        return self.model({"token_ids": x, "padding_mask": tf.ones_like(x)}, training=False)
+
+
+class MobileNetFeatures(tf.Module):
+    """Keras ``MobileNetV2(weights=None, include_top=False)`` with dynamic height and
+    width: images ``[batch, h, w, 3]`` in, feature maps ``[batch, h/32, w/32, 1280]`` out."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        import keras
+
+        keras.utils.set_random_seed(seed)
+        self.model = keras.applications.MobileNetV2(weights=None, include_top=False,
+                                                    input_shape=(None, None, 3))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.float32, name="x")])
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        """The feature maps of the images ``x``."""
+        return self.model(x, training=False)

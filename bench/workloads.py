@@ -5,7 +5,9 @@ Each workload is a ``tf.Module`` whose ``__call__`` is a ``tf.function`` with an
 stream of mostly-distinct input shapes (the traffic a serving process sees).
 The model-sized workloads (BERT encoders, a FastSpeech2-like conv stack, a
 recommender tower, a Keras encoder block) live in ``bench.models`` and run by
-default; the three elementwise micro-workloads here run when named.
+default; two real models (a keras-hub GPT-2 decoder and Keras MobileNetV2, also
+in ``bench.models``; ``make bench-deps`` installs keras-hub) and the three
+elementwise micro-workloads here run when named.
 """
 
 from __future__ import annotations
@@ -148,6 +150,11 @@ def _features(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return values
 
 
+def _tokens(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Token ids of the decoder's vocabulary."""
+    return rng.integers(0, models.GptDecoder.VOCABULARY, shape).astype(np.int32)
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -212,6 +219,25 @@ WORKLOADS: dict[str, Workload] = {
             models.KerasEncoderBlock,
             lambda rng: (int(rng.integers(1, 9)), int(rng.integers(8, 129)), models.KerasEncoderBlock.HIDDEN),
             _normal,
+        ),
+        Workload(
+            "gpt2_decoder",
+            "tokens[batch 1-4, seq 8-256]: keras-hub GPT-2 backbone from config (4 layers, "
+            "hidden 256, 4 heads, FFN 1024; causal mask, learned positions)",
+            models.GptDecoder,
+            lambda rng: (int(rng.integers(1, 5)), int(rng.integers(8, 257))),
+            _tokens,
+            default=False,
+        ),
+        Workload(
+            "mobilenet_v2",
+            "x[batch 1-4, H 96-224, W 96-224, 3]: Keras MobileNetV2 features (weights=None, "
+            "include_top=False, dynamic height and width)",
+            models.MobileNetFeatures,
+            lambda rng: (int(rng.integers(1, 5)), int(rng.integers(96, 225)),
+                         int(rng.integers(96, 225)), 3),
+            _normal,
+            default=False,
         ),
     )
 }

@@ -43,6 +43,16 @@ def test_stream_ranges() -> None:
     assert all(1 <= b <= 2048 for b, _ in tower)
 
 
+def test_real_model_streams() -> None:
+    tokens = next(WORKLOADS["gpt2_decoder"].stream(0, 1))
+    assert tokens.dtype == np.int32 and tokens.ndim == 2 and 8 <= tokens.shape[1] <= 256
+    assert 0 <= tokens.min() and tokens.max() < 1000
+    images = WORKLOADS["mobilenet_v2"].shapes(0, FULL_STREAM)
+    assert all(1 <= b <= 4 and 96 <= h <= 224 and 96 <= w <= 224 and c == 3
+               for b, h, w, c in images)
+    assert len(set(images)) >= 0.9 * FULL_STREAM
+
+
 @pytest.mark.parametrize("name", sorted(ISSUE_WORKLOADS))
 def test_workload_runs_in_tf_at_two_shapes(name: str) -> None:
     module = WORKLOADS[name].make_module()
