@@ -24,7 +24,7 @@ from tensorflow.core.framework import function_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
 from disc_tf import pipeline, scope
-from disc_tf.cluster import clustering, rewrite
+from disc_tf.cluster import clustering, const_fold, rewrite
 from disc_tf.cluster.graph_view import (
     GraphView,
     TensorInfo,
@@ -94,6 +94,7 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
                 yield Body(name, "function", None, library, error=f"{type(e).__name__}: {e}",
                            report_name=name, node_defs=tuple(fdef.node_def))
                 continue
+            _, view, nested_to_flat = const_fold.fold_function_def(fdef, view, nested_to_flat)
             fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
             yield Body(name, "function", view, library, fetched, report_name=name)
         tags = ",".join(meta_graph.meta_info_def.tags) or "untagged"
@@ -105,9 +106,10 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
                        report_name="main_graph", node_defs=tuple(meta_graph.graph_def.node))
             continue
         protected = referenced_nodes(meta_graph)
+        outside = served.outside(view.nodes)
+        _, view = const_fold.fold_graph_def(meta_graph.graph_def, view, protected, name, outside)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
-        outside = served.outside(view.nodes)
         yield Body(name, "graph", view, library, fetched, protected, outside, None, "main_graph")
 
 

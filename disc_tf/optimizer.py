@@ -14,7 +14,7 @@ from collections.abc import Callable
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from disc_tf import pipeline, strict
-from disc_tf.cluster import clustering, rewrite
+from disc_tf.cluster import clustering, const_fold, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.dhlo_bridge.rules import LoweringError
 from disc_tf.report import (
@@ -208,12 +208,14 @@ class BodyOptimizer:
         except Exception as e:  # noqa: BLE001
             self._not_analysed(body, e, graph_def.node)
             return graph_def
+        original = graph_def  # returned as it is if nothing compiles
+        graph_def, view = const_fold.fold_graph_def(graph_def, view, protected, body, outside)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
         taken = {n.name for n in graph_def.node}
         replaced = self._compile(body, view, fetched, protected, taken, outside)
         if not replaced:
-            return graph_def
+            return original
         nodes = [
             (spec, rewrite.disc_node(spec, [t.name for t in spec.inputs], spec.control_inputs,
                                      fb, attrs))
@@ -231,12 +233,15 @@ class BodyOptimizer:
         except Exception as e:  # noqa: BLE001
             self._not_analysed(body, e, fdef.node_def)
             return fdef
+        original = fdef  # returned as it is if nothing compiles
+        fdef, view, nested_to_flat = const_fold.fold_function_def(fdef, view, nested_to_flat,
+                                                                  protected)
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
         protected = frozenset(n for n in protected if n in view.nodes)
         taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
         replaced = self._compile(body, view, fetched, protected, taken)
         if not replaced:
-            return fdef
+            return original
         flat_to_nested: dict[str, str] = {}
         for nd in fdef.node_def:
             for ref in nd.input:
