@@ -190,3 +190,27 @@ def test_argmax_of_an_empty_axis_is_invalid_argument():
     with pytest.raises(tf.errors.InvalidArgumentError):
         jitted(np.ones((2, 0), np.float32))
     assert_same(tf_fn(np.ones((2, 3), np.float32)), jitted(np.ones((2, 3), np.float32)), tf.int64)
+
+
+def test_filters_computed_from_variables_compile():
+    """Weight normalisation and a folded per-channel scale: the filters are computed
+    in the cluster from variables, with static shapes, and the convolutions accept
+    them (a Keras model with weight norm or folded batch norm)."""
+    from tests.harness import assert_ops_compiled
+
+    rng = np.random.default_rng(21)
+    w = tf.Variable(rng.standard_normal((3, 3, 4, 8)).astype(np.float32))
+    g = tf.Variable(rng.uniform(0.5, 1.5, 8).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 4], F32)])
+    def fn(x):
+        normed = w * (g / tf.sqrt(tf.reduce_sum(w * w, axis=[0, 1, 2])))
+        y = tf.nn.conv2d(x, normed, 1, "SAME")
+        depthwise = tf.reshape(g, [1, 1, 8, 1]) * tf.ones([3, 3, 8, 1])
+        return tf.nn.relu(tf.nn.depthwise_conv2d(y, depthwise, [1, 1, 1, 1], "SAME"))
+
+    jitted = compiled(fn)
+    assert_ops_compiled(jitted, {"Conv2D", "DepthwiseConv2dNative"})
+    for shape in [(2, 9, 7, 4), (1, 1, 1, 4), (3, 16, 5, 4)]:
+        x = random_value(rng, shape, F32)
+        assert_same(fn(x), jitted(x), F32)
