@@ -403,7 +403,8 @@ class DirectFunction:
         """One direct call on ones (unknown dims each of WARMUP_DIMS in turn, until a
         call succeeds), so that what the ops do on their first call (loading
         artifacts, packing GEMM weights) is done before the first real one. The plan
-        holds DiscCluster ops and stateless ops only, so the call changes no state.
+        holds DiscCluster ops, stateless ops and loops that only read variables, so the
+        call changes no state.
         False, and nothing else, when there is no plan or no call succeeds."""
         if self.plan is None:
             return False

@@ -8,9 +8,13 @@ the function's arguments, captured values, variable handles (the op reads the
 variable when it runs, as the ReadVariableOp would have) or earlier steps'
 outputs. A stateless TF op left outside the clusters (one op stranded between
 two clusters, a sort) is an eager step of its own, and a Const a value the plan
-holds. Any op with state or control flow (an assignment, a loop, a call of a
-function-valued attr) makes the function unplannable, and the caller uses TF's
-runtime.
+holds. A functional control-flow op (``While``, ``If``, ``Case`` and their
+stateless forms: a Keras RNN's loop) is one eager step too, when every function
+it calls, transitively, is registered and holds no state other than variable
+reads (its variables come in as resource inputs, which the step passes as the
+handles), DiscCluster ops, checks and such control flow again. Any other op
+with state (an assignment, a random op) or other call of a function-valued attr
+makes the function unplannable, and the caller uses TF's runtime.
 
 The plan is built from FunctionDef protos only, and prints as text
 (``DirectPlan.describe``).
@@ -36,6 +40,14 @@ _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 #: error they raise (TF's Assert; Hugging Face models check input ids with one). A
 #: plan runs each once per call, as an eager op with no outputs.
 _CHECK_OPS = frozenset({"Assert"})
+#: Functional control flow run as one eager op when its functions pass
+#: ``_Planner.check_callees``; the stateful forms also run when only a control
+#: edge uses them, as TF runs every stateful op.
+_CONTROL_FLOW_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                               "StatelessCase"})
+_STATEFUL_CONTROL_FLOW = frozenset({"While", "If", "Case"})
+#: Ops with state that only read a variable, allowed in the functions those call.
+_READ_OPS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"})
 #: Stateless ops that still cannot run as one eager op of a direct call.
 _NOT_EAGER = frozenset({"Placeholder", "_Arg", "_Retval", "Switch", "Merge", "Enter", "Exit",
                         "NextIteration", "LoopCond", "ControlTrigger"})
@@ -136,7 +148,7 @@ def _exec_attr(name: str, value: attr_value_pb2.AttrValue) -> ExecAttr:
     if field == "type":
         return int(value.type)
     if field == "func":
-        return value.func.name
+        return _function_name(name, value.func)
     if field == "shape":
         return _shape(value.shape)
     if field == "list":
@@ -149,10 +161,30 @@ def _exec_attr(name: str, value: attr_value_pb2.AttrValue) -> ExecAttr:
             return [int(i) for i in lst.i]
         if lst.s:
             return list(lst.s)
-        if lst.f or lst.b or lst.func or lst.tensor:
+        if lst.func:
+            return [_function_name(name, f) for f in lst.func]
+        if lst.f or lst.b or lst.tensor:
             raise NotDirect(f"attr {name}: list kind not supported")
         return []
     raise NotDirect(f"attr {name}: {field} values are not supported")
+
+
+def _function_name(name: str, func: attr_value_pb2.NameAttrList) -> str:
+    """A function-valued attr's function name (``TFE_Py_Execute`` takes no attrs of it)."""
+    if func.attr:
+        raise NotDirect(f"attr {name}: function {func.name} has attrs of its own")
+    return func.name
+
+
+def _function_attrs(node) -> list[tuple[str, str]]:
+    """``(attr, function name)`` for each function a node's attrs name."""
+    out = []
+    for key in sorted(node.attr):
+        value = node.attr[key]
+        if value.WhichOneof("value") == "func":
+            out.append((key, value.func.name))
+        out += [(key, f.name) for f in value.list.func]
+    return out
 
 
 def _shape(proto) -> list[int | None] | None:
@@ -182,6 +214,7 @@ class _Planner:
         self.constants: list[np.ndarray] = []
         self._step_of: dict[tuple[int, str], int] = {}  # (frame id, node) -> step
         self._frames = 0
+        self._callees_checked: set[str] = set()  # functions check_callees accepted
 
     def top_source(self, i: int) -> Source:
         """Source of top-level input ``i`` (arguments first, then captures)."""
@@ -209,10 +242,36 @@ class _Planner:
         for node in fdef.node_def:
             if node.op in _CALL_OPS:
                 self.check_body(self.lookup(node.attr["f"].func.name), depth + 1)
+            elif node.op in _CONTROL_FLOW_OPS:
+                self.check_callees(node, depth + 1)
             elif node.op not in _DIRECT_OPS and node.op != "Const" and (
                     why := _why_not_eager(node)):
                 raise NotDirect(f"{fdef.signature.name}: op {node.op} ({node.name}) outside "
                                 f"any cluster {why}")
+
+    def check_callees(self, node, depth: int) -> None:
+        """Raises ``NotDirect`` unless every function control-flow op ``node`` calls,
+        and every function those call (through attrs: calls, nested control flow), is
+        registered and holds no op with state but variable reads (``_READ_OPS``) and
+        checks: the op then reads state and changes none, as a plan's steps may."""
+        for attr, name in _function_attrs(node):
+            if name in self._callees_checked:
+                continue
+            if depth > 8:
+                raise NotDirect("function calls nested too deeply")
+            fdef = self._lookup(name)
+            if fdef is None:
+                raise NotDirect(f"function {name} ({attr} of {node.op} {node.name}) is not "
+                                f"registered")
+            self._callees_checked.add(name)
+            for inner in fdef.node_def:
+                if inner.op == "DiscCluster":  # its fallback: the cluster's stateless ops
+                    self.lookup(inner.attr["fallback"].func.name)
+                elif inner.op in _CONTROL_FLOW_OPS or inner.op in _CALL_OPS:
+                    self.check_callees(inner, depth + 1)
+                elif inner.op not in _READ_OPS and (why := _why_not_in_callee(inner)):
+                    raise NotDirect(f"{name} ({attr} of {node.op} {node.name}): op {inner.op} "
+                                    f"({inner.name}) {why}")
 
     def next_frame_id(self) -> int:
         self._frames += 1
@@ -297,9 +356,10 @@ class _Frame:
         self._memo: dict[str, Source | list[Source]] = {}
 
     def add_checks(self) -> None:
-        """Adds a step for every check op of the body (see ``_CHECK_OPS``)."""
+        """Adds a step for every check op of the body (see ``_CHECK_OPS``), and for
+        every stateful control-flow op not yet run (its functions may hold checks)."""
         for node in self.fdef.node_def:
-            if node.op in _CHECK_OPS:
+            if node.op in _CHECK_OPS or node.op in _STATEFUL_CONTROL_FLOW:
                 inputs = [self.resolve(i) for i in node.input if not i.startswith("^")]
                 self.planner.add_eager_step(self.id, node, inputs)
 
@@ -353,15 +413,23 @@ class _Frame:
 
 
 def _why_not_eager(node) -> str | None:
-    """None if ``node`` can run as one eager op of a direct call, else why not."""
+    """None if ``node`` can run as one eager op of a direct call, else why not (a
+    control-flow op's functions are ``_Planner.check_callees``'s to check)."""
+    if node.op in _CONTROL_FLOW_OPS:
+        return None
+    if node.op in _NOT_EAGER:
+        return "is control flow or an argument"
+    return _why_not_in_callee(node)
+
+
+def _why_not_in_callee(node) -> str | None:
+    """None if ``node`` is stateless (or a check) and calls no function, else why not."""
     op_def = op_def_registry.get(node.op)
     if op_def is None:
         return "is not a registered op"
     if op_def.is_stateful and node.op not in _CHECK_OPS:
         return "has state"
-    if node.op in _NOT_EAGER:
-        return "is control flow or an argument"
-    if any(v.WhichOneof("value") == "func" or v.list.func for v in node.attr.values()):
+    if _function_attrs(node):
         return "calls a function"
     return None
 

@@ -137,7 +137,10 @@ def test_stateless_ops_outside_clusters_are_eager_steps_and_consts_values():
 
 
 def test_ops_with_state_or_functions_outside_clusters_are_refused():
+    # A random op has state; For calls a function but is not control flow a plan runs;
+    # an If whose branch is not a registered function cannot run as an eager op.
     for op, extra in (("RandomUniform", 'attr { key: "dtype" value { type: DT_FLOAT } }'),
+                      ("For", 'attr { key: "body" value { func { name: "f" } } }'),
                       ("If", 'attr { key: "then_branch" value { func { name: "f" } } }')):
         fdef = _fdef(f"""
         signature {{ name: "bad" input_arg {{ name: "x" type: DT_FLOAT }}
@@ -146,5 +149,5 @@ def test_ops_with_state_or_functions_outside_clusters_are_refused():
         node_def {{ name: "odd" op: "{op}" input: "c0:outputs:0" {extra} }}
         ret {{ key: "y" value: "odd:output:0" }}
         """)
-        with pytest.raises(NotDirect, match="has state|calls a function"):
+        with pytest.raises(NotDirect, match="has state|calls a function|is not registered"):
             plan_function(fdef, 1, [False], _lookup())
