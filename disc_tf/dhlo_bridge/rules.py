@@ -525,6 +525,13 @@ def _squeeze(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     return [b.dynamic_reshape(x, [b.dim(x, d) for d in kept], tuple(x.dims[d] for d in kept))]
 
 
+def _insert_unit_dim(b: DhloBuilder, x: TValue, at: int) -> TValue:
+    """``x`` reshaped with a dim of size 1 inserted before dim ``at``."""
+    extents = [b.dim(x, d) for d in range(x.rank)]
+    extents.insert(at, b.index_const(1))
+    return b.dynamic_reshape(x, extents, x.dims[:at] + (1,) + x.dims[at:])
+
+
 def _merge_dims(b: DhloBuilder, x: TValue, groups: list[list[int]]) -> TValue:
     """Reshapes ``x`` so that each group of adjacent dims becomes one dim."""
     if all(len(g) == 1 for g in groups):
@@ -615,20 +622,26 @@ def _einsum(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     y_order = batch + contract + rfree
     xt = x if list(lhs_l) == x_order else b.transpose(x, [lhs_l.index(c) for c in x_order])
     yt = y if list(rhs_l) == y_order else b.transpose(y, [rhs_l.index(c) for c in y_order])
-    nb, nl, nc = len(batch), len(lfree), len(contract)
+    nb, nc = len(batch), len(contract)
     # Both sides must agree on the contracted (and batch) sizes; TF checks this too.
     for c in contract + batch:
         b.require_equal_dims(xt, x_order.index(c), yt, y_order.index(c))
+    # A side without free dims (a matrix-vector or dot product) gets a unit free dim,
+    # dropped from the product again.
+    if not lfree:
+        xt = _insert_unit_dim(b, xt, nb)
     if not rfree:
-        raise LoweringError(f"Einsum {node.name}: a side without free dims is not supported")
+        yt = _insert_unit_dim(b, yt, yt.rank)
+    nl, nr = max(len(lfree), 1), max(len(rfree), 1)
     xg = _merge_dims(b, xt, [[i] for i in range(nb + nl)] + [list(range(nb + nl, nb + nl + nc))])
     yg = _merge_dims(b, yt, [[i] for i in range(nb)] + [list(range(nb, nb + nc)),
-                                                        list(range(nb + nc, len(y_order)))])
+                                                        list(range(nb + nc, nb + nc + nr))])
     prod = b.dot_general(xg, yg, nb, nb + nl, nb)
-    if len(rfree) > 1:
-        extents = [b.dim(prod, i) for i in range(nb + nl)] + [b.dim(yt, nb + nc + j)
-                                                                for j in range(len(rfree))]
-        dims = prod.dims[:nb + nl] + tuple(yt.dims[nb + nc:])
+    if len(rfree) > 1 or not lfree or not rfree:
+        kept = [i for i in range(nb)] + ([nb + i for i in range(nl)] if lfree else [])
+        extents = [b.dim(prod, i) for i in kept] + [b.dim(yt, nb + nc + j)
+                                                    for j in range(len(rfree))]
+        dims = tuple(prod.dims[i] for i in kept) + tuple(yt.dims[nb + nc:nb + nc + len(rfree)])
         prod = b.dynamic_reshape(prod, extents, dims)
     order = batch + lfree + rfree
     if order == list(out_l):

@@ -58,7 +58,7 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             if read is None:
                 continue
             seen = buffers[read]  # C, or a view (reshape) of it: the same flat order
-            if len(e.dims) != len(seen.dims) or not all(
+            if not seen.dims or len(e.dims) != len(seen.dims) or not all(
                     same_dim(a, b) for a, b in zip(e.dims, seen.dims)):
                 continue
             # E's rows must not straddle C's: its row length divides C's.

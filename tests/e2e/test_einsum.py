@@ -23,6 +23,11 @@ CASES = [
     ("ab,bc->abc", [(None, 4), (4, None)]),
     ("abc,ca->abc", [(None, None, 3), (3, None)]),         # elementwise, transposed side
     ("a,b->ba", [(None,), (None,)]),
+    ("ab,b->a", [(None, 4), (4,)]),                       # matrix-vector: no rhs free dim
+    ("b,ba->a", [(4,), (4, None)]),                       # vector-matrix: no lhs free dim
+    ("zab,zb->za", [(None, None, 4), (None, 4)]),          # batched matrix-vector
+    ("zb,zb->z", [(None, 4), (None, 4)]),                  # batched dot
+    ("ab,ab->", [(None, 4), (None, 4)]),                   # full contraction to a scalar
 ]
 
 
