@@ -15,6 +15,9 @@ from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
 from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, rounds_once, sym
 from disc_tf.fusion.plan import FusionPlan, Kernel
 
+#: Output channels a depthwise convolution task accumulates at once (in registers).
+_CHANNEL_BLOCK = 64
+
 
 class IndexKernelEmitter(KernelEmitter):
     """Emits an "index" kernel and the host lines that launch it."""
@@ -153,8 +156,6 @@ class IndexKernelEmitter(KernelEmitter):
             return lines
         if name == "im2col":
             return self._im2col(ct)
-        if name == "grouped_conv":
-            return self._grouped_conv(ct)
         if name == "reduce_window":
             return self._reduce_window(ct)
         raise ValueError(f"{self.k.name}: no index emitter for {name}")
@@ -180,28 +181,6 @@ class IndexKernelEmitter(KernelEmitter):
             *self._input_pixel("inside"),
             f"const {ct} v = inside ? ({ct})a.in0[c[0] * a.in0_strides[0] + ih * a.in0_strides[1]"
             " + iw * a.in0_strides[2] + ci] : 0;",
-        ]
-
-    def _grouped_conv(self, ct: str) -> list[str]:
-        """Direct convolution with feature groups (depthwise: one input channel each)."""
-        attrs = self.op.attrs
-        per_group_in = self._p("sizes", 1)
-        return [
-            f"const int64_t out_per_group = a.in1_dims[3] / {attrs['groups']};",
-            f"const int64_t first_in = (c[3] / out_per_group) * {per_group_in};",
-            f"{ct} v = 0;",
-            f"for (int64_t ky = 0; ky < {attrs['kh']}; ++ky) {{",
-            f"  for (int64_t kx = 0; kx < {attrs['kw']}; ++kx) {{",
-            *["    " + line for line in self._input_pixel("inside")],
-            "    if (!inside) continue;",
-            f"    for (int64_t i = 0; i < {per_group_in}; ++i) {{",
-            f"      v += ({ct})a.in0[c[0] * a.in0_strides[0] + ih * a.in0_strides[1] + "
-            "iw * a.in0_strides[2] + first_in + i] *",
-            f"           ({ct})a.in1[ky * a.in1_strides[0] + kx * a.in1_strides[1] + "
-            "i * a.in1_strides[2] + c[3]];",
-            "    }",
-            "  }",
-            "}",
         ]
 
     def _reduce_window(self, ct: str) -> list[str]:
@@ -321,9 +300,65 @@ class IndexKernelEmitter(KernelEmitter):
                   f"// TF ops: {comment(', '.join(k.tf_ops))}")
         return "\n\n".join([header, self.struct(), "\n".join(lines)])
 
+    def _grouped_conv_source(self) -> str:
+        """A depthwise convolution (feature groups of one input channel, ``M`` outputs
+        each), one task per output pixel: for each window tap inside the input, the
+        pixel's channels multiply the tap's weights as contiguous runs (vectorised),
+        accumulated over the taps in blocks of ``_CHANNEL_BLOCK`` channels."""
+        k, op = self.k, self.op
+        attrs = op.attrs
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        (_, bname), = k.outputs
+        st = STORAGE[self.plan.buffers[bname].elem]
+        ct = COMPUTE[op.elem]
+        block = _CHANNEL_BLOCK
+        lines = [
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "  const int64_t channels = a.dims[3];",
+            f"  const int64_t multiplier = a.in1_dims[3] / {attrs['groups']};  // outputs per input channel",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    const int64_t ow = row % a.dims[2];",
+            "    const int64_t oh = (row / a.dims[2]) % a.dims[1];",
+            "    const int64_t n = row / (a.dims[2] * a.dims[1]);",
+            f"    {st}* __restrict w = a.out0 + row * channels;",
+            f"    for (int64_t c0 = 0; c0 < channels; c0 += {block}) {{",
+            f"      const int64_t cn = channels - c0 < {block} ? channels - c0 : {block};",
+            f"      {ct} acc[{block}] = {{0}};",
+            f"      for (int64_t ky = 0; ky < {attrs['kh']}; ++ky) {{",
+            f"        const int64_t ih = oh * {sh} - {self._p('low', 0)} + ky * {dh};",
+            "        if (ih < 0 || ih >= a.in0_dims[1]) continue;",
+            f"        for (int64_t kx = 0; kx < {attrs['kw']}; ++kx) {{",
+            f"          const int64_t iw = ow * {sw} - {self._p('low', 1)} + kx * {dw};",
+            "          if (iw < 0 || iw >= a.in0_dims[2]) continue;",
+            "          const auto* __restrict r = a.in0 + n * a.in0_strides[0] + "
+            "ih * a.in0_strides[1] + iw * a.in0_strides[2];",
+            "          const auto* __restrict f = a.in1 + ky * a.in1_strides[0] + "
+            "kx * a.in1_strides[1] + c0;",
+            "          if (multiplier == 1) {",
+            "            r += c0;",
+            "#pragma omp simd",
+            f"            for (int64_t j = 0; j < cn; ++j) acc[j] += ({ct})r[j] * ({ct})f[j];",
+            "          } else {",
+            "            for (int64_t j = 0; j < cn; ++j)",
+            f"              acc[j] += ({ct})r[(c0 + j) / multiplier] * ({ct})f[j];",
+            "          }",
+            "        }",
+            "      }",
+            f"      for (int64_t j = 0; j < cn; ++j) w[c0 + j] = ({st})acc[j];",
+            "    }",
+            "  }",
+            "}",
+        ]
+        header = (f"// ---- {k.name}: depthwise convolution {comment(op.tf_node)}\n"
+                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
+        return "\n\n".join([header, self.struct(), "\n".join(lines)])
+
     def source(self) -> str:
         if self.op.op == "im2col":
             return self._im2col_source()
+        if self.op.op == "grouped_conv":
+            return self._grouped_conv_source()
         if self.op.op == "scan":
             return self._scan_source()
         k, r = self.k, self.rank
@@ -379,9 +414,12 @@ class IndexKernelEmitter(KernelEmitter):
             axis = self.op.attrs["axis"]
             rows = product([s for d, s in enumerate(k.dims) if d != axis], plan)
             inner = sym(k.dims[axis], plan)
+        cost = f"4.0 * {inner} + 1.0"
+        if self.op.op == "grouped_conv":  # a multiply-add per channel and window tap
+            cost = f"{2 * self.op.attrs['kh'] * self.op.attrs['kw']}.0 * {inner} + 1.0"
         lines.append(f"    const int64_t rows = {rows};")
         lines.append(f"    if (rows > 0 && {inner} > 0) {{")
-        lines.append(f"      ral->parallel_for(ral, rows, 4.0 * {inner} + 1.0, {self.fn}_index, &k);")
+        lines.append(f"      ral->parallel_for(ral, rows, {cost}, {self.fn}_index, &k);")
         lines.append("    }")
         if self.op.op in ("torch_index_select", "gather_nd"):
             tf = self.op.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")

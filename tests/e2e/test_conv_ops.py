@@ -214,3 +214,59 @@ def test_filters_computed_from_variables_compile():
     for shape in [(2, 9, 7, 4), (1, 1, 1, 4), (3, 16, 5, 4)]:
         x = random_value(rng, shape, F32)
         assert_same(fn(x), jitted(x), F32)
+
+
+@pytest.mark.parametrize("channels,multiplier,strides,dilations,padding", [
+    (150, 1, [1, 1, 1, 1], [1, 1], "SAME"),  # three channel blocks, the last partial
+    (70, 2, [1, 2, 2, 1], [1, 1], "SAME"),  # two outputs per input channel
+    (64, 1, [1, 2, 1, 1], [1, 1], "VALID"),  # exactly one block
+])
+def test_depthwise_over_many_channels_matches_tf(channels, multiplier, strides, dilations,
+                                                 padding):
+    """MobileNet-sized depthwise convolutions: channel runs in blocks, taps skipped at
+    the borders, a depth multiplier, strides. (TF runs a dilated depthwise_conv2d as
+    SpaceToBatchND around a plain one.)"""
+    from tests.harness import assert_ops_compiled
+
+    def fn(x, w):
+        return tf.nn.relu6(tf.nn.depthwise_conv2d(x, w, strides, padding, dilations=dilations))
+
+    specs = [tf.TensorSpec([None, None, None, channels], F32),
+             tf.TensorSpec([3, 3, channels, multiplier], F32)]
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"DepthwiseConv2dNative"})
+    rng = np.random.default_rng(channels)
+    w = rng.normal(size=(3, 3, channels, multiplier)).astype(np.float32)
+    for shape in [(2, 9, 7), (1, 5, 5), (3, 16, 11)]:
+        x = rng.normal(size=shape + (channels,)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, w).numpy(), tf_fn(x, w).numpy(), rtol=1e-4,
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["depthwise", "conv"])
+def test_zero_padding_then_a_convolution_is_read_in_place(op):
+    """Keras ZeroPadding2D before a stride-2 convolution (MobileNetV2, ResNet): the
+    pad becomes the convolution's padding, no kernel of its own."""
+    channels, outputs = 8, (1 if op == "depthwise" else 4)
+
+    def fn(x, w):
+        padded = tf.pad(x, [[0, 0], [0, 1], [1, 2], [0, 0]])
+        if op == "depthwise":
+            return tf.nn.depthwise_conv2d(padded, w, [1, 2, 2, 1], "VALID") + 1.0
+        return tf.nn.conv2d(padded, w, 2, "SAME") + 1.0
+
+    specs = [tf.TensorSpec([None, None, None, channels], F32),
+             tf.TensorSpec([3, 3, channels, outputs], F32)]
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    (cluster,) = jitted.report.compiled
+    assert "Pad" in [op_type for _, op_type in cluster.ops]
+    # the depthwise conv and its +1.0; im2col, the GEMM and its epilogue: no pad kernel
+    assert cluster.kernels == (2 if op == "depthwise" else 3), cluster
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(3, 3, channels, outputs)).astype(np.float32)
+    for shape in [(2, 9, 7), (1, 4, 4), (3, 16, 11)]:  # TF misreports windows past the input
+        x = rng.normal(size=shape + (channels,)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, w).numpy(), tf_fn(x, w).numpy(), rtol=1e-4,
+                                   atol=1e-4)
