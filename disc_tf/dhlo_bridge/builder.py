@@ -86,6 +86,9 @@ class DhloBuilder:
         self.index_values: dict[str, int] = {}
         #: float scalars that are host integers cast to float: ssa -> ``index`` scalar
         self.exact_ints: dict[str, str] = {}
+        #: NHWC tensors zero-padded in H and W only: ssa -> (unpadded input, low and
+        #: high ``index`` pads of H and W), for a convolution to read in place
+        self.zero_padded: dict[str, tuple[TValue, list[str], list[str]]] = {}
         self.loc = "unknown"
 
     def _fresh(self, prefix: str = "v") -> str:

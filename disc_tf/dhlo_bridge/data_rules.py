@@ -309,7 +309,12 @@ def _pad(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[T
     for d in range(x.rank):
         lo, hi = b.index_values.get(low[d]), b.index_values.get(high[d])
         dims.append(None if None in (x.dims[d], lo, hi) else x.dims[d] + lo + hi)
-    return [b.op_with_shapes("dynamic_pad", operands, x.elem, tuple(dims))]
+    padded = b.op_with_shapes("dynamic_pad", operands, x.elem, tuple(dims))
+    fill = np.asarray(0.0 if node.op == "Pad" else b.const_values.get(value.ssa, np.nan))
+    if x.rank == 4 and fill.size == 1 and float(fill) == 0.0 and all(
+            b.index_values.get(v) == 0 for v in (low[0], high[0], low[3], high[3])):
+        b.zero_padded[padded.ssa] = (x, low[1:3], high[1:3])  # a ZeroPadding2D
+    return [padded]
 
 
 @tf_op("Fill", dtypes=ALL_TYPES, shape_inputs=(0,))
@@ -582,12 +587,15 @@ def _same_padding(b: DhloBuilder, size: str, window: int, stride: int,
 
 
 def _spatial_padding(b: DhloBuilder, node: node_def_pb2.NodeDef, x: TValue,
-                     windows: list[int], strides: list[int], dilations: list[int]):
+                     windows: list[int], strides: list[int], dilations: list[int],
+                     sizes: list[str] | None = None):
+    """(low, high) padding of H and W; ``sizes``: x's H and W, if not its own dims."""
     padding = node.attr["padding"].s.decode()
     pads = []
     for i, d in enumerate((1, 2)):
         if padding == "SAME":
-            pads.append(_same_padding(b, b.dim(x, d), windows[i], strides[i], dilations[i]))
+            size = b.dim(x, d) if sizes is None else sizes[i]
+            pads.append(_same_padding(b, size, windows[i], strides[i], dilations[i]))
         elif padding == "VALID":
             pads.append((b.index_const(0), b.index_const(0)))
         elif padding == "EXPLICIT":
@@ -621,7 +629,16 @@ def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
     if strides[0] != 1 or strides[3] != 1 or dilations[0] != 1 or dilations[3] != 1:
         raise LoweringError(f"{node.op} {node.name}: batch/channel strides must be 1")
     kh, kw = w.dims[0], w.dims[1]
-    pads = _spatial_padding(b, node, x, [kh, kw], strides[1:3], dilations[1:3])
+    source, low, high = b.zero_padded.get(x.ssa, (x, None, None))
+    sizes = None
+    if low is not None:  # ZeroPadding2D then a convolution: the pad is read in place
+        # (x's H and W from the pad's input, so that nothing reads x, not even its shape)
+        sizes = [b.index_arith("addi", b.dim(source, d), b.index_arith("addi", low[i], high[i]))
+                 for i, d in enumerate((1, 2))]
+    pads = _spatial_padding(b, node, x, [kh, kw], strides[1:3], dilations[1:3], sizes)
+    if low is not None:
+        pads = [(b.index_arith("addi", lo, low[i]), b.index_arith("addi", hi, high[i]))
+                for i, (lo, hi) in enumerate(pads)]
     flat = [p for pair in pads for p in pair]
     padding2d = b.host_tensor(flat, "i64", 2, (2, 2))
     groups = 1
@@ -635,14 +652,14 @@ def _conv2d(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> lis
         w = b.dynamic_reshape(w, [b.index_const(kh), b.index_const(kw), b.index_const(1),
                                   b.index_arith("muli", c, m)], (kh, kw, 1, out_c))
     else:
-        b.require_equal_dims(x, 3, w, 2)  # TF: input depth must equal filter depth
+        b.require_equal_dims(source, 3, w, 2)  # TF: input depth must equal filter depth
     attrs = (f"window_strides = array<i64: {strides[1]}, {strides[2]}>, "
              f"rhs_dilation = array<i64: {dilations[1]}, {dilations[2]}>, "
              "lhs_dilation = array<i64: 1, 1>, "
              "dimension_numbers = #stablehlo.conv<[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]>, "
              f"feature_group_count = {groups} : i64, batch_group_count = 1 : i64")
     dims = (x.dims[0], None, None, w.dims[3])
-    return [b.op("dynamic_conv", [x, w, padding2d], x.elem, dims, attrs)]
+    return [b.op("dynamic_conv", [source, w, padding2d], x.elem, dims, attrs)]
 
 
 @tf_op("MaxPool", "AvgPool", dtypes=FLOAT_TYPES, check=_nhwc_check)

@@ -44,6 +44,11 @@ _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehl
               "stablehlo.custom_call", "stablehlo.dynamic_gather", "stablehlo.reverse"}
 
 
+#: Index kernels that check their operands (out-of-range indices) and so run even
+#: when only their result's shape is read.
+_CHECKING = frozenset({"torch_index_select", "gather_nd"})
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanOptions:
     """Fusions a backend has emitters for (the CPU backend has all of them)."""
@@ -509,12 +514,24 @@ class _Planner(DataKernelPlacement):
                 self.place(op)
         for i, value in copies:
             self._materialize(value, f"result{i}")
+        # A value read only for its shape (``tf.shape(tf.pad(x))``) needs no kernel,
+        # but a gather checks its indices as TF's kernel does: it still runs, into a temp.
+        written = {self.kernel_of.get(v) for v in self.buffer_of}
+        for k, kernel in enumerate(self.kernels):
+            if k not in written and kernel.kind == "index" and kernel.ops[0].op in _CHECKING:
+                value = kernel.ops[0].value
+                buffer = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
+                self.buffers[buffer] = Buffer(buffer, kernel.ops[0].elem,
+                                              self.a.value_dims[value], "temp")
+                self.buffer_of[value] = buffer
         # A value leaves its kernel if another kernel reads it or it is a result.
         for value, buf in self.buffer_of.items():
             k = self.kernel_of.get(value)
             if k is not None:
                 self.kernels[k].outputs.append((value, buf))
-        order = launch_order(self.kernels, self.deps, self.prefix)
+        order = [k for k in launch_order(self.kernels, self.deps, self.prefix) if k.outputs]
+        for i, kernel in enumerate(order):  # numbered again without the unread ones
+            kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)
         find = self.a.symbols.find
 

@@ -62,3 +62,26 @@ def test_a_zero_dim_makes_a_huge_buffer_empty():
     got = add(np.zeros((2**40, 0), np.float32), np.zeros((1, 0), np.float32))
     assert got.shape == (2**40, 0)
     assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_a_value_read_only_for_its_shape_needs_no_kernel():
+    """``tf.shape(tf.pad(x))``: the pad's result is never read, so no kernel computes
+    it (the plan had a kernel without outputs, and the cluster failed to compile);
+    a gather read only for its shape still checks its indices, as TF's kernel does."""
+    from tests.harness import compiled
+
+    spec = tf.TensorSpec([None, None], tf.float32)
+    fn = tf.function(lambda x: tf.cast(tf.shape(tf.pad(x * 2.0, [[1, 1], [0, 2]])),
+                                       tf.float32) + tf.reduce_sum(x), input_signature=[spec])
+    jitted = compiled(fn)
+    for shape in [(2, 3), (0, 4), (5, 1)]:
+        x = np.ones(shape, np.float32)
+        np.testing.assert_allclose(jitted(x), fn(x))
+    gather = tf.function(
+        lambda x, i: tf.cast(tf.shape(tf.gather(x * 2.0, i)), tf.float32) + 1.0,
+        input_signature=[spec, tf.TensorSpec([None], tf.int32)])
+    jitted = compiled(gather)
+    np.testing.assert_allclose(jitted(np.ones((3, 2), np.float32), np.array([0, 2], np.int32)),
+                               [3.0, 3.0])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        jitted(np.ones((3, 2), np.float32), np.array([0, 5], np.int32))
