@@ -296,9 +296,7 @@ class IndexKernelEmitter(KernelEmitter):
             "  }",
             "}",
         ]
-        header = (f"// ---- {k.name}: im2col patches of {comment(op.tf_node)}\n"
-                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
-        return "\n\n".join([header, self.struct(), "\n".join(lines)])
+        return self._unit(f"im2col patches of {comment(op.tf_node)}", lines)
 
     def _grouped_conv_source(self) -> str:
         """A depthwise convolution (feature groups of one input channel, ``M`` outputs
@@ -350,8 +348,12 @@ class IndexKernelEmitter(KernelEmitter):
             "  }",
             "}",
         ]
-        header = (f"// ---- {k.name}: depthwise convolution {comment(op.tf_node)}\n"
-                  f"// TF ops: {comment(', '.join(k.tf_ops))}")
+        return self._unit(f"depthwise convolution {comment(op.tf_node)}", lines)
+
+    def _unit(self, title: str, lines: list[str]) -> str:
+        """A kernel's text: a header naming it and its TF ops, its struct, ``lines``."""
+        header = (f"// ---- {self.k.name}: {title}\n"
+                  f"// TF ops: {comment(', '.join(self.k.tf_ops))}")
         return "\n\n".join([header, self.struct(), "\n".join(lines)])
 
     def source(self) -> str:
