@@ -298,6 +298,36 @@ def control_flow_contexts(view: GraphView) -> dict[str, str | None]:
     return ctx
 
 
+def _join_siblings(view: GraphView, graph: _ClusterGraph, nodes: set[str],
+                   contexts: dict[str, str | None], min_cluster_size: int) -> None:
+    """Merges each cluster too small to compile into a cluster reading one of its
+    inputs (the largest that stays acyclic): a lone ``Max(ids)`` beside the cluster
+    checking ``ids < vocab`` becomes one more output of it instead of a TF op."""
+    groups: dict[str, list[str]] = {}
+    for name in view.order:
+        if name in nodes:
+            groups.setdefault(graph.find(name), []).append(name)
+
+    def size(root: str) -> int:
+        return sum(1 for n in groups.get(root, ()) if not op_registry.lookup(view.nodes[n].op).trivial)
+
+    consumers = view.consumers()
+    position = {n: i for i, n in enumerate(view.order)}
+    for root, members in list(groups.items()):
+        if size(root) >= min_cluster_size or not members:
+            continue
+        siblings = {graph.find(c) for n in members for t in view.nodes[n].inputs
+                    if getattr(view.nodes.get(producer(t.name)), "op", "Const") != "Const"
+                    for c, _ in consumers.get(t.name, [])
+                    if c in nodes and contexts.get(c, "") == contexts.get(n, "")}
+        siblings.discard(root)
+        # the largest first; among equals the first in the graph (deterministic)
+        for other in sorted(siblings, key=lambda r: (-size(r), position[r])):
+            if graph.try_merge(other, root):  # ``other`` stays the root
+                groups[other] = groups.get(other, []) + groups.pop(root)
+                break
+
+
 def find_clusters(
     view: GraphView, *, min_cluster_size: int = 2, protected: frozenset[str] = frozenset(),
     refused: dict[str, str] | None = None,
@@ -341,6 +371,7 @@ def find_clusters(
             if not graph.try_merge(src, name):
                 reasons.setdefault(src, "merging would create a cycle")
 
+    _join_siblings(view, graph, compilable - consts, contexts, min_cluster_size)
     members: dict[str, list[str]] = {}
     for name in view.order:
         if name in compilable and name not in consts:

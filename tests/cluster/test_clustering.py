@@ -421,3 +421,26 @@ def test_saved_model_keeps_control_ret_and_signature(tmp_path) -> None:
     # Ten calls each: the side effect behind control_ret still runs every time.
     assert optimized.count.numpy() == original.count.numpy() == 10
     assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_a_lone_op_joins_a_cluster_reading_the_same_input():
+    """Hugging Face's input-id check: ``Max(ids)`` only feeds the Assert's message, and
+    ``ids < vocab`` its condition; alone, the Max would be a cluster too small to
+    compile, so it joins the cluster that reads ``ids`` too (one more output)."""
+    from disc_tf.cluster import clustering
+    from disc_tf.cluster.graph_view import view_of_graph_def
+
+    def checked(ids):
+        tf.debugging.Assert(tf.reduce_all(ids < 200), [tf.reduce_max(ids)])
+        return ids * 2
+
+    spec = [tf.TensorSpec([None, None], tf.int32)]
+    gd = tf.function(checked, input_signature=spec).get_concrete_function().graph.as_graph_def()
+    result = clustering.find_clusters(view_of_graph_def(gd), min_cluster_size=2)
+    (cluster,) = [c for c in result.clusters if any("Max" in n for n in c)]
+    ops = {n.split("/")[-1] for n in cluster}
+    assert {"Max", "Less", "All"} <= ops, cluster
+    assert "Max" not in result.reasons, result.reasons
+    # ids * 2 feeds the output, which waits for the Assert: joining the check's cluster
+    # would make a cycle, so it stays a cluster too small
+    assert result.reasons["mul"].startswith("cluster too small"), result.reasons
