@@ -171,29 +171,31 @@ def _flattener(spec: Any) -> Flatten | None:
 
 
 def _output_packer(concrete: Any, count: int) -> Pack:
-    """What builds a call's result from its ``count`` flat outputs as TF's own call
-    does (``function_type.pack_output``), checked once on stand-ins; a lone tensor
-    is returned as it is, and without a usable output type the result is
-    ``structured_outputs`` packed by ``tf.nest`` (as before)."""
+    """What builds a call's result from its ``count`` flat outputs as TF's restored
+    call does: ``structured_outputs`` packed by ``tf.nest`` (its dicts keep that
+    structure's key order, which is the order TF's call gives; the output type's
+    ``pack_output`` may order keys otherwise), checked once on stand-ins; else the
+    output type's ``pack_output``; a lone tensor is returned as it is."""
     structure = concrete.structured_outputs
     if count == 1 and isinstance(structure, (tf.TensorSpec, tf.Tensor)) and \
             structure.dtype not in (tf.resource, tf.variant):  # no handle data to set
         return _first
-    function_type = getattr(concrete, "function_type", None)
-    if getattr(function_type, "output", None) is not None:
-        stand_ins = [_StandIn() for _ in range(count)]
-        try:
-            packed = function_type.pack_output(stand_ins)
-            leaves = [x for x in nest.flatten(packed) if type(x) is _StandIn]
-        except Exception:  # noqa: BLE001 - any failure: the other way
-            leaves = None
-        if leaves is not None and len(leaves) == count and all(
-                a is b for a, b in zip(leaves, stand_ins)):
-            return function_type.pack_output
 
     def pack(outs: list[Any]) -> Any:
         return nest.pack_sequence_as(structure, outs)
 
+    function_type = getattr(concrete, "function_type", None)
+    candidates = [pack]
+    if getattr(function_type, "output", None) is not None:
+        candidates.append(function_type.pack_output)
+    for candidate in candidates:
+        stand_ins = [_StandIn() for _ in range(count)]
+        try:
+            leaves = [x for x in nest.flatten(candidate(stand_ins)) if type(x) is _StandIn]
+        except Exception:  # noqa: BLE001 - any failure: the next way
+            continue
+        if len(leaves) == count and all(a is b for a, b in zip(leaves, stand_ins)):
+            return candidate
     return pack
 
 

@@ -131,7 +131,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
             continue
         s = src / entry
         (shutil.copytree if s.is_dir() else shutil.copy2)(s, dst / entry)
-    (dst / "saved_model.pb").write_bytes(sm.SerializeToString())
+    (dst / "saved_model.pb").write_bytes(sm.SerializeToString(deterministic=True))
     manifest = dst / "assets.extra" / "disc"
     manifest.mkdir(parents=True, exist_ok=True)
     (manifest / "clusters.json").write_text(json.dumps(
