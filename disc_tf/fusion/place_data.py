@@ -120,8 +120,11 @@ class DataKernelPlacement:
             return
         direct = (kh, kw) == (1, 1) and info.strides == [1, 1] and all(
             const(p) == 0 for p in info.pads)
-        if self.options.conv_taps and not direct and kh == 1 and const(xd[1]) == 1 \
-                and info.strides == [1, 1] and elem == "f32" and self.access.elem(x) == "f32":
+        # One row in and out: a height of 1 with no padding above or below it.
+        one_row = kh == 1 and const(xd[1]) == 1 and const(info.pads[0]) == 0 \
+            and const(info.pads[1]) == 0
+        if self.options.conv_taps and not direct and one_row and info.strides == [1, 1] \
+                and elem == "f32" and self.access.elem(x) == "f32":
             self._place_conv_taps(op, info, kw)
             return
         if direct:

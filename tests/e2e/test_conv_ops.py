@@ -270,3 +270,26 @@ def test_zero_padding_then_a_convolution_is_read_in_place(op):
         x = rng.normal(size=shape + (channels,)).astype(np.float32)
         np.testing.assert_allclose(jitted(x, w).numpy(), tf_fn(x, w).numpy(), rtol=1e-4,
                                    atol=1e-4)
+
+
+@pytest.mark.parametrize("padded", ["pad", "explicit"])
+def test_a_one_row_conv_padded_above_and_below_is_not_a_row_conv(padded):
+    """A height-1 input padded in H (a zero Pad folded into the conv, or EXPLICIT
+    padding) has output rows of zeros around the real one: not the one-row conv_taps
+    kernel, which writes a single row (it left the others unwritten)."""
+    def fn(x, w):
+        if padded == "pad":
+            return tf.nn.conv2d(tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]]), w, 1, "VALID") + 1.0
+        return tf.nn.conv2d(x, w, 1, [[0, 0], [1, 1], [1, 1], [0, 0]]) + 1.0
+
+    specs = [tf.TensorSpec([None, 1, None, 4], F32), tf.TensorSpec([1, 3, 4, 5], F32)]
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(9)
+    w = rng.normal(size=(1, 3, 4, 5)).astype(np.float32)
+    for n, width in [(2, 8), (1, 3), (3, 17)]:
+        x = 1e3 * rng.normal(size=(n, 1, width, 4)).astype(np.float32)
+        jitted(x, w)  # leaves large values in the memory pool
+        x = rng.normal(size=(n, 1, width, 4)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, w).numpy(), tf_fn(x, w).numpy(), rtol=1e-4,
+                                   atol=1e-4)
