@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from disc_tf.dhlo_bridge.types import tensor_type
+from disc_tf.dhlo_bridge.types import LoweringError, tensor_type
 
 #: Largest integer constant whose elements the host runner keeps as scalars.
 _MAX_HOST_ELEMENTS = 16
@@ -288,8 +288,12 @@ class DhloBuilder:
         """``shape.cstr_require`` that ``a <predicate> b`` (host ``index`` scalars):
         the host fails the call with TF op '<node>': ``message`` (and ``a``) if not."""
         x, y = self.index_values.get(a), self.index_values.get(b)
-        if x is not None and y is not None:
-            return  # known at compile time
+        if x is not None and y is not None:  # known at compile time
+            holds = {"eq": x == y, "ne": x != y, "slt": x < y, "sle": x <= y, "sgt": x > y,
+                     "sge": x >= y}[predicate]
+            if not holds:  # every call would fail: the node is refused, TF gives its error
+                raise LoweringError(f"{message} ({x} {predicate} {y} fails for every call)")
+            return
         preds = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
         cond = self._fresh("p")
         self.lines.append(

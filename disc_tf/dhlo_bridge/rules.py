@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
-from disc_tf.dhlo_bridge.types import MLIR_TYPE, dense_literal
+from disc_tf.dhlo_bridge.types import MLIR_TYPE, LoweringError, dense_literal  # noqa: F401 - LoweringError is part of this API
 from disc_tf.ops import table
 from disc_tf.ops.table import (
     ALL_TYPES,
@@ -25,15 +25,6 @@ from disc_tf.ops.table import (
     REDUCE_TYPES,
     tf_op,
 )
-
-
-class LoweringError(ValueError):
-    """A TF node that has no (valid) DHLO lowering. ``node``: the TF node that
-    refused, when one did (the optimizer then clusters again without it)."""
-
-    def __init__(self, message: str, node: str | None = None) -> None:
-        super().__init__(message)
-        self.node = node
 
 
 def rule_for(op_type: str) -> table.Rule:

@@ -32,3 +32,12 @@ def dense_literal(value: np.ndarray, elem: str) -> str:
     np_type = TF_TYPE[elem].as_numpy_dtype
     raw = np.ascontiguousarray(value.astype(np_type)).astype(np.dtype(np_type).newbyteorder("<"))
     return f'dense<"0x{raw.tobytes().hex().upper()}">'
+
+
+class LoweringError(ValueError):
+    """A TF node that has no (valid) DHLO lowering. ``node``: the TF node that
+    refused, when one did (the optimizer then clusters again without it)."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node

@@ -70,3 +70,17 @@ def test_broadcasts_are_explicit_dynamic_ops():
     text = lower_cluster(spec).text
     assert text.count("stablehlo.dynamic_broadcast_in_dim") == 2
     assert "shape.broadcast" in text
+
+
+def test_a_host_check_known_to_fail_refuses_the_node():
+    """A check whose operands are both known when lowering and that fails would fail
+    every call: the node is refused (TF then runs it and gives its own answer or
+    error) instead of the check being dropped."""
+    from disc_tf.dhlo_bridge.builder import DhloBuilder
+    from disc_tf.dhlo_bridge.rules import LoweringError
+
+    b = DhloBuilder()
+    b.require("sle", b.index_const(2), b.index_const(3), "fine")  # holds: no check emitted
+    assert not any("cstr_require" in line for line in b.lines)
+    with pytest.raises(LoweringError, match="too large"):
+        b.require("sle", b.index_const(70000), b.index_const(65536), "too large")
