@@ -135,14 +135,11 @@ def _flattener(spec: Any) -> Flatten | None:
         def nested_dict(value: Any, out: list[Any]) -> bool:
             if type(value) is not dict or len(value) != size:
                 return False
-            for key, part in zip(keys, parts):
-                if key not in value:
-                    return False
-                if part is None:
-                    out.append(value[key])
-                elif not part(value[key], out):
-                    return False
-            return True
+            try:  # same length and every key: the same keys
+                items = [value[k] for k in keys]
+            except KeyError:
+                return False
+            return _collect(items, parts, out)
 
         return nested_dict
     parts = tuple(_flattener(s) for s in spec)
@@ -160,14 +157,20 @@ def _flattener(spec: Any) -> Flatten | None:
     def nested_sequence(value: Any, out: list[Any]) -> bool:
         if type(value) is not kind or len(value) != size:
             return False
-        for item, part in zip(value, parts):
-            if part is None:
-                out.append(item)
-            elif not part(item, out):
-                return False
-        return True
+        return _collect(value, parts, out)
 
     return nested_sequence
+
+
+def _collect(items: Any, parts: tuple[Flatten | None, ...], out: list[Any]) -> bool:
+    """Appends each item (a tensor where its part is None, else flattened by its
+    part) to ``out``; False when a part's structure does not match."""
+    for item, part in zip(items, parts):
+        if part is None:
+            out.append(item)
+        elif not part(item, out):
+            return False
+    return True
 
 
 def _output_packer(concrete: Any, count: int) -> Pack:

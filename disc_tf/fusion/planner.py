@@ -121,9 +121,7 @@ class _Planner(DataKernelPlacement):
                 name, elem, self.a.value_dims[base], "const", const_value=op.const_value
             )
         else:
-            name = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
-            elem = self.producer[base].result_types[0][0]
-            self.buffers[name] = Buffer(name, elem, self.a.value_dims[base], "temp")
+            name = self._temp(self.producer[base].result_types[0][0], self.a.value_dims[base])
         self.buffer_of[base] = name
         return name
 
@@ -427,8 +425,7 @@ class _Planner(DataKernelPlacement):
                                             tf_node=self.producer[value].tf_node, attrs={}))
         self.kernel_of[dense] = k
         if buffer is None:
-            buffer = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
-            self.buffers[buffer] = Buffer(buffer, elem, self.a.value_dims[value], "temp")
+            buffer = self._temp(elem, self.a.value_dims[value])
         self.buffer_of[dense] = buffer
         return dense
 
@@ -520,10 +517,7 @@ class _Planner(DataKernelPlacement):
         for k, kernel in enumerate(self.kernels):
             if k not in written and kernel.kind == "index" and kernel.ops[0].op in _CHECKING:
                 value = kernel.ops[0].value
-                buffer = f"{self.prefix}tmp{len([b for b in self.buffers.values() if b.role == 'temp'])}"
-                self.buffers[buffer] = Buffer(buffer, kernel.ops[0].elem,
-                                              self.a.value_dims[value], "temp")
-                self.buffer_of[value] = buffer
+                self.buffer_of[value] = self._temp(kernel.ops[0].elem, self.a.value_dims[value])
         # A value leaves its kernel if another kernel reads it or it is a result.
         for value, buf in self.buffer_of.items():
             k = self.kernel_of.get(value)
