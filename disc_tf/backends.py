@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from disc_tf.codegen.cpu import emit_cpu
+from disc_tf.codegen.cpu_loop import emit_loop
 from disc_tf.codegen.cuda import emit_cuda
 from disc_tf.fusion.plan import FusionPlan
 from disc_tf.fusion.planner import PlanOptions
@@ -34,11 +35,15 @@ class Backend:
     emit: Callable[[FusionPlan, list[str], list[str]], Sources]
     #: (sources, cluster name, kernel count, x86-64 levels of CPU kernels) -> artifact
     build: Callable[[Sources, str, int, tuple[str, ...]], Artifact]
+    #: (loop plan, body sources, body entry, condition sources, condition entry,
+    #: kernel count) -> the loop cluster's sources; None: no loop runner (a While
+    #: stays a TF op). ``emit`` then takes ``entry=``, the name of a step's runner.
+    emit_loop: Callable | None = None
 
 
 BACKENDS = {
     # the CPU backend has an emitter for every fusion; the CUDA one for none yet
-    "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build),
+    "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build, emit_loop),
     "cuda": Backend("cuda", PlanOptions.none(), emit_cuda, cuda_compiler.build),
 }
 

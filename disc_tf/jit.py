@@ -45,7 +45,7 @@ class JitFunction:
         opt = BodyOptimizer(graph_def.library, options, self.report)
         name = concrete.name.decode() if isinstance(concrete.name, bytes) else str(concrete.name)
         new_graph = opt.optimize_graph_def(graph_def, protected, body=name,
-                                           graph=concrete.graph)
+                                           graph=concrete.graph, prune=True)
         opt.add_new_functions(new_graph.library)
         self.graph_def = new_graph
         self._signature = [tf.TensorSpec(t.shape, t.dtype) for t in concrete.inputs[:n_args]]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from disc_tf import pipeline, strict
-from disc_tf.cluster import clustering, const_fold, rewrite
+from disc_tf.cluster import clustering, const_fold, loops, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.dhlo_bridge.rules import LoweringError
 from disc_tf.report import (
@@ -100,19 +100,40 @@ class BodyOptimizer:
         self.options = options or Options()
         self.report = report or OptimizeReport()
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
+        #: body and condition functions of loops compiled whole -> the loop cluster
+        self.loop_functions: dict[str, str] = {}
+
+    def loop_front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
+                        taken: set[str], refused: dict[str, str],
+                        outside: frozenset[str] = frozenset()) -> list:
+        """The While loops of ``body`` that compile whole, each with its front end;
+        a loop that does not is noted in ``refused`` (node -> why) and stays a TF op."""
+        notes = dict.fromkeys(outside, OUTSIDE_SCOPE)
+        found = loops.find_loops(view, self.library, fetched, taken, notes)
+        refused.update({n: why for n, why in notes.items() if n not in outside})
+        done = []
+        for loop in found:
+            try:
+                done.append(pipeline.loop_front_end(loop, self.options.target))
+            except Exception as e:  # noqa: BLE001 - the loop stays a TF op, reported
+                refused[loop.plan.while_node] = f"loop not compiled whole: {type(e).__name__}: {e}"
+                log.info("loop %s of %s stays a TF op: %s", loop.plan.while_node, body, e)
+        return done
 
     def front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
                    protected: frozenset[str], taken: set[str],
-                   outside: frozenset[str] = frozenset()):
+                   outside: frozenset[str] = frozenset(),
+                   taken_by_loops: dict[str, str] | None = None):
         """Clusters ``body`` and runs every cluster's front end (lowering, planning,
         codegen). A node whose lowering fails is refused and the body clustered
         again without it, so one op costs that op, not its whole cluster. Nodes
-        ``outside`` the serving scope stay out of every cluster.
+        ``outside`` the serving scope stay out of every cluster, and so do the
+        nodes ``taken_by_loops`` (node -> why: a loop cluster or a refused loop).
 
         Returns (clustering result, cluster specs, front end or exception per spec).
         """
         refused: dict[str, str] = {}
-        excluded = dict.fromkeys(outside, OUTSIDE_SCOPE)
+        excluded = {**dict.fromkeys(outside, OUTSIDE_SCOPE), **(taken_by_loops or {})}
         for _ in range(MAX_RECARVES + 1):
             names = set(taken)
             result, specs = carve_clusters(view, fetched, protected, names,
@@ -143,14 +164,22 @@ class BodyOptimizer:
     def _compile(self, body: str, view: GraphView, fetched: frozenset[str],
                  protected: frozenset[str], taken: set[str],
                  outside: frozenset[str] = frozenset()):
-        result, specs, front = self.front_ends(body, view, fetched, protected, taken, outside)
+        loop_refused: dict[str, str] = {}
+        loop_fes = self.loop_front_ends(body, view, fetched, taken, loop_refused, outside)
+        in_loops = {n: f"in loop cluster {fe.loop.spec.name}" for fe in loop_fes
+                    for n in fe.loop.spec.node_names}
+        result, specs, front = self.front_ends(body, view, fetched, protected, taken, outside,
+                                               {**loop_refused, **in_loops})
         self.report.note_unclustered(
-            body, {n: why for n, why in result.reasons.items() if n not in outside},
+            body, {n: loop_refused.get(n, why) for n, why in result.reasons.items()
+                   if n not in outside and n not in in_loops},
             lambda n: view.nodes[n].op)
         replaced = []
-        for spec, fe in zip(specs, front):
+        for spec, fe in [(fe.loop.spec, fe) for fe in loop_fes] + list(zip(specs, front)):
             name, nodes = spec.name, spec.node_names
-            rep = ClusterReport(body, name, spec.op_summary(), len(spec.inputs), len(spec.outputs))
+            loop = fe.loop if isinstance(fe, pipeline.LoopFrontEnd) else None
+            ops = loop.op_summary() if loop else spec.op_summary()
+            rep = ClusterReport(body, name, ops, len(spec.inputs), len(spec.outputs))
             self.report.clusters.append(rep)
             try:
                 if isinstance(fe, Exception):
@@ -181,6 +210,12 @@ class BodyOptimizer:
             rep.units_compiled, rep.units_cached = art.units_compiled, art.units_cached
             rep.unit_seconds = dict(art.unit_seconds)
             self.new_functions[fallback.signature.name] = fallback
+            if loop is not None:
+                for f in loop.functions:  # the value-taking body and condition it calls
+                    self.new_functions[f.signature.name] = f
+                for key in ("body", "cond"):
+                    while_attrs = view.nodes[loop.plan.while_node].node_def.attr
+                    self.loop_functions[while_attrs[key].func.name] = name
             native.load().py.note_cluster(art.sha256, art.num_kernels)
             attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)
             replaced.append((spec, fallback.signature.name, attrs))
@@ -197,9 +232,11 @@ class BodyOptimizer:
 
     def optimize_graph_def(self, graph_def: graph_pb2.GraphDef, protected: frozenset[str],
                            body: str = "graph", graph=None,
-                           outside: frozenset[str] = frozenset()) -> graph_pb2.GraphDef:
+                           outside: frozenset[str] = frozenset(),
+                           prune: bool = False) -> graph_pb2.GraphDef:
         """Clusters a flat GraphDef; ``protected`` node names survive; nodes ``outside``
-        the serving scope are left as they are.
+        the serving scope are left as they are. With ``prune`` (the caller fetches
+        ``protected`` nodes only), stateless nodes nothing reads are dropped.
 
         ``graph`` is the live tf.Graph of ``graph_def`` when the caller has it.
         """
@@ -210,6 +247,8 @@ class BodyOptimizer:
             return graph_def
         original = graph_def  # returned as it is if nothing compiles
         graph_def, view = const_fold.fold_graph_def(graph_def, view, protected, body, outside)
+        if prune:
+            graph_def, view = const_fold.prune_graph_def(graph_def, view, protected | outside)
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
         taken = {n.name for n in graph_def.node}
@@ -236,6 +275,7 @@ class BodyOptimizer:
         original = fdef  # returned as it is if nothing compiles
         fdef, view, nested_to_flat = const_fold.fold_function_def(fdef, view, nested_to_flat,
                                                                   protected)
+        fdef, view = const_fold.prune_function_def(fdef, view, nested_to_flat, protected)
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
         protected = frozenset(n for n in protected if n in view.nodes)
         taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
@@ -264,16 +304,22 @@ class BodyOptimizer:
         result = function_pb2.FunctionDefLibrary()
         result.CopyFrom(self.library)
         del result.function[:]
-        for fdef in self.library.function:
+        done: dict[str, function_pb2.FunctionDef] = {}
+        for fdef in loops.loops_first(self.library):  # a loop decides on its body first
             name = fdef.signature.name
             if name.startswith(FALLBACK_PREFIX):
-                result.function.add().CopyFrom(fdef)
+                done[name] = fdef
+            elif name in self.loop_functions:  # compiled into its loop's cluster
+                self.report.loop_functions[name] = self.loop_functions[name]
+                done[name] = fdef
             elif in_scope is not None and not in_scope(name):
                 self.report.skipped_functions.append(name)
-                result.function.add().CopyFrom(fdef)
+                done[name] = fdef
             else:
                 keep = protected.get(fdef.signature.name, frozenset())
-                result.function.add().CopyFrom(self.optimize_function_def(fdef, keep))
+                done[name] = self.optimize_function_def(fdef, keep)
+        for fdef in self.library.function:  # in the library's own order
+            result.function.add().CopyFrom(done[fdef.signature.name])
         self.add_new_functions(result)
         return result
 

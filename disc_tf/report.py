@@ -91,6 +91,9 @@ class OptimizeReport:
     serving_bodies: set[str] | None = None
     #: library functions left as they are because serving never calls them
     skipped_functions: list[str] = dataclasses.field(default_factory=list)
+    #: body and condition functions compiled into a loop cluster -> that cluster (their
+    #: ops count in its ``ops``; the functions stay, as its fallback calls them)
+    loop_functions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: bodies that could not be analysed (left as they are) -> why
     not_analysed: dict[str, str] = dataclasses.field(default_factory=dict)
     #: what defined the serving scope, e.g. "signature serving_default", "function serve"
@@ -192,6 +195,7 @@ class OptimizeReport:
             "serving_bodies": sorted(self.serving_bodies) if self.serving_bodies is not None
             else None,
             "skipped_functions": self.skipped_functions,
+            "loop_functions": self.loop_functions,
             "not_analysed": self.not_analysed,
             "entries": self.entries,
         }

@@ -163,15 +163,21 @@ def const_node(node: NodeInfo, value: np.ndarray) -> node_def_pb2.NodeDef:
     return nd
 
 
-def _dead(view: GraphView, evaluable: set[str], folded: set[str], keep: set[str]) -> set[str]:
-    """Evaluable nodes nothing reads once ``folded`` nodes are Consts: what those read,
-    and computations nothing read before (the Consts of the body stay)."""
+def _readers(view: GraphView) -> dict[str, set[str]]:
+    """Node -> the nodes reading one of its outputs or waiting for it."""
     readers: dict[str, set[str]] = {}
     for node in view.nodes.values():
         for t in node.inputs:
             readers.setdefault(producer(t.name), set()).add(node.name)
         for c in node.control_inputs:
             readers.setdefault(c, set()).add(node.name)
+    return readers
+
+
+def _dead(view: GraphView, evaluable: set[str], folded: set[str], keep: set[str]) -> set[str]:
+    """Evaluable nodes nothing reads once ``folded`` nodes are Consts: what those read,
+    and computations nothing read before (the Consts of the body stay)."""
+    readers = _readers(view)
     candidates = (set(_ancestors(view, sorted(folded))) | {
         n for n in evaluable if view.nodes[n].op != "Const"}) - folded - keep
     dead: set[str] = set()
@@ -292,3 +298,48 @@ def fold_function_def(fdef: function_pb2.FunctionDef, view: GraphView,
     mapping.update({f"{n}:output:0": f"{n}:0" for n in folding.consts})
     _log(fdef.signature.name, folding)
     return result, _patched_view(view, folding), mapping
+
+
+def unread_nodes(view: GraphView, kept: set[str]) -> set[str]:
+    """Stateless nodes nothing reads, directly or through other such nodes (a
+    Keras RNN's TensorList reserved and never used): TF's function runtime never
+    runs them, so they are dropped rather than counted as ops left to TF."""
+    readers = _readers(view)
+    dead: set[str] = set()
+    for name in reversed(view.order):
+        node = view.nodes[name]
+        if (name not in kept and not node.stateful and node.op not in NEVER_FOLDED
+                and all(r in dead for r in readers.get(name, ()))):
+            dead.add(name)
+    return dead
+
+
+def prune_function_def(fdef: function_pb2.FunctionDef, view: GraphView,
+                       nested_to_flat: dict[str, str], protected: frozenset[str] = frozenset()
+                       ) -> tuple[function_pb2.FunctionDef, GraphView]:
+    """Drops the stateless nodes of a FunctionDef body nothing reads (not returned,
+    not a control output, not ``protected``). Returns the inputs themselves when
+    there are none."""
+    rets = {producer(nested_to_flat.get(r, r)) for r in fdef.ret.values()}
+    kept = set(protected) | rets | set(fdef.control_ret.values())
+    dead = unread_nodes(view, kept) & {nd.name for nd in fdef.node_def}
+    if not dead:
+        return fdef, view
+    result = function_pb2.FunctionDef()
+    result.CopyFrom(fdef)
+    del result.node_def[:]
+    result.node_def.extend(nd for nd in fdef.node_def if nd.name not in dead)
+    log.info("%s: dropped %d node(s) nothing reads", fdef.signature.name, len(dead))
+    return result, _patched_view(view, Folding({}, dead))
+
+
+def prune_graph_def(graph_def: graph_pb2.GraphDef, view: GraphView,
+                    protected: frozenset[str]) -> tuple[graph_pb2.GraphDef, GraphView]:
+    """Drops the stateless nodes of a GraphDef nothing reads, for a caller whose
+    fetches are all ``protected`` (a traced function: its outputs). Returns the
+    inputs themselves when there are none."""
+    dead = unread_nodes(view, set(protected))
+    if not dead:
+        return graph_def, view
+    folding = Folding({}, dead)
+    return _patched(graph_def, folding), _patched_view(view, folding)

@@ -63,12 +63,15 @@ def arg_name(i: int) -> str:
 
 
 def extract_cluster(
-    view: GraphView, node_names: list[str], name: str, fetched: frozenset[str]
+    view: GraphView, node_names: list[str], name: str, fetched: frozenset[str],
+    resource_values: dict[str, TensorInfo] | None = None,
 ) -> ClusterSpec:
     """Builds the ClusterSpec of ``node_names`` (topologically ordered).
 
     ``fetched`` holds flat tensor names read from outside the body (function
     returns, fetches); such tensors always become cluster outputs.
+    ``resource_values`` gives the value a resource input stands for where no member
+    reads it directly (a loop's body does): handle tensor -> value.
     """
     members = set(node_names)
     # Shape computations a member needs on the host (Shape -> StridedSlice ->
@@ -111,7 +114,8 @@ def extract_cluster(
                 control_inputs.append(c)
     resource_inputs = [i for i, t in enumerate(inputs) if t.dtype == tf.resource]
     for i in resource_inputs:
-        inputs[i] = _variable_value(view, inputs[i], node_names)
+        inputs[i] = (resource_values or {}).get(inputs[i].name) or \
+            _variable_value(view, inputs[i], node_names)
     consumers = view.consumers()
     outputs = [
         t

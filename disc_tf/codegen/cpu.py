@@ -332,6 +332,16 @@ def signature_checks(plan: FusionPlan, input_names: list[str], out: list[str]) -
             out.append(f"  const int64_t s{s} = arg{d.arg[0]}_dims[{d.arg[1]}];")
 
 
+#: The function an artifact runs its cluster with (see disc_ral.h).
+ENTRY = "disc_entry"
+
+
+def artifact_exports(num_kernels: int) -> list[str]:
+    """The lines exporting what a loader asks an artifact first (ABI, kernel count)."""
+    return ['extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }',
+            f'extern "C" int32_t disc_num_kernels(void) {{ return {num_kernels}; }}']
+
+
 def _prologue(title: list[str]) -> list[str]:
     """The lines every translation unit starts with: ``title`` comments, includes and
     the prelude (internal to the unit)."""
@@ -349,9 +359,11 @@ def unit_source(unit: KernelUnit) -> SourceUnit:
     return SourceUnit(unit.name, prologue + "\n" + unit.code + "\n", key)
 
 
-def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> Sources:
+def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
+             entry: str = ENTRY) -> Sources:
     """The C++ sources of one cluster: a translation unit per distinct kernel and the
-    host runner (``disc_entry``)."""
+    host runner (``disc_entry``). A runner under another ``entry`` name is part of a
+    loop cluster's artifact (its body or condition): it exports that function alone."""
     emitters = [emitter_for(k, plan) for k in plan.kernels]
     spec_emitters = ([emitter_for(k, plan.speculative) for k in plan.speculative.kernels]
                      if plan.speculative else [])
@@ -380,11 +392,12 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str]) 
         out += [u.interface, ""]
     out.append("// Peak bytes of temporaries in this thread's last call (read by tests/bench).")
     out.append("static thread_local int64_t disc_last_peak_temp_bytes = 0;")
-    out.append('extern "C" int64_t disc_peak_temp_bytes(void) { return disc_last_peak_temp_bytes; }')
-    out.append('extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }')
-    out.append(f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}')
+    if entry == ENTRY:
+        out.append('extern "C" int64_t disc_peak_temp_bytes(void) '
+                   '{ return disc_last_peak_temp_bytes; }')
+        out += artifact_exports(plan.num_kernels)
     out.append("")
-    out.append('extern "C" int32_t disc_entry(disc_ral* ral) {')
+    out.append(f'extern "C" int32_t {entry}(disc_ral* ral) {{')
     signature_checks(plan, input_names, out)
     out.append("  // ---- shape computation and checks")
     host_checks(plan, out)

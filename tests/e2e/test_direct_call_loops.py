@@ -1,7 +1,9 @@
-"""disc_tf.load: functions whose loops and conditionals (While, If, Case: Keras RNNs,
-tf.cond, tf.switch_case) stay TF ops between the clusters, called directly with each
-control-flow op one eager step, against TF at random shapes; and a loop that
-assigns a variable, which goes through TF's function runtime."""
+"""disc_tf.load: functions with loops and conditionals. Keras RNNs, whose While
+loops compile whole (one loop cluster each), are called directly with each loop one
+DiscCluster step that reads its variables when it runs; a loop that stays a TF op
+(an op the compiler does not know in its body) is one eager step of the direct call;
+a loop that assigns a variable goes through TF's function runtime; tf.cond and
+tf.switch_case are eager steps. All against TF at random shapes."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _lstm() -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(2)(x))
 
 
-RNNS = {"bigru": (_bigru, 2), "lstm": (_lstm, 1)}  # builder, While ops in the plan
+RNNS = {"bigru": (_bigru, 2), "lstm": (_lstm, 1)}  # builder, While loops
 
 
 @pytest.fixture(scope="module", params=sorted(RNNS))
@@ -47,8 +49,10 @@ def rnn_dirs(request, tmp_path_factory) -> tuple[str, pathlib.Path]:
     root = tmp_path_factory.mktemp(f"loops_{request.param}")
     keras.utils.set_random_seed(0)
     RNNS[request.param][0]().export(str(root / "orig"), verbose=False)
-    # The loops and the TensorList ops around them stay TF ops.
     disc_tf.optimize(str(root / "orig"), str(root / "opt"), strict=False)
+    report = disc_tf.last_report()
+    assert [c.name for c in report.compiled].count("disc_loop_0") == 1, report.summary()
+    assert report.serving_share()[0] == report.serving_share()[1], report.summary()
     return request.param, root
 
 
@@ -57,27 +61,22 @@ def _tokens(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
 
 
 def _loops(plan) -> list:
-    return [s for s in plan.steps if s.op == "While"]
+    """The loop clusters of a direct plan."""
+    return [s for s in plan.steps if s.op == "DiscCluster" and s.cluster_name.startswith("disc_loop_")]
 
 
-def test_a_keras_rnn_is_called_directly(rnn_dirs):
+def test_a_keras_rnn_is_called_directly_with_its_loops_compiled(rnn_dirs):
     kind, root = rnn_dirs
     reference = tf.saved_model.load(str(root / "orig"))
     model = disc_tf.load(str(root / "opt"))
     assert model.direct_functions() == {"serve": None, "serving_default": None}
     assert model.warmed_up == {"serve": True, "serving_default": True}
     plan = model.serve.plan
-    loops = _loops(plan)
-    assert len(loops) == RNNS[kind][1], plan.describe()
-    assert "eager While" in plan.describe()
-    for step in loops:
-        attrs = dict(step.attrs)
-        # The loop's functions are called by the names the restored model registered,
-        # and its variables are passed as the captured handles.
-        assert all(context.context().has_function(attrs[a]) for a in ("body", "cond"))
+    assert len(_loops(plan)) == RNNS[kind][1], plan.describe()
+    assert not [s for s in plan.steps if s.op.endswith("While")], plan.describe()
+    for step in _loops(plan):
+        # The loop cluster takes the variables' handles (it reads them when it runs).
         assert any(s.kind == "capture" for s in step.inputs)
-        assert not any(s.kind == "variable" for s in step.inputs)
-        assert step.num_outputs == len(attrs["T"])
     signature = model.signatures["serving_default"]
     (key,) = signature.structured_input_signature[1]
     disc_tf.reset_stats()
@@ -97,7 +96,7 @@ def test_a_loop_reads_a_variable_assigned_after_load(rnn_dirs):
     _, root = rnn_dirs
     model = disc_tf.load(str(root / "opt"))
     fn = model.serve
-    # A variable the loop takes as a handle, assigned through that handle.
+    # A variable the loop cluster takes as a handle, assigned through that handle.
     loop = _loops(fn.plan)[0]
     handle = fn._captured[next(s.index for s in loop.inputs if s.kind == "capture")]
     value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32)
@@ -111,11 +110,61 @@ def test_a_loop_reads_a_variable_assigned_after_load(rnn_dirs):
     assert fn.direct_calls == 2
 
 
-def test_an_unregistered_loop_function_is_refused(rnn_dirs):
-    _, root = rnn_dirs
-    model = disc_tf.load(str(root / "opt"), warmup=False)
-    (concrete,) = model.serve.concrete_functions
-    body = dict(_loops(model.serve.plan)[0].attrs)["body"]
+class _UnknownOpLoop(tf.Module):
+    """A loop whose body has an op the compiler does not know (Atan2): it stays a TF
+    op, an eager step of the direct call, with its body's other ops clustered."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.linspace(-1, 1, 8).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def __call__(self, x):
+        def body(i, h):
+            return i + 1, tf.math.atan2(tf.tanh(h * self.w + 0.5), h * h + 1.0)
+
+        _, h = tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), tf.tanh(x * 2.0 + 1.0)])
+        return tf.sigmoid(h + 1.0) * 2.0
+
+
+@pytest.fixture(scope="module")
+def unknown_op_dirs(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("unknown_op_loop")
+    module = _UnknownOpLoop()
+    tf.saved_model.save(module, str(root / "orig"))
+    disc_tf.optimize(str(root / "orig"), str(root / "opt"), strict=False)
+    report = disc_tf.last_report()
+    why = [w for r in report.unclustered.values() for w in r.values()
+           if w.startswith("loop not compiled whole")]
+    assert why and "Atan2" in why[0], report.unclustered
+    return root
+
+
+def test_a_loop_left_to_tf_is_an_eager_step(unknown_op_dirs):
+    model = disc_tf.load(str(unknown_op_dirs / "opt"))
+    reference = tf.saved_model.load(str(unknown_op_dirs / "orig"))
+    assert model.direct_functions() == {"__call__": None, "serving_default": None}
+    plan = model._call.plan
+    (step,) = [s for s in plan.steps if s.op == "While"]
+    attrs = dict(step.attrs)
+    # The loop's functions are called by the names the restored model registered,
+    # and its variables are passed as the captured handles.
+    assert all(context.context().has_function(attrs[a]) for a in ("body", "cond"))
+    assert any(s.kind == "capture" for s in step.inputs)
+    assert not any(s.kind == "variable" for s in step.inputs)
+    assert step.num_outputs == len(attrs["T"])
+    assert "eager While" in plan.describe()
+    rng = np.random.default_rng(4)
+    for m in (1, 3, 9):
+        x = rng.standard_normal((m, 8)).astype(np.float32)
+        np.testing.assert_allclose(model(x).numpy(), reference(x).numpy(), RTOL, ATOL)
+    assert model._call.direct_calls == 3 and model._call.tf_calls == 0
+
+
+def test_an_unregistered_loop_function_is_refused(unknown_op_dirs):
+    model = disc_tf.load(str(unknown_op_dirs / "opt"), warmup=False)
+    (concrete,) = model._call.concrete_functions
+    (step,) = [s for s in model._call.plan.steps if s.op == "While"]
+    body = dict(step.attrs)["body"]
     is_resource = [t.dtype == tf.resource for t in concrete.graph.inputs]
 
     def lookup(name: str):

@@ -160,10 +160,9 @@ ZOO = {
         weights=None, include_top=False, input_shape=(None, None, 3))), _image),
     "efficientnet_b0": Zoo(_keras_export(lambda k: k.applications.EfficientNetB0(
         weights=None, include_top=False, input_shape=(None, None, 3))), _image),
-    # The RNN loops (While with TensorList ops) stay TF ops, their bodies clustered;
-    # the direct plan runs each While as one eager op.
-    "bidirectional_gru": Zoo(_keras_export(_bigru), _tokens, min_share=80.0),
-    "lstm": Zoo(_keras_export(_lstm), _tokens, min_share=80.0),
+    # Each RNN loop (While with its TensorList ops) is one loop cluster.
+    "bidirectional_gru": Zoo(_keras_export(_bigru), _tokens),
+    "lstm": Zoo(_keras_export(_lstm), _tokens),
     # The default scope: the signature and the root object's inference-mode calls (a
     # tf-keras model also saves its training-mode calls; those are left out).
     "hf_bert": Zoo(_hf_export("bert"), _hf_inputs),
