@@ -24,7 +24,7 @@ from tensorflow.core.framework import function_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
 from disc_tf import pipeline, scope
-from disc_tf.cluster import clustering, const_fold, rewrite
+from disc_tf.cluster import clustering, const_fold, loops, rewrite
 from disc_tf.cluster.graph_view import (
     GraphView,
     TensorInfo,
@@ -78,15 +78,18 @@ def _load_saved_model(path: str) -> saved_model_pb2.SavedModel:
 
 
 def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = None,
-                all_functions: bool = False) -> Iterator[Body]:
+                all_functions: bool = False, skip: set[str] | None = None) -> Iterator[Body]:
     """Every body the optimizer would cluster, in the optimizer's order: the
-    functions serving runs (all with ``all_functions``), then each main graph."""
+    functions serving runs (all with ``all_functions``; a function with a While
+    before the loop's body and condition), then each main graph. Functions named in
+    ``skip`` when their turn comes (compiled into a loop cluster) are left out."""
     for meta_graph in sm.meta_graphs:
         library = meta_graph.graph_def.library
         served = scope.serving_scope(meta_graph, signatures, all_functions)
-        for fdef in library.function:
+        for fdef in loops.loops_first(library):
             name = fdef.signature.name
-            if name.startswith(FALLBACK_PREFIX) or not served.has_function(name):
+            if name.startswith(FALLBACK_PREFIX) or not served.has_function(name) \
+                    or name in (skip or ()):
                 continue
             try:
                 view, nested_to_flat = view_of_function_def(fdef, library)
@@ -94,7 +97,9 @@ def iter_bodies(sm: saved_model_pb2.SavedModel, signatures: list[str] | None = N
                 yield Body(name, "function", None, library, error=f"{type(e).__name__}: {e}",
                            report_name=name, node_defs=tuple(fdef.node_def))
                 continue
-            _, view, nested_to_flat = const_fold.fold_function_def(fdef, view, nested_to_flat)
+            folded, view, nested_to_flat = const_fold.fold_function_def(fdef, view,
+                                                                        nested_to_flat)
+            _, view = const_fold.prune_function_def(folded, view, nested_to_flat)
             fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
             yield Body(name, "function", view, library, fetched, report_name=name)
         tags = ",".join(meta_graph.meta_info_def.tags) or "untagged"
@@ -204,8 +209,16 @@ def compiled_clusters(body: Body) -> list[ClusterReport]:
         node = body.view.nodes[name].node_def
         if node.op != rewrite.DISC_OP:
             continue
-        fallback = fdefs.get(node.attr["fallback"].func.name)
-        ops = [(n.name, n.op) for n in fallback.node_def] if fallback is not None else []
+        # Its original ops: the fallback's, and those of the functions they call (a
+        # loop cluster's body and condition, compiled into it).
+        ops, todo, seen = [], [node.attr["fallback"].func.name], set()
+        while todo:
+            fdef = fdefs.get(todo.pop())
+            if fdef is None or fdef.signature.name in seen:
+                continue
+            seen.add(fdef.signature.name)
+            ops += [(n.name, n.op) for n in fdef.node_def]
+            todo += sorted(scope.called_functions(fdef.node_def, set(fdefs)))
         found.append(ClusterReport(body.report_name, name, ops, len(node.input),
                                    len(node.attr["Tout"].list.type),
                                    kernels=node.attr["num_kernels"].i, from_cache=True))
@@ -213,31 +226,51 @@ def compiled_clusters(body: Body) -> list[ClusterReport]:
 
 
 def inspect_body(body: Body, until: str, target: str, lower: bool,
-                 report: OptimizeReport) -> list[str]:
-    """The lines of one body; its clusters and unclustered ops go into ``report``."""
+                 report: OptimizeReport, in_loops: set[str] | None = None) -> list[str]:
+    """The lines of one body; its clusters and unclustered ops go into ``report``; the
+    body and condition functions of its loops that compile whole go into ``in_loops``."""
     if body.view is None:
         report.note_not_analysed(body.report_name, body.error or "", body.node_defs)
         return [f"body {body.name} ({body.kind}): not analysed: {body.error}"]
     view = body.view
     if all(nd.op in NON_COMPUTE_OPS for n, nd in view.nodes.items() if n not in body.outside):
         return [f"body {body.name} ({body.kind}): no compute ops"]
+    loop_refused: dict[str, str] = {}
+    loop_fes: list[pipeline.LoopFrontEnd] = []
     if lower:
         optimizer = BodyOptimizer(body.library, Options(target=target, strict=False))
+        taken = set(view.nodes)
+        loop_fes = optimizer.loop_front_ends(body.report_name, view, body.fetched, taken,
+                                             loop_refused, body.outside)
+        looped = {n: fe.loop.spec.name for fe in loop_fes for n in fe.loop.spec.node_names}
         result, specs, front = optimizer.front_ends(
-            body.report_name, view, body.fetched, body.protected, set(view.nodes), body.outside)
+            body.report_name, view, body.fetched, body.protected, taken, body.outside,
+            {**loop_refused, **looped})
     else:
+        looped = {}
         result, specs = cluster_body(body)
         front = [None] * len(specs)
     existing = compiled_clusters(body)
     report.clusters.extend(existing)
     done_before = {c.name for c in existing}
-    reasons = {n: why for n, why in result.reasons.items()
-               if n not in body.outside and n not in done_before}
+    reasons = {n: loop_refused.get(n, why) for n, why in result.reasons.items()
+               if n not in body.outside and n not in done_before and n not in looped}
     report.note_unclustered(body.report_name, reasons, lambda n: view.nodes[n].op)
     lines = [f"body {body.name} ({body.kind}): {len(view.nodes)} nodes, "
              f"{len(existing)} compiled cluster(s), {len(specs)} new cluster(s)"]
     lines += [f"  compiled cluster {c.name}: {c.compute_ops} compute ops, {c.kernels} kernels"
               for c in existing]
+    for fe in loop_fes:
+        loop = fe.loop
+        rep = ClusterReport(body.report_name, loop.spec.name, loop.op_summary(),
+                            len(loop.spec.inputs), len(loop.spec.outputs),
+                            kernels=fe.num_kernels)
+        report.clusters.append(rep)
+        lines.append(f"  loop cluster {rep.name}: While {loop.plan.while_node}, body and "
+                     f"condition compiled, {rep.compute_ops} compute ops, {rep.kernels} kernels")
+        while_attrs = view.nodes[loop.plan.while_node].node_def.attr
+        (in_loops if in_loops is not None else set()).update(
+            while_attrs[k].func.name for k in ("body", "cond"))
     for spec, fe in zip(specs, front):
         rep = ClusterReport(body.report_name, spec.name, spec.op_summary(), len(spec.inputs),
                             len(spec.outputs))
@@ -270,13 +303,15 @@ def inspect_model(path: str, until: str = "cluster", out: TextIO | None = None,
     sm = _load_saved_model(path)
     report = OptimizeReport(serving_bodies=None if all_functions else set())
     try:
-        bodies = list(iter_bodies(sm, signatures, all_functions))
-    except ValueError as e:  # a signature the model lacks
+        for meta_graph in sm.meta_graphs:  # a signature the model lacks: a usage error
+            scope.serving_scope(meta_graph, signatures, all_functions)
+    except ValueError as e:
         raise UsageError(str(e)) from e
-    for body in bodies:
+    in_loops: set[str] = set()
+    for body in iter_bodies(sm, signatures, all_functions, skip=in_loops):
         if report.serving_bodies is not None:
             report.serving_bodies.add(body.report_name)
-        print("\n".join(inspect_body(body, until, target, lower, report)), file=out)
+        print("\n".join(inspect_body(body, until, target, lower, report, in_loops)), file=out)
     which = "all functions" if all_functions else "serving path"
     if not lower:  # clusters count as compiled: nothing was lowered
         done, total = report.serving_share()

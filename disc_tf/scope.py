@@ -45,10 +45,13 @@ class ServingScope:
 
 
 def called_functions(nodes: Iterable, library_names: set[str]) -> set[str]:
-    """Library functions named by the func attrs (f, body, branches...) of ``nodes``."""
+    """Library functions named by the func attrs (f, body, branches...) of ``nodes``;
+    not a DiscCluster's fallback (it runs only where the compiled code cannot)."""
     out = set()
     for node in nodes:
-        for value in node.attr.values():
+        for key, value in node.attr.items():
+            if key == "fallback" and node.op == "DiscCluster":
+                continue
             names = [value.func.name] + [f.name for f in value.list.func]
             out.update(n for n in names if n in library_names)
     return out

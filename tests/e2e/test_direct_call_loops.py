@@ -321,3 +321,18 @@ def test_functions_a_loop_calls_are_checked_transitively():
     with pytest.raises(NotDirect, match="leaf \\(then_branch of If branch\\): op "
                                         "RandomStandardNormal \\(leaf\\) has state"):
         plan_function(fns["top"], 1, [False], fns.get)
+
+
+def test_inspect_agrees_with_optimize_on_a_keras_rnn(rnn_dirs):
+    import io
+
+    from disc_tf.cli import inspect_model
+
+    _, root = rnn_dirs
+    disc_tf.optimize(str(root / "orig"), str(root / "again"), strict=False)
+    total = disc_tf.last_report().total_line()
+    assert "100.0% of serving compute ops" in total, total
+    for model in ("orig", "again"):  # what would compile, and what did
+        out = io.StringIO()
+        inspect_model(str(root / model), out=out)
+        assert f"serving path: {total}" in out.getvalue(), (model, out.getvalue()[-2000:])
