@@ -268,9 +268,8 @@ def inspect_body(body: Body, until: str, target: str, lower: bool,
         report.clusters.append(rep)
         lines.append(f"  loop cluster {rep.name}: While {loop.plan.while_node}, body and "
                      f"condition compiled, {rep.compute_ops} compute ops, {rep.kernels} kernels")
-        while_attrs = view.nodes[loop.plan.while_node].node_def.attr
-        (in_loops if in_loops is not None else set()).update(
-            while_attrs[k].func.name for k in ("body", "cond"))
+        if in_loops is not None:
+            in_loops.update(loop.step_functions)
     for spec, fe in zip(specs, front):
         rep = ClusterReport(body.report_name, spec.name, spec.op_summary(), len(spec.inputs),
                             len(spec.outputs))

@@ -213,9 +213,7 @@ class BodyOptimizer:
             if loop is not None:
                 for f in loop.functions:  # the value-taking body and condition it calls
                     self.new_functions[f.signature.name] = f
-                for key in ("body", "cond"):
-                    while_attrs = view.nodes[loop.plan.while_node].node_def.attr
-                    self.loop_functions[while_attrs[key].func.name] = name
+                self.loop_functions.update(dict.fromkeys(loop.step_functions, name))
             native.load().py.note_cluster(art.sha256, art.num_kernels)
             attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)
             replaced.append((spec, fallback.signature.name, attrs))

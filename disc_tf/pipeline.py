@@ -16,7 +16,7 @@ import time
 from tensorflow.core.framework import graph_pb2
 
 from disc_tf.backends import backend
-from disc_tf.cluster.loops import LoopCluster
+from disc_tf.cluster.loops import LoopCluster, LoopRefused
 from disc_tf.cluster.rewrite import ClusterSpec
 from disc_tf.dhlo_bridge.lower import DhloModule, lower_cluster
 from disc_tf.fusion.dhlo_reader import read_module
@@ -108,8 +108,6 @@ def front_end(spec: ClusterSpec, target: str = "cpu", entry: str | None = None) 
     named ``entry`` is a step of a loop cluster."""
     start = time.perf_counter()
     target_backend = backend(target)
-    if entry is not None and target_backend.emit_loop is None:
-        raise NotImplementedError(f"the {target} backend has no loop runner")
     dhlo = lower_cluster(spec)
     plan, analysis = plan_fusion(read_module(dhlo.text), spec.name, target_backend.plan_options)
     named = {"entry": entry} if entry is not None else {}
@@ -122,8 +120,8 @@ def loop_front_end(loop: LoopCluster, target: str = "cpu") -> LoopFrontEnd:
     the sources of the loop runner over them."""
     start = time.perf_counter()
     emit_loop = backend(target).emit_loop
-    if emit_loop is None:
-        raise NotImplementedError(f"the {target} backend has no loop runner")
+    if emit_loop is None:  # the loop stays a TF op, with this reason in the report
+        raise LoopRefused(f"the {target} backend has no loop runner")
     body_entry = f"{loop.plan.name}_body"
     body = front_end(loop.body_spec, target, body_entry)
     cond_entry = f"{loop.plan.name}_cond" if loop.cond_spec is not None else None

@@ -125,11 +125,6 @@ class LoopPlan:
     #: the cluster's inputs' dtypes (variables: their values')
     input_dtypes: list[tf.DType]
 
-    @property
-    def has_cond_runner(self) -> bool:
-        """Whether the condition computes (else it is one loop variable)."""
-        return self.cond_result.kind == "out"
-
     def describe(self) -> str:
         """The plan as text (``DISC_TF_DUMP_DIR``'s ``loop_plan.txt``)."""
         lines = [f"loop {self.name}: While {self.while_node}",
@@ -159,6 +154,8 @@ class LoopCluster:
     #: (node, op) of the body's nodes the loop runner itself does (list reads and
     #: writes, variable reads)
     runner_ops: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: the body and condition functions the While names (compiled into this loop)
+    step_functions: tuple[str, ...] = ()
 
     def op_summary(self) -> list[tuple[str, str]]:
         """(node, op) of the loop's nodes, then of its body's and condition's."""
@@ -584,7 +581,8 @@ def _loop_cluster(view: GraphView, while_name: str, library: function_pb2.Functi
         input_dtypes=[t.dtype for t in spec.inputs])
     functions = _value_loop(spec, while_name, body.fdef, cond.fdef, variable_values, library)
     runner_ops = [(n, body.view.nodes[n].op) for n in body.view.order if n in stops]
-    return LoopCluster(spec, plan, body_spec, cond_spec, functions, runner_ops)
+    return LoopCluster(spec, plan, body_spec, cond_spec, functions, runner_ops,
+                       (attrs["body"].func.name, attrs["cond"].func.name))
 
 
 def _merge_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
