@@ -6,8 +6,9 @@ A backend gives the fusion planner its options, emits a typed pair of sources
 artifact (through the cache). ``cpu`` compiles a translation unit per distinct
 kernel (through the kernel cache) and the host runner, in parallel, and links them; ``cuda``
 builds device code with nvcc and the host runner with the C++ compiler into one
-shared object. (The CUDA emulator the tests use compiles the same pair for CPU
-threads: ``tests/codegen/cuda_emu.py``.)
+shared object; ``cuda-emu`` builds the same pair for the CPU, the device code
+against the CUDA emulator (``runtime/cuda_emu_build.py``), into an artifact the
+CPU kernel runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from disc_tf.codegen.cpu_loop import emit_loop
 from disc_tf.codegen.cuda import emit_cuda
 from disc_tf.fusion.plan import FusionPlan
 from disc_tf.fusion.planner import PlanOptions
-from disc_tf.runtime import cpu_build, cuda_compiler
+from disc_tf.runtime import cpu_build, cuda_compiler, cuda_emu_build
 from disc_tf.runtime.compiler import Artifact
 from disc_tf.sources import Sources
 
@@ -45,6 +46,8 @@ BACKENDS = {
     # the CPU backend has an emitter for every fusion; the CUDA one for none yet
     "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build, emit_loop),
     "cuda": Backend("cuda", PlanOptions.none(), emit_cuda, cuda_compiler.build),
+    # the CUDA backend's sources built against the CPU emulation of the GPU (tests)
+    "cuda-emu": Backend("cuda-emu", PlanOptions.none(), emit_cuda, cuda_emu_build.build),
 }
 
 

@@ -392,7 +392,7 @@ def _parser() -> argparse.ArgumentParser:
     opt = sub.add_parser("optimize", help="compile the clusters serving runs")
     opt.add_argument("input", metavar="IN", help="SavedModel directory")
     opt.add_argument("output", metavar="OUT", help="where the optimized SavedModel goes")
-    opt.add_argument("--target", choices=("auto", "cpu", "cuda"), default="auto",
+    opt.add_argument("--target", choices=("auto", "cpu", "cuda", "cuda-emu"), default="auto",
                      help="cuda needs nvcc, not a GPU; auto picks cuda only where it can run")
     opt.add_argument("--signatures", default=None,
                      help="comma-separated signature names (default: every serving "
@@ -409,7 +409,7 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
     ins.add_argument("--until", choices=STAGES, default="cluster",
                      help="last compiler stage to show for each cluster")
-    ins.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+    ins.add_argument("--target", choices=("cpu", "cuda", "cuda-emu"), default="cpu",
                      help="backend whose generated source --until codegen shows")
     ins.add_argument("--show-kernels", action="store_true",
                      help="show the generated source (same as --until codegen)")

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import isa, native
+from disc_tf.runtime.target import resolve_target
 
 log = logging.getLogger("disc_tf")
 
@@ -72,13 +73,16 @@ class JitFunction:
 
 
 def jit(fn: Callable | None = None, *, input_signature=None, min_cluster_size: int = 2,
-        strict: bool | None = None):
+        strict: bool | None = None, target: str = "auto"):
     """Compiles ``fn`` (a tf.function with an input signature, or a Python
     function plus ``input_signature``) into a JitFunction. Usable as a decorator.
     ``strict`` (default ``$DISC_TF_STRICT``): a cluster that fails to compile
-    raises StrictModeError instead of staying as TF ops.
+    raises StrictModeError instead of staying as TF ops. ``target``: see
+    ``disc_tf.runtime.target`` ("auto": ``$DISC_TF_TARGET``, else the GPU if TF
+    has one and this op library runs on it, else the CPU).
     """
-    options = Options(min_cluster_size=min_cluster_size, strict=strict,
+    options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
+                      strict=strict,
                       isa_levels=isa.resolve(None, "host"))
     if fn is None:
         return lambda f: JitFunction(f, input_signature, options)

@@ -201,6 +201,7 @@ class BodyOptimizer:
                 continue
             art = compiled.artifact
             rep.kernels, rep.from_cache = art.num_kernels, art.from_cache
+            rep.target = self.options.target
             if compiled.plan.speculative is not None:
                 rep.speculative_kernels = len(compiled.plan.speculative.kernels)
             rep.compile_seconds = art.compile_seconds

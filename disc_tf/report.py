@@ -41,6 +41,8 @@ class ClusterReport:
     from_cache: bool = False
     compile_seconds: float = 0.0
     error: str | None = None
+    #: the backend its artifact was built for ("cpu", "cuda", "cuda-emu"); empty if none
+    target: str = ""
     #: the compile profile: seconds of lowering, planning and codegen; bytes of
     #: generated code; kernels that differ other than in names (see Sources)
     front_end_seconds: float = 0.0

@@ -35,6 +35,10 @@ class Sources:
     units: tuple[SourceUnit, ...] = ()
     #: each kernel's own code (its functions), for the compile profile
     kernel_texts: tuple[str, ...] = ()
+    #: CUDA: the ``__global__`` functions, in the order the host runner's launches index
+    #: them, and the ``__device__`` globals (constant tensors) the runner looks up
+    functions: tuple[str, ...] = ()
+    device_globals: tuple[str, ...] = ()
 
     @property
     def size_bytes(self) -> int:

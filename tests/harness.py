@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 import disc_tf
+from disc_tf.runtime.target import resolve_target
 
 RTOL = {tf.float32: 1e-5, tf.float16: 2e-3, tf.int32: 0, tf.int64: 0, tf.bool: 0}
 ATOL = {tf.float32: 1e-6, tf.float16: 1e-3, tf.int32: 0, tf.int64: 0, tf.bool: 0}
@@ -83,6 +84,8 @@ def compiled(fn: tf.types.experimental.PolymorphicFunction, min_cluster_size: in
     jitted = disc_tf.jit(fn, min_cluster_size=min_cluster_size)
     built = jitted.report.compiled
     assert built, f"nothing compiled: {jitted.report}"
+    target = resolve_target("auto")  # $DISC_TF_TARGET=cuda-emu: the GPU code path
+    assert all(c.target == target for c in built), [(c.name, c.target) for c in built]
     left = [op for op in tf_ops_left(jitted) if op not in allow_tf]
     assert not left, f"TF ops left outside compiled clusters: {left}; {jitted.report.unclustered}"
     return jitted

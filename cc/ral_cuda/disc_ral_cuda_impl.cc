@@ -4,6 +4,8 @@
 // resolved with dlsym from libcuda.so.1 and libcublas.so.{13,12}.
 #include "disc_ral_cuda_impl.h"
 
+#include "cublas_gemm.h"
+
 #include <cuda.h>
 #include <dlfcn.h>
 #include <library_types.h>
@@ -65,19 +67,14 @@ std::string DriverError(CUresult r) {
 
 // ---- cuBLAS, loaded on first use ------------------------------------------
 
-// The few cuBLAS declarations used (values from cublas_api.h).
 using cublasHandle_t = void*;
-constexpr int kOpN = 0, kOpT = 1;           // cublasOperation_t
-constexpr int kCompute32F = 68;             // CUBLAS_COMPUTE_32F
-constexpr int kGemmDefault = -1;            // CUBLAS_GEMM_DEFAULT
+static_assert(kCudaR32F == CUDA_R_32F && kCudaR16F == CUDA_R_16F && kCudaR16BF == CUDA_R_16BF,
+              "cudaDataType_t values of cublas_gemm.h");
 
 struct Blas {
   int (*create)(cublasHandle_t*) = nullptr;
   int (*set_stream)(cublasHandle_t, CUstream) = nullptr;
-  int (*gemm_strided_batched_ex)(cublasHandle_t, int, int, int, int, int, const void*,
-                                 const void*, int, int, long long, const void*, int, int,
-                                 long long, const void*, void*, int, int, long long, int, int,
-                                 int) = nullptr;
+  GemmStridedBatchedEx gemm_strided_batched_ex = nullptr;
   std::string error;
   std::mutex mu;  // guards `handles` and each handle's stream binding
   std::map<CUcontext, cublasHandle_t> handles;
@@ -142,16 +139,13 @@ int32_t GemmBatched(disc_ral_cuda* ral, int32_t dtype, int64_t batch, int64_t m,
                     int64_t k, const void* a, int64_t lda, int64_t stride_a, int32_t transpose_a,
                     const void* b, int64_t ldb, int64_t stride_b, int32_t transpose_b, void* c,
                     int64_t ldc, int64_t stride_c) {
-  const int type = dtype == DISC_F32 ? CUDA_R_32F
-                   : dtype == DISC_F16 ? CUDA_R_16F
-                   : dtype == DISC_BF16 ? CUDA_R_16BF : -1;
-  if (type < 0) return Fail(ral, DISC_INTERNAL, "GEMM: unsupported dtype " + std::to_string(dtype));
-  for (int64_t v : {batch, m, n, k, lda, ldb, ldc}) {
-    if (v > INT_MAX) return Fail(ral, DISC_INVALID_ARGUMENT, "GEMM: a dimension exceeds INT_MAX");
+  CublasGemm call{};
+  if (const char* why = MapRowMajorGemm(dtype, batch, m, n, k, a, lda, stride_a, transpose_a, b,
+                                        ldb, stride_b, transpose_b, c, ldc, stride_c, &call)) {
+    return Fail(ral, DISC_INVALID_ARGUMENT, why);
   }
   if (k == 0) {  // C = 0, explicitly rather than through cuBLAS
-    const int64_t item = dtype == DISC_F32 ? 4 : 2;
-    return ral->memset_zero(ral, c, batch * stride_c * item);
+    return ral->memset_zero(ral, c, batch * stride_c * GemmItemSize(dtype));
   }
   Blas& blas = GetBlas();
   if (!blas.error.empty()) return Fail(ral, DISC_INTERNAL, blas.error);
@@ -166,13 +160,7 @@ int32_t GemmBatched(disc_ral_cuda* ral, int32_t dtype, int64_t batch, int64_t m,
   if (blas.set_stream(handle, static_cast<CUstream>(ral->stream)) != 0) {
     return Fail(ral, DISC_INTERNAL, "cublasSetStream failed");
   }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const float one = 1.0f, zero = 0.0f;
-  const int status = blas.gemm_strided_batched_ex(
-      handle, transpose_b ? kOpT : kOpN, transpose_a ? kOpT : kOpN, static_cast<int>(n),
-      static_cast<int>(m), static_cast<int>(k), &one, b, type, static_cast<int>(ldb), stride_b, a,
-      type, static_cast<int>(lda), stride_a, &zero, c, type, static_cast<int>(ldc), stride_c,
-      static_cast<int>(batch), kCompute32F, kGemmDefault);
+  const int status = CallCublas(blas.gemm_strided_batched_ex, handle, call);
   if (status != 0) {
     return Fail(ral, DISC_INTERNAL, "cublasGemmStridedBatchedEx failed: status " +
                                         std::to_string(status));

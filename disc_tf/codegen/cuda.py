@@ -174,5 +174,7 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         body.extend("  " + x for x in _launch_sequence(plan, emitters[0]))
         body.append("  }")
     host += body + ["  return 0;", "}"]
+    globals_ = tuple(dict.fromkeys(f"{b.name}_data" for p in plans for b in p.buffers.values()
+                                   if b.role == "const"))
     return Sources("cuda", "\n".join(device), "\n".join(host) + "\n",
-                   kernel_texts=kernel_texts)
+                   kernel_texts=kernel_texts, functions=tuple(functions), device_globals=globals_)

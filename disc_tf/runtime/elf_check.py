@@ -16,6 +16,7 @@ import struct
 REQUIRED_SYMBOLS = {
     "cpu": ("disc_abi_version", "disc_num_kernels", "disc_entry"),
     "cuda": ("disc_abi_version", "disc_num_kernels", "disc_cuda_entry"),
+    "cuda-emu": ("disc_abi_version", "disc_num_kernels", "disc_entry", "disc_cuda_entry"),
 }
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")

@@ -22,7 +22,6 @@ from disc_tf.runtime import cuda_compiler
 from disc_tf.runtime.compiler import CompileError
 from disc_tf.runtime.target import resolve_target
 from disc_tf.saved_model import optimize_saved_model
-from tests.codegen import cuda_emu
 from tests.stage_helpers import cluster_of, dyn
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -215,12 +214,18 @@ def test_cuda_ral_implementation_compiles(tmp_path):
                     "-o", str(tmp_path / "impl.o")], check=True)
 
 
-def test_auto_target_is_cpu_without_a_gpu_and_names_are_checked():
+def test_auto_target_is_cpu_without_a_gpu_and_names_are_checked(monkeypatch):
+    monkeypatch.delenv("DISC_TF_TARGET", raising=False)
     if not tf.config.list_physical_devices("GPU"):
         assert resolve_target("auto") == "cpu"
     assert resolve_target("cuda") == "cuda"
     with pytest.raises(ValueError, match="unknown target"):
         resolve_target("rocm")
+    monkeypatch.setenv("DISC_TF_TARGET", "cuda-emu")  # what "auto" stands for, everywhere
+    assert resolve_target("auto") == "cuda-emu" and resolve_target("cpu") == "cpu"
+    monkeypatch.setenv("DISC_TF_TARGET", "tpu")
+    with pytest.raises(ValueError, match="DISC_TF_TARGET='tpu' is not a target"):
+        resolve_target("auto")
 
 
 class Block(tf.Module):
@@ -318,124 +323,6 @@ def test_random_programs_compile_for_cuda():
             cuda_compiler.build(fe.sources, spec.name, fe.plan.num_kernels)
 
     check()
-
-
-# ---- device code executed by the CPU emulator (tests/codegen/cuda_emulator.h)
-
-
-@pytest.fixture(scope="module")
-def emulated(built, tmp_path_factory):
-    """(host program, name -> emulated device code .so)."""
-    tmp = tmp_path_factory.mktemp("emu")
-    host = cuda_emu.build_host(tmp)
-    devices = {}
-    for name, (fe, _) in built.items():
-        device, host_src = _pair(fe.sources)
-        devices[name] = cuda_emu.build_device(device, host_src, tmp / name)
-    return host, devices
-
-
-def emulate(emulated, built, name, tmp_path, *inputs):
-    host, devices = emulated
-    fe, art = built[name]
-    out, results = cuda_emu.run(host, art.data, devices[name], tmp_path, list(inputs),
-                                [np.dtype(np.float32)])
-    assert out.endswith("rc 0\n"), out
-    return results[0]
-
-
-def rand(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-# warp rows, block rows with the row cached in shared memory, block rows
-@pytest.mark.parametrize("shape", [(3, 5, 37), (2, 1, 3000), (1, 2, 13000)])
-def test_emulated_softmax_matches_tf(built, emulated, tmp_path, shape):
-    x = rand(np.random.default_rng(1), *shape)
-    got = emulate(emulated, built, "softmax", tmp_path, x)
-    np.testing.assert_allclose(got, tf.nn.softmax(x).numpy(), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("shapes", [((4, 50), (50,), (50,)), ((3, 1500), (1,), (1500,))])
-def test_emulated_layer_norm_matches_tf(built, emulated, tmp_path, shapes):
-    rng = np.random.default_rng(2)
-    x, g, b = (rand(rng, *s) for s in shapes)
-    got = emulate(emulated, built, "layer_norm", tmp_path, x, g, b)
-    np.testing.assert_allclose(got, layer_norm(x, g, b).numpy(), rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("shapes", [((3, 7), (7,)), ((3, 300), (300,)), ((2, 8), (8,))])
-def test_emulated_bias_gelu_matches_tf(built, emulated, tmp_path, shapes):
-    rng = np.random.default_rng(3)
-    x, b = (rand(rng, *s) for s in shapes)
-    got = emulate(emulated, built, "bias_gelu", tmp_path, x, b)
-    np.testing.assert_allclose(got, tf.nn.gelu(x + b, approximate=False).numpy(), rtol=1e-5,
-                               atol=1e-6)
-
-
-@pytest.mark.parametrize("shapes", [((2, 3, 4), (1, 3, 1)), ((2, 3, 4), (2, 3, 4)),
-                                    ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200))])
-def test_emulated_broadcast_matches_numpy(built, emulated, tmp_path, shapes):
-    rng = np.random.default_rng(4)
-    x, y = (rand(rng, *s) for s in shapes)
-    got = emulate(emulated, built, "broadcast", tmp_path, x, y)
-    np.testing.assert_allclose(got, x * y + 1.0, rtol=1e-6)
-
-
-def test_emulated_matmul_bias_matches_tf(built, emulated, tmp_path):
-    rng = np.random.default_rng(5)
-    x, w, b = rand(rng, 5, 7), rand(rng, 7, 3), rand(rng, 3)
-    got = emulate(emulated, built, "matmul_bias", tmp_path, x, w, b)
-    np.testing.assert_allclose(got, tf.nn.relu(x @ w + b).numpy(), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("shape", [(5, 3000), (600, 3)])  # thread per output, block per output
-def test_emulated_column_reduce_matches_numpy(built, emulated, tmp_path, shape):
-    x = rand(np.random.default_rng(6), *shape)
-    got = emulate(emulated, built, "column_reduce", tmp_path, x)
-    np.testing.assert_array_equal(got, (x * 2.0).max(axis=0))
-
-
-# 1 + 2^-12: a thread's float running sum drops the 2^-12 of every element once it
-# passes 2^13, so 2^15 elements a thread (256 threads, block per row or per output)
-# lose most of them (relative error 2e-4); folded in blocks combined pairwise, every
-# partial sum is exact.
-LONG = 2**23
-
-
-@pytest.mark.parametrize("name,shape", [("row_sum", (1, LONG)), ("column_sum", (LONG, 2))])
-def test_emulated_long_sums_fold_pairwise(built, emulated, tmp_path, name, shape):
-    x = np.full(shape, 1 + 2**-12, np.float32)
-    got = emulate(emulated, built, name, tmp_path, x)
-    np.testing.assert_array_equal(got, np.full(got.shape, LONG + LONG // 2**12, np.float32))
-    y = np.random.default_rng(8).random(shape, dtype=np.float32)
-    want = y.astype(np.float64).sum(axis=-1 if name == "row_sum" else 0)
-    np.testing.assert_allclose(emulate(emulated, built, name, tmp_path, y), want, rtol=1e-6)
-
-
-def test_emulated_long_product_accumulates_in_double(built, emulated, tmp_path):
-    x = (1.0 + (np.random.default_rng(9).random((2, 2**20)) - 0.5) * 1e-5).astype(np.float32)
-    got = emulate(emulated, built, "row_prod", tmp_path, x)
-    np.testing.assert_allclose(got, np.prod(x.astype(np.float64), -1), rtol=1e-6)
-
-
-@pytest.mark.slow
-def test_emulated_f16_layer_norm_and_gelu_match_tf(tmp_path):
-    rng = np.random.default_rng(7)
-    host = cuda_emu.build_host(tmp_path)
-    cases = [("layer_norm_f16", [(2, 3, 40), (40,), (40,)]), ("bias_gelu_f16", [(3, 300), (300,)])]
-    for name, shapes in cases:
-        fn, *specs = MORE_CLUSTERS[name]
-        fe = pipeline.front_end(cluster_of(fn, *specs), "cuda")
-        art = cuda_compiler.build(fe.sources, name, fe.plan.num_kernels)
-        device, host_src = _pair(fe.sources)
-        emu = cuda_emu.build_device(device, host_src, tmp_path / name)
-        args = [rng.standard_normal(s).astype(np.float16) for s in shapes]
-        out, (got,) = cuda_emu.run(host, art.data, emu, tmp_path / f"{name}_run", args,
-                                   [np.dtype(np.float16)])
-        expected = fn(*[tf.constant(a) for a in args]).numpy()
-        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32),
-                                   rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.slow

@@ -1,0 +1,131 @@
+// emu_ral.h -- the host side of a `cuda-emu` artifact: a CPU artifact (it
+// exports disc_entry, so the CPU DiscCluster kernel runs it) whose entry runs
+// the CUDA host runner (disc_cuda_entry) unchanged, with a disc_ral_cuda table
+// whose "device" is the CUDA emulator:
+// * device memory is the CPU host's memory (inputs, outputs, temps);
+// * launches run the emulated device code (its dispatch, disc_emu_launch, is
+//   generated into the device translation unit) to completion: the stream is
+//   in order, so a temp freed after its last reader's launch is safe;
+// * GEMMs go through the same row-major -> cuBLAS mapping as on a GPU
+//   (cublas_gemm.h), into the cuBLAS stand-in (cublas_emu.h).
+// Included once, at the end of the host translation unit.
+#ifndef DISC_CUDA_EMU_RAL_H_
+#define DISC_CUDA_EMU_RAL_H_
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "cublas_emu.h"
+#include "cublas_gemm.h"
+#include "disc_ral_cuda.h"
+
+// From the device translation unit: runs function `function` of the artifact
+// (kFunctions order); 0, or non-zero with the reason in error[0..error_size).
+extern "C" int32_t disc_emu_launch(int32_t function, uint32_t grid, uint32_t block,
+                                   uint32_t shared_bytes, void** params, char* error,
+                                   uint64_t error_size);
+// The address of the device global `name` (a constant tensor), or NULL.
+extern "C" void* disc_emu_global(const char* name);
+
+namespace disc_emu_host {
+
+// One call: the table handed to the host runner, and the CPU host's table its
+// base services forward to.
+struct Call {
+  disc_ral_cuda cu;  // first: the runner's disc_ral* / disc_ral_cuda* point here
+  disc_ral* host;
+};
+static_assert(offsetof(Call, cu) == 0 && offsetof(disc_ral_cuda, base) == 0,
+              "a disc_ral* of the runner is the Call");
+
+inline disc_ral* Host(disc_ral* r) { return reinterpret_cast<Call*>(r)->host; }
+inline disc_ral* Host(disc_ral_cuda* r) { return reinterpret_cast<Call*>(r)->host; }
+
+inline int32_t Fail(disc_ral_cuda* r, int32_t code, const std::string& message) {
+  disc_ral* h = Host(r);
+  h->set_error(h, code, message.c_str());
+  return 1;
+}
+
+inline int32_t InputRank(disc_ral* r, int32_t i) { return Host(r)->input_rank(Host(r), i); }
+inline const int64_t* InputDims(disc_ral* r, int32_t i) { return Host(r)->input_dims(Host(r), i); }
+inline int32_t InputDtype(disc_ral* r, int32_t i) { return Host(r)->input_dtype(Host(r), i); }
+inline const void* InputData(disc_ral* r, int32_t i) { return Host(r)->input_data(Host(r), i); }
+inline void* AllocOutput(disc_ral* r, int32_t i, int32_t rank, const int64_t* dims) {
+  return Host(r)->alloc_output(Host(r), i, rank, dims);
+}
+inline void* AllocTemp(disc_ral* r, int64_t bytes) { return Host(r)->alloc_temp(Host(r), bytes); }
+inline void FreeTemp(disc_ral* r, void* p) { Host(r)->free_temp(Host(r), p); }
+inline void SetError(disc_ral* r, int32_t code, const char* message) {
+  Host(r)->set_error(Host(r), code, message);
+}
+
+inline int32_t Launch(disc_ral_cuda* r, int32_t function, uint32_t grid, uint32_t block,
+                      uint32_t shared_bytes, void** params) {
+  char error[1024] = {0};
+  if (disc_emu_launch(function, grid, block, shared_bytes, params, error, sizeof(error)) != 0) {
+    return Fail(r, DISC_INTERNAL, std::string("emulated launch: ") + error);
+  }
+  return 0;
+}
+
+inline void* DeviceGlobal(disc_ral_cuda* r, const char* name) {
+  void* p = disc_emu_global(name);
+  if (p == nullptr) Fail(r, DISC_INTERNAL, std::string("device global ") + name + " not found");
+  return p;
+}
+
+inline int32_t GemmBatched(disc_ral_cuda* r, int32_t dtype, int64_t batch, int64_t m, int64_t n,
+                           int64_t k, const void* a, int64_t lda, int64_t stride_a,
+                           int32_t transpose_a, const void* b, int64_t ldb, int64_t stride_b,
+                           int32_t transpose_b, void* c, int64_t ldc, int64_t stride_c) {
+  disc_cuda::CublasGemm call{};
+  if (const char* why = disc_cuda::MapRowMajorGemm(dtype, batch, m, n, k, a, lda, stride_a,
+                                                   transpose_a, b, ldb, stride_b, transpose_b,
+                                                   c, ldc, stride_c, &call)) {
+    return Fail(r, DISC_INVALID_ARGUMENT, why);
+  }
+  if (k == 0) return r->memset_zero(r, c, batch * stride_c * disc_cuda::GemmItemSize(dtype));
+  static int handle_storage;  // the stand-in only checks that a handle is given
+  const int status = disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle_storage, call);
+  if (status != disc_cuda::kCublasStatusSuccess) {
+    return Fail(r, DISC_INTERNAL,
+                "cublasGemmStridedBatchedEx failed: status " + std::to_string(status));
+  }
+  return 0;
+}
+
+inline int32_t MemsetZero(disc_ral_cuda*, void* ptr, int64_t bytes) {
+  if (bytes > 0) std::memset(ptr, 0, static_cast<size_t>(bytes));
+  return 0;
+}
+
+}  // namespace disc_emu_host
+
+extern "C" int32_t disc_entry(disc_ral* host) {
+  using namespace disc_emu_host;
+  Call call;
+  std::memset(&call, 0, sizeof(call));
+  call.host = host;
+  disc_ral& base = call.cu.base;
+  base.abi_version = DISC_RAL_ABI_VERSION;
+  base.num_inputs = host->num_inputs;
+  base.num_outputs = host->num_outputs;
+  base.input_rank = InputRank;
+  base.input_dims = InputDims;
+  base.input_dtype = InputDtype;
+  base.input_data = InputData;
+  base.alloc_output = AllocOutput;
+  base.alloc_temp = AllocTemp;
+  base.free_temp = FreeTemp;
+  base.set_error = SetError;
+  call.cu.cuda_abi_version = DISC_RAL_CUDA_ABI_VERSION;
+  call.cu.launch = Launch;
+  call.cu.device_global = DeviceGlobal;
+  call.cu.gemm_batched = GemmBatched;
+  call.cu.memset_zero = MemsetZero;
+  return disc_cuda_entry(&call.cu);
+}
+
+#endif  // DISC_CUDA_EMU_RAL_H_

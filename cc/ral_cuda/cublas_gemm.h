@@ -1,0 +1,99 @@
+// cublas_gemm.h -- the RAL's row-major batched GEMM (disc_ral_cuda.gemm_batched)
+// as one cublasGemmStridedBatchedEx call. Shared by the CUDA RAL (real cuBLAS,
+// loaded with dlopen) and the CUDA emulator (its stand-in honours cuBLAS's
+// argument conventions), so the mapping the emulator tests is the one a GPU runs.
+//
+// Needs no CUDA header: the enum values are cuBLAS's and CUDA's own
+// (cublas_api.h, library_types.h); disc_ral_cuda_impl.cc checks them against
+// the real headers.
+#ifndef DISC_RAL_CUBLAS_GEMM_H_
+#define DISC_RAL_CUBLAS_GEMM_H_
+
+#include <climits>
+#include <cstdint>
+
+#include "disc_ral_cuda.h"
+
+namespace disc_cuda {
+
+constexpr int kCublasOpN = 0, kCublasOpT = 1;                   // cublasOperation_t
+constexpr int kCudaR32F = 0, kCudaR16F = 2, kCudaR16BF = 14;  // cudaDataType_t
+constexpr int kCublasCompute32F = 68;                           // cublasComputeType_t
+constexpr int kCublasGemmDefault = -1;                          // cublasGemmAlgo_t
+constexpr int kCublasStatusSuccess = 0, kCublasStatusInvalidValue = 7,
+              kCublasStatusNotSupported = 15;
+
+// cublasGemmStridedBatchedEx's signature (the handle as void*).
+using GemmStridedBatchedEx = int (*)(void* handle, int transa, int transb, int m, int n, int k,
+                                     const void* alpha, const void* a, int a_type, int lda,
+                                     long long stride_a, const void* b, int b_type, int ldb,
+                                     long long stride_b, const void* beta, void* c, int c_type,
+                                     int ldc, long long stride_c, int batch_count,
+                                     int compute_type, int algo);
+
+// One column-major cuBLAS call, every argument but the handle.
+struct CublasGemm {
+  int transa, transb, m, n, k;
+  const void* a;
+  int lda;
+  long long stride_a;
+  const void* b;
+  int ldb;
+  long long stride_b;
+  void* c;
+  int ldc;
+  long long stride_c;
+  int batch, type;
+};
+
+// Maps the row-major contract of gemm_batched to a cuBLAS call: row-major
+// C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so cuBLAS's "A" is B,
+// its "B" is A and m, n trade places. Returns nullptr and fills *out, or the
+// reason the call cannot be made (a dtype cuBLAS is not given, a size over
+// INT_MAX). k == 0 is the caller's (cuBLAS would leave C untouched).
+inline const char* MapRowMajorGemm(int32_t dtype, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, const void* a, int64_t lda, int64_t stride_a,
+                                   int32_t transpose_a, const void* b, int64_t ldb,
+                                   int64_t stride_b, int32_t transpose_b, void* c, int64_t ldc,
+                                   int64_t stride_c, CublasGemm* out) {
+  const int type = dtype == DISC_F32    ? kCudaR32F
+                   : dtype == DISC_F16  ? kCudaR16F
+                   : dtype == DISC_BF16 ? kCudaR16BF
+                                        : -1;
+  if (type < 0) return "GEMM: unsupported element type";
+  for (int64_t v : {batch, m, n, k, lda, ldb, ldc}) {
+    if (v < 0 || v > INT_MAX) return "GEMM: a dimension is negative or exceeds INT_MAX";
+  }
+  *out = CublasGemm{transpose_b ? kCublasOpT : kCublasOpN,
+                    transpose_a ? kCublasOpT : kCublasOpN,
+                    static_cast<int>(n),
+                    static_cast<int>(m),
+                    static_cast<int>(k),
+                    b,
+                    static_cast<int>(ldb),
+                    stride_b,
+                    a,
+                    static_cast<int>(lda),
+                    stride_a,
+                    c,
+                    static_cast<int>(ldc),
+                    stride_c,
+                    static_cast<int>(batch),
+                    type};
+  return nullptr;
+}
+
+// Makes the call: alpha = 1, beta = 0, fp32 accumulation. Returns cuBLAS's status.
+inline int CallCublas(GemmStridedBatchedEx gemm, void* handle, const CublasGemm& g) {
+  const float one = 1.0f, zero = 0.0f;
+  return gemm(handle, g.transa, g.transb, g.m, g.n, g.k, &one, g.a, g.type, g.lda, g.stride_a,
+              g.b, g.type, g.ldb, g.stride_b, &zero, g.c, g.type, g.ldc, g.stride_c, g.batch,
+              kCublasCompute32F, kCublasGemmDefault);
+}
+
+// Bytes of one element of a gemm_batched dtype.
+inline int64_t GemmItemSize(int32_t dtype) { return dtype == DISC_F32 ? 4 : 2; }
+
+}  // namespace disc_cuda
+
+#endif  // DISC_RAL_CUBLAS_GEMM_H_

@@ -1,0 +1,136 @@
+// Hand-written kernels that exercise the CUDA emulator's semantics (warp
+// collectives, barriers, launch checks, shared memory) and the row-major ->
+// cuBLAS mapping with the cuBLAS stand-in; driven by test_cuda_emulator.py
+// through ctypes. Compiled with -include cuda_emulator.h, as artifacts are.
+#include <cstdio>
+#include <string>
+
+#include "cublas_emu.h"
+#include "cublas_gemm.h"
+
+namespace {
+
+struct Out {
+  int* data;
+  int arg;
+};
+
+__global__ void Shuffles(const Out o) {
+  const int t = threadIdx.x, width = o.arg;
+  int* d = o.data + 4 * t;
+  d[0] = __shfl_xor_sync(0xffffffffu, t, 3, width);
+  d[1] = __shfl_down_sync(0xffffffffu, t, 3, width);
+  d[2] = __shfl_up_sync(0xffffffffu, t, 3, width);
+  d[3] = __shfl_sync(0xffffffffu, t, 5, width);
+}
+
+__global__ void Votes(const Out o) {
+  const int t = threadIdx.x;
+  const unsigned ballot = __ballot_sync(0xffffffffu, t % 3 == 0);
+  const int any = __any_sync(0xffffffffu, t == 40);
+  const int all = __all_sync(0xffffffffu, t < 48);
+  // Half-warp masks: two independent collectives in one warp.
+  const unsigned half = (t % 32) < 16 ? 0x0000ffffu : 0xffff0000u;
+  const int sum = __shfl_xor_sync(half, t, 8);
+  if (t % 32 == 0) {
+    o.data[(t / 32) * 3] = static_cast<int>(ballot);
+    o.data[(t / 32) * 3 + 1] = any;
+    o.data[(t / 32) * 3 + 2] = all;
+  }
+  o.data[64 + t] = sum;
+}
+
+__global__ void DivergentSync(const Out o) {
+  if (threadIdx.x % 2 == 0) __syncthreads();
+  o.data[threadIdx.x] = 1;
+}
+
+__global__ void ExitedLane(const Out o) {
+  if (threadIdx.x == 7) return;
+  o.data[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+__global__ void MismatchedCollectives(const Out o) {
+  if (threadIdx.x == 3) {
+    o.data[0] = __ballot_sync(0xffffffffu, 1);
+  } else {
+    o.data[1] = __shfl_xor_sync(0xffffffffu, 1, 1);
+  }
+}
+
+__global__ void DynamicShared(const Out o) {
+  DISC_DYNAMIC_SMEM(smem);
+  float* f = reinterpret_cast<float*>(smem);
+  const float before = f[threadIdx.x];
+  __syncthreads();
+  f[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  o.data[blockIdx.x * blockDim.x + threadIdx.x] =
+      (before != before ? 1000 : 0) + static_cast<int>(f[blockDim.x - 1 - threadIdx.x]);
+}
+
+// Sum of each block's elements: shared memory tree, then a warp's shuffles.
+__global__ void BlockSums(const Out o) {
+  __shared__ int partial[256];
+  const int t = threadIdx.x;
+  partial[t] = o.data[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (int s = blockDim.x / 2; s >= 32; s /= 2) {
+    if (t < s) partial[t] += partial[t + s];
+    __syncthreads();
+  }
+  if (t < 32) {
+    int v = partial[t];
+    for (int m = 16; m; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    if (t == 0) o.data[o.arg + blockIdx.x] = v;
+  }
+}
+
+template <typename Args>
+int Report(void (*kernel)(Args), unsigned grid, unsigned block, unsigned shared, Args args,
+           char* error, int error_size) {
+  void* params[] = {&args};
+  std::string why;
+  if (disc_emu::Launch(kernel, grid, block, shared, params, &why)) return 0;
+  std::snprintf(error, error_size, "%s", why.c_str());
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+int emu_shuffles(int* out, int width, char* e, int n) {
+  return Report(&Shuffles, 1, 64, 0, Out{out, width}, e, n);
+}
+int emu_votes(int* out, char* e, int n) { return Report(&Votes, 1, 64, 0, Out{out, 0}, e, n); }
+int emu_divergent_sync(int* out, char* e, int n) {
+  return Report(&DivergentSync, 1, 64, 0, Out{out, 0}, e, n);
+}
+int emu_exited_lane(int* out, char* e, int n) {
+  return Report(&ExitedLane, 1, 32, 0, Out{out, 0}, e, n);
+}
+int emu_mismatched(int* out, char* e, int n) {
+  return Report(&MismatchedCollectives, 1, 32, 0, Out{out, 0}, e, n);
+}
+int emu_dynamic_shared(int* out, unsigned grid, unsigned block, unsigned shared, char* e, int n) {
+  return Report(&DynamicShared, grid, block, shared, Out{out, 0}, e, n);
+}
+int emu_block_sums(int* data, int blocks, char* e, int n) {
+  return Report(&BlockSums, static_cast<unsigned>(blocks), 256, 0, Out{data, blocks * 256}, e, n);
+}
+
+// Row-major C[batch][m x n] = op(A) op(B), through the mapping the CUDA RAL uses.
+int emu_row_major_gemm(int dtype, long batch, long m, long n, long k, const void* a, long lda,
+                       long sa, int ta, const void* b, long ldb, long sb, int tb, void* c,
+                       long ldc, long sc) {
+  disc_cuda::CublasGemm call{};
+  if (disc_cuda::MapRowMajorGemm(dtype, batch, m, n, k, a, lda, sa, ta, b, ldb, sb, tb, c, ldc,
+                                 sc, &call) != nullptr) {
+    return -1;
+  }
+  static int handle;
+  return disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle, call);
+}
+
+}  // extern "C"

@@ -1,0 +1,136 @@
+"""The ``cuda-emu`` target: the CUDA backend's device code and host runner, built
+against the CPU emulation of a GPU, run by the CPU DiscCluster kernel. Each case
+is jitted for ``cuda-emu`` (strict: a refusal or a fallback fails), picks the
+kernel version its shape calls for (warp or block rows, thread or block per
+output), and matches TensorFlow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from tests.harness import tf_ops_left
+from tests.stage_helpers import dyn
+
+
+def layer_norm(x, g, b):
+    mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(var + 1e-5) * g + b
+
+
+CASES = {
+    "layer_norm": (layer_norm, dyn(2), dyn(1), dyn(1)),
+    "softmax": (lambda x: tf.nn.softmax(x), dyn(3)),
+    "bias_gelu": (lambda x, b: tf.nn.gelu(x + b, approximate=False), dyn(2), dyn(1)),
+    "matmul_bias": (lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b), dyn(2), dyn(2), dyn(1)),
+    "batched_matmul_t": (lambda x, y: tf.matmul(x, y, transpose_b=True) * 0.5, dyn(3), dyn(3)),
+    "broadcast": (lambda x, y: x * y + 1.0, dyn(3), dyn(3)),
+    "column_reduce": (lambda x: tf.reduce_max(x * 2.0, axis=0), dyn(2)),
+    "row_sum": (lambda x: tf.reduce_sum(x, axis=-1), dyn(2)),
+    "column_sum": (lambda x: tf.reduce_sum(x, axis=0), dyn(2)),
+    "row_prod": (lambda x: tf.reduce_prod(x, axis=-1), dyn(2)),
+    "layer_norm_f16": (layer_norm, dyn(3, tf.float16), dyn(1, tf.float16), dyn(1, tf.float16)),
+    "constants": (lambda x: x * tf.constant([1.0, 2.0, 3.0]) + tf.constant([0.5, 0.25, 0.125]),
+                  tf.TensorSpec([None, 3])),
+}
+_JITTED: dict[str, object] = {}
+
+
+def emulated(name: str):
+    """CASES[name] jitted for cuda-emu (once per session); asserts it compiled whole."""
+    if name not in _JITTED:
+        fn, *specs = CASES[name]
+        jitted = disc_tf.jit(tf.function(fn, input_signature=list(specs)), min_cluster_size=1,
+                             strict=True, target="cuda-emu")
+        assert jitted.report.compiled and not tf_ops_left(jitted), jitted.report
+        assert {c.target for c in jitted.report.compiled} == {"cuda-emu"}
+        _JITTED[name] = (fn, jitted)
+    return _JITTED[name]
+
+
+def check(name: str, *args, rtol: float = 1e-5, atol: float = 1e-6):
+    fn, jitted = emulated(name)
+    want = fn(*[tf.constant(a) for a in args]).numpy()
+    got = jitted(*args).numpy()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                               atol=atol)
+    return got
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# warp rows, block rows with the row cached in shared memory, block rows
+@pytest.mark.parametrize("shape", [(3, 5, 37), (2, 1, 3000), (1, 2, 13000), (0, 4, 5)])
+def test_softmax(shape):
+    check("softmax", rand(np.random.default_rng(1), *shape))
+
+
+@pytest.mark.parametrize("shapes", [((4, 50), (50,), (50,)), ((3, 1500), (1,), (1500,))])
+def test_layer_norm(shapes):
+    rng = np.random.default_rng(2)
+    check("layer_norm", *(rand(rng, *s) for s in shapes), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((3, 7), (7,)), ((3, 300), (300,)), ((2, 8), (8,))])
+def test_bias_gelu_vector_and_flat_versions(shapes):
+    rng = np.random.default_rng(3)
+    check("bias_gelu", *(rand(rng, *s) for s in shapes))
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (1, 3, 1)), ((2, 3, 4), (2, 3, 4)),
+                                    ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200))])
+def test_broadcast_versions(shapes):
+    rng = np.random.default_rng(4)
+    check("broadcast", *(rand(rng, *s) for s in shapes))
+
+
+@pytest.mark.parametrize("m,k,n", [(5, 7, 3), (1, 64, 33), (4, 0, 3)])
+def test_matmul_through_the_cublas_mapping(m, k, n):
+    rng = np.random.default_rng(5)
+    check("matmul_bias", rand(rng, m, k), rand(rng, k, n), rand(rng, n), rtol=1e-5, atol=1e-5)
+
+
+def test_batched_transposed_matmul():
+    rng = np.random.default_rng(10)
+    check("batched_matmul_t", rand(rng, 3, 5, 8), rand(rng, 3, 6, 8), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 3000), (600, 3)])  # thread per output, block per output
+def test_column_reduce_versions(shape):
+    check("column_reduce", rand(np.random.default_rng(6), *shape))
+
+
+# 1 + 2^-12: a thread's float running sum drops the 2^-12 of every element once it
+# passes 2^13, so 2^15 elements a thread (256 threads, block per row or per output)
+# lose most of them (relative error 2e-4); folded in blocks combined pairwise, every
+# partial sum is exact.
+LONG = 2**23
+
+
+@pytest.mark.parametrize("name,shape", [("row_sum", (1, LONG)), ("column_sum", (LONG, 2))])
+def test_long_sums_fold_pairwise(name, shape):
+    _, jitted = emulated(name)
+    x = np.full(shape, 1 + 2**-12, np.float32)
+    got = jitted(x).numpy()
+    np.testing.assert_array_equal(got, np.full(got.shape, LONG + LONG // 2**12, np.float32))
+
+
+def test_long_product_accumulates_in_double():
+    _, jitted = emulated("row_prod")
+    x = (1.0 + (np.random.default_rng(9).random((2, 2**20)) - 0.5) * 1e-5).astype(np.float32)
+    np.testing.assert_allclose(jitted(x).numpy(), np.prod(x.astype(np.float64), -1), rtol=1e-6)
+
+
+def test_f16_layer_norm_rounds_as_tf():
+    rng = np.random.default_rng(7)
+    args = [rand(rng, *s, dtype=np.float16) for s in [(2, 3, 40), (40,), (40,)]]
+    check("layer_norm_f16", *args, rtol=2e-3, atol=2e-3)
+
+
+def test_constant_tensors_are_device_globals():
+    check("constants", rand(np.random.default_rng(8), 6, 3))

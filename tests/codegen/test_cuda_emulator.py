@@ -1,0 +1,136 @@
+"""The CUDA emulator (``cc/cuda_emu``) keeps a GPU's semantics: warp collectives in
+lock step with CUDA's lane rules, barriers that catch divergence, the driver's launch
+checks, per-block shared memory, and a cuBLAS stand-in with cuBLAS's column-major
+conventions behind the same row-major mapping the CUDA RAL uses."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+
+from disc_tf.runtime import cuda_emu_build
+
+HERE = __import__("pathlib").Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory) -> ctypes.CDLL:
+    so = tmp_path_factory.mktemp("emu") / "selftest.so"
+    d = cuda_emu_build.header_dirs()
+    subprocess.run(["g++", *cuda_emu_build.FLAGS, "-shared", "-include", "cuda_emulator.h",
+                    f"-I{d['emu_include']}", f"-I{d['emu']}", f"-I{d['ral_cuda']}",
+                    f"-I{d['ral']}", f"-I{d['ral_src']}", str(HERE / "emu_selftest.cc"),
+                    "-o", str(so)], check=True)
+    lib = ctypes.CDLL(str(so))
+    i32, i64, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+    lib.emu_row_major_gemm.argtypes = [i32, i64, i64, i64, i64, ptr, i64, i64, i32, ptr, i64,
+                                       i64, i32, ptr, i64, i64]
+    return lib
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _err():
+    return ctypes.create_string_buffer(1024)
+
+
+@pytest.mark.parametrize("width", [32, 16, 8])
+def test_shuffles_follow_cuda_lane_rules(emu, width):
+    out, err = np.full((64, 4), -1, np.int32), _err()
+    assert emu.emu_shuffles(_ptr(out), width, err, 1024) == 0, err.value
+    for t in range(64):
+        w, lane = divmod(t, 32)
+        group = lane // width * width
+        xor = lane ^ 3 if (lane ^ 3) < group + width else lane
+        down = lane + 3 if lane % width + 3 < width else lane
+        up = lane - 3 if lane % width >= 3 else lane
+        idx = group + 5 % width
+        assert out[t].tolist() == [w * 32 + s for s in (xor, down, up, idx)], t
+
+
+def test_votes_and_independent_half_warp_collectives(emu):
+    out, err = np.full(128, -1, np.int32), _err()
+    assert emu.emu_votes(_ptr(out), err, 1024) == 0, err.value
+    for w in range(2):
+        ballot = sum(1 << lane for lane in range(32) if (w * 32 + lane) % 3 == 0)
+        assert out[3 * w] == np.int32(np.uint32(ballot).view(np.int32))
+        assert out[3 * w + 1] == (w == 1)  # thread 40 is in warp 1
+        assert out[3 * w + 2] == (w == 0)  # threads 48.. are in warp 1
+    assert out[64:].tolist() == [t // 32 * 32 + ((t % 32) ^ 8) for t in range(64)]
+
+
+@pytest.mark.parametrize("case,message", [
+    ("emu_divergent_sync", "__syncthreads"),
+    ("emu_exited_lane", "exited"),
+    ("emu_mismatched", "__ballot_sync"),
+])
+def test_divergence_is_an_error_not_a_hang(emu, case, message):
+    out, err = np.zeros(64, np.int32), _err()
+    assert getattr(emu, case)(_ptr(out), err, 1024) == 1
+    assert message in err.value.decode()
+
+
+@pytest.mark.parametrize("grid,block,shared,message", [
+    (0, 32, 0, "invalid launch configuration"), (1, 2048, 0, "invalid launch configuration"),
+    (1, 32, 64 * 1024, "dynamic shared memory")])
+def test_launch_limits_are_the_drivers(emu, grid, block, shared, message):
+    out, err = np.zeros(4096, np.int32), _err()
+    assert emu.emu_dynamic_shared(_ptr(out), grid, block, shared, err, 1024) == 1
+    assert message in err.value.decode()
+
+
+def test_dynamic_shared_memory_is_per_block_and_starts_as_nan(emu):
+    out, err = np.zeros(3 * 96, np.int32), _err()
+    assert emu.emu_dynamic_shared(_ptr(out), 3, 96, 96 * 4, err, 1024) == 0, err.value
+    assert out.tolist() == [1000 + 95 - t for _ in range(3) for t in range(96)]
+
+
+def test_block_reduction_through_shared_memory_and_shuffles(emu):
+    data = np.random.default_rng(0).integers(-100, 100, size=5 * 256 + 5).astype(np.int32)
+    want = data[:5 * 256].reshape(5, 256).sum(axis=1)
+    err = _err()
+    assert emu.emu_block_sums(_ptr(data), 5, err, 1024) == 0, err.value
+    assert data[5 * 256:].tolist() == want.tolist()
+
+
+DTYPES = {1: np.float32, 19: np.float16}
+
+
+@pytest.mark.parametrize("dtype", [1, 19])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_row_major_gemm_maps_onto_column_major_cublas(emu, dtype, ta, tb):
+    """Padded leading dims and batch strides: every index convention is exercised."""
+    rng = np.random.default_rng(ta * 2 + tb)
+    batch, m, n, k, pad = 3, 5, 4, 7, 2
+    a_rows, a_cols = (k, m) if ta else (m, k)
+    b_rows, b_cols = (n, k) if tb else (k, n)
+    nt = DTYPES[dtype]
+    a = rng.standard_normal((batch, a_rows, a_cols + pad)).astype(nt)
+    b = rng.standard_normal((batch, b_rows, b_cols + pad)).astype(nt)
+    c = np.full((batch, m, n + pad), 7, nt)
+    rc = emu.emu_row_major_gemm(
+        dtype, batch, m, n, k, _ptr(a), a_cols + pad, a_rows * (a_cols + pad), ta,
+        _ptr(b), b_cols + pad, b_rows * (b_cols + pad), tb, _ptr(c), n + pad, m * (n + pad))
+    assert rc == 0
+    opa = a[..., :a_cols].astype(np.float32)
+    opb = b[..., :b_cols].astype(np.float32)
+    want = (opa.transpose(0, 2, 1) if ta else opa) @ (opb.transpose(0, 2, 1) if tb else opb)
+    tol = 1e-5 if dtype == 1 else 3e-3
+    np.testing.assert_allclose(c[..., :n].astype(np.float32), want, rtol=tol, atol=tol)
+    assert (c[..., n:] == 7).all()  # padding columns untouched
+
+
+def test_cublas_stand_in_rejects_what_cublas_rejects(emu):
+    a = np.zeros((4, 4), np.float32)
+    # lda smaller than a row: cuBLAS's CUBLAS_STATUS_INVALID_VALUE (7), via the mapping
+    assert emu.emu_row_major_gemm(1, 1, 4, 4, 4, _ptr(a), 4, 0, 0, _ptr(a), 4, 0, 0,
+                                  _ptr(a), 4, 0) == 0
+    assert emu.emu_row_major_gemm(1, 1, 4, 4, 4, _ptr(a), 2, 0, 0, _ptr(a), 4, 0, 0,
+                                  _ptr(a), 4, 0) == 7
+    assert emu.emu_row_major_gemm(3, 1, 4, 4, 4, _ptr(a), 4, 0, 0, _ptr(a), 4, 0, 0,
+                                  _ptr(a), 4, 0) == -1  # int32: no GEMM dtype
