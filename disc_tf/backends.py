@@ -42,12 +42,16 @@ class Backend:
     emit_loop: Callable | None = None
 
 
+#: Fusions the CUDA backend emits beyond plain loop, stitch, reduce, index and library
+#: kernels: concatenations read in place by their consumers' loop kernel.
+CUDA_PLAN = dataclasses.replace(PlanOptions.none(), concat_maps=True)
+
 BACKENDS = {
-    # the CPU backend has an emitter for every fusion; the CUDA one for none yet
+    # the CPU backend has an emitter for every fusion
     "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build, emit_loop),
-    "cuda": Backend("cuda", PlanOptions.none(), emit_cuda, cuda_compiler.build),
+    "cuda": Backend("cuda", CUDA_PLAN, emit_cuda, cuda_compiler.build),
     # the CUDA backend's sources built against the CPU emulation of the GPU (tests)
-    "cuda-emu": Backend("cuda-emu", PlanOptions.none(), emit_cuda, cuda_emu_build.build),
+    "cuda-emu": Backend("cuda-emu", CUDA_PLAN, emit_cuda, cuda_emu_build.build),
 }
 
 

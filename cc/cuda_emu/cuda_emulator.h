@@ -507,20 +507,24 @@ using __half = _Float16;
 inline float __half2float(__half h) { return static_cast<float>(h); }
 inline __half __float2half_rn(float f) { return static_cast<__half>(f); }
 
+// bf16 as CUDA's: conversions from and to float round to nearest even.
 struct __nv_bfloat16 {
   uint16_t bits;
+  __nv_bfloat16() = default;
+  __nv_bfloat16(float f) {  // NOLINT: implicit, as cuda_bf16.h's
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = std::isnan(f) ? static_cast<uint16_t>((u >> 16) | 0x40)
+                         : static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  operator float() const {  // NOLINT
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
 };
-inline float __bfloat162float(__nv_bfloat16 h) {
-  const uint32_t u = static_cast<uint32_t>(h.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return {static_cast<uint16_t>((u >> 16) | 0x40)};
-  return {static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16)};
-}
+inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
 
 #endif  // DISC_CUDA_EMULATOR_H_

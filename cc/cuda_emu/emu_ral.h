@@ -19,6 +19,7 @@
 #include "cublas_emu.h"
 #include "cublas_gemm.h"
 #include "disc_ral_cuda.h"
+#include "ral_forward.h"
 
 // From the device translation unit: runs function `function` of the artifact
 // (kFunctions order); 0, or non-zero with the reason in error[0..error_size).
@@ -30,35 +31,14 @@ extern "C" void* disc_emu_global(const char* name);
 
 namespace disc_emu_host {
 
-// One call: the table handed to the host runner, and the CPU host's table its
-// base services forward to.
-struct Call {
-  disc_ral_cuda cu;  // first: the runner's disc_ral* / disc_ral_cuda* point here
-  disc_ral* host;
-};
-static_assert(offsetof(Call, cu) == 0 && offsetof(disc_ral_cuda, base) == 0,
-              "a disc_ral* of the runner is the Call");
+using disc_cuda::ForwardingRal;
 
-inline disc_ral* Host(disc_ral* r) { return reinterpret_cast<Call*>(r)->host; }
-inline disc_ral* Host(disc_ral_cuda* r) { return reinterpret_cast<Call*>(r)->host; }
+inline disc_ral* Host(disc_ral_cuda* r) { return reinterpret_cast<ForwardingRal*>(r)->host; }
 
 inline int32_t Fail(disc_ral_cuda* r, int32_t code, const std::string& message) {
   disc_ral* h = Host(r);
   h->set_error(h, code, message.c_str());
   return 1;
-}
-
-inline int32_t InputRank(disc_ral* r, int32_t i) { return Host(r)->input_rank(Host(r), i); }
-inline const int64_t* InputDims(disc_ral* r, int32_t i) { return Host(r)->input_dims(Host(r), i); }
-inline int32_t InputDtype(disc_ral* r, int32_t i) { return Host(r)->input_dtype(Host(r), i); }
-inline const void* InputData(disc_ral* r, int32_t i) { return Host(r)->input_data(Host(r), i); }
-inline void* AllocOutput(disc_ral* r, int32_t i, int32_t rank, const int64_t* dims) {
-  return Host(r)->alloc_output(Host(r), i, rank, dims);
-}
-inline void* AllocTemp(disc_ral* r, int64_t bytes) { return Host(r)->alloc_temp(Host(r), bytes); }
-inline void FreeTemp(disc_ral* r, void* p) { Host(r)->free_temp(Host(r), p); }
-inline void SetError(disc_ral* r, int32_t code, const char* message) {
-  Host(r)->set_error(Host(r), code, message);
 }
 
 inline int32_t Launch(disc_ral_cuda* r, int32_t function, uint32_t grid, uint32_t block,
@@ -105,22 +85,8 @@ inline int32_t MemsetZero(disc_ral_cuda*, void* ptr, int64_t bytes) {
 
 extern "C" int32_t disc_entry(disc_ral* host) {
   using namespace disc_emu_host;
-  Call call;
-  std::memset(&call, 0, sizeof(call));
-  call.host = host;
-  disc_ral& base = call.cu.base;
-  base.abi_version = DISC_RAL_ABI_VERSION;
-  base.num_inputs = host->num_inputs;
-  base.num_outputs = host->num_outputs;
-  base.input_rank = InputRank;
-  base.input_dims = InputDims;
-  base.input_dtype = InputDtype;
-  base.input_data = InputData;
-  base.alloc_output = AllocOutput;
-  base.alloc_temp = AllocTemp;
-  base.free_temp = FreeTemp;
-  base.set_error = SetError;
-  call.cu.cuda_abi_version = DISC_RAL_CUDA_ABI_VERSION;
+  ForwardingRal call;
+  disc_cuda::InitForwarding(&call, host);
   call.cu.launch = Launch;
   call.cu.device_global = DeviceGlobal;
   call.cu.gemm_batched = GemmBatched;

@@ -210,10 +210,13 @@ absl::Status OpenAndResolve(const std::string& path, LoadedArtifact* art) {
       reinterpret_cast<int32_t (*)(disc_ral*)>(::dlsym(handle, "disc_entry"));
   art->peak_temp_bytes =
       reinterpret_cast<int64_t (*)(void)>(::dlsym(handle, "disc_peak_temp_bytes"));
+  art->cuda_entry = ::dlsym(handle, "disc_cuda_entry");
   std::string missing;
   if (art->abi_version == nullptr) missing += " disc_abi_version";
   if (art->num_kernels == nullptr) missing += " disc_num_kernels";
-  if (art->entry == nullptr) missing += " disc_entry";
+  if (art->entry == nullptr && art->cuda_entry == nullptr) {
+    missing += " disc_entry (or disc_cuda_entry)";
+  }
   if (!missing.empty()) {
     return absl::InternalError(
         absl::StrCat("artifact does not export:", missing));
@@ -349,8 +352,11 @@ absl::Status CheckElfBounds(absl::string_view bytes) {
     }
   }
   std::string missing;
-  for (const char* name : {"disc_abi_version", "disc_num_kernels", "disc_entry"}) {
+  for (const char* name : {"disc_abi_version", "disc_num_kernels"}) {
     if (!exported.count(name)) absl::StrAppend(&missing, " ", name);
+  }
+  if (!exported.count("disc_entry") && !exported.count("disc_cuda_entry")) {
+    absl::StrAppend(&missing, " disc_entry (or disc_cuda_entry)");
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("artifact does not export:", missing));

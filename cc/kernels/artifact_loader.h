@@ -1,7 +1,7 @@
 // artifact_loader.h -- process-wide registry of loaded cluster artifacts.
 //
-// An artifact is a shared object (see cc/ral/disc_ral.h) carried as bytes in
-// a DiscCluster node. It is verified against its SHA-256, loaded once per
+// An artifact is a shared object (see cc/ral/disc_ral.h; a CUDA one:
+// cc/ral/disc_ral_cuda.h) carried as bytes in a DiscCluster node. It is verified against its SHA-256, loaded once per
 // process (from an in-memory file when possible, so no writable cache is
 // needed) and never unloaded.
 #ifndef DISC_TF_CC_KERNELS_ARTIFACT_LOADER_H_
@@ -24,7 +24,9 @@ struct LoadedArtifact {
   void* handle = nullptr;
   int32_t (*abi_version)(void) = nullptr;
   int32_t (*num_kernels)(void) = nullptr;
-  int32_t (*entry)(disc_ral*) = nullptr;
+  int32_t (*entry)(disc_ral*) = nullptr;  // null for a CUDA artifact
+  // A CUDA artifact's entry (disc_ral_cuda.h: disc_cuda_entry); null for a CPU one.
+  void* cuda_entry = nullptr;
   // Optional: temporary bytes the calling thread's last call held at its peak.
   int64_t (*peak_temp_bytes)(void) = nullptr;
 };

@@ -16,6 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/artifact_loader.h"
 #include "cc/kernels/pending_artifacts.h"
+#ifdef DISC_TF_GPU
+#include "cc/kernels/gpu_runner.h"
+#endif
 #include "cc/kernels/stats.h"
 #include "cc/ral/disc_ral_tf.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
@@ -128,6 +131,7 @@ class DiscClusterOp : public AsyncOpKernel {
     std::vector<int32_t> constant_inputs;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("constant_inputs", &constant_inputs));
     if (cluster_name_.empty()) cluster_name_ = name();
+    on_gpu_ = ctx->device_type() == tensorflow::DeviceType(tensorflow::DEVICE_GPU);
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
     OP_REQUIRES(ctx,
                 static_cast<int>(output_shapes_.size()) == num_outputs(),
@@ -159,6 +163,12 @@ class DiscClusterOp : public AsyncOpKernel {
     if (!s.ok()) {
       WarnOnce(cluster_name_, sha256_, std::string(s.message()));
       fallback_reason_ = absl::StrCat("its artifact did not load: ", s.message());
+      return;
+    }
+    const std::string refused = Refusal(loaded);
+    if (!refused.empty()) {
+      WarnOnce(cluster_name_, sha256_, refused);
+      fallback_reason_ = refused;
       return;
     }
     artifact_.store(loaded, std::memory_order_release);
@@ -241,6 +251,11 @@ class DiscClusterOp : public AsyncOpKernel {
     const LoadedArtifact* found = nullptr;
     switch (LookupPending(pending_key_, &found)) {
       case PendingState::kReady:
+        if (!Refusal(found).empty()) {  // compiled for the other device kind
+          WarnOnce(cluster_name_, found->sha256, Refusal(found));
+          pending_failed_.store(true, std::memory_order_relaxed);
+          return nullptr;
+        }
         artifact_.store(found, std::memory_order_release);
         return found;
       case PendingState::kFailed:
@@ -251,18 +266,47 @@ class DiscClusterOp : public AsyncOpKernel {
     }
   }
 
+  // Why this kernel cannot run `loaded` (empty if it can): an artifact of the
+  // other device kind, or on the GPU a cluster with int32 inputs or outputs
+  // (TF keeps int32 tensors of GPU kernels in host memory).
+  std::string Refusal(const LoadedArtifact* loaded) const {
+    if (!on_gpu_) {
+      return loaded->entry != nullptr ? "" : "a CUDA artifact given to the CPU kernel";
+    }
+#ifdef DISC_TF_GPU
+    if (loaded->cuda_entry == nullptr) return "a CPU artifact given to the GPU kernel";
+    for (int i = 0; i < num_inputs(); ++i) {
+      if (input_type(i) == tensorflow::DT_INT32) {
+        return "int32 inputs of a GPU kernel are in host memory (not supported yet)";
+      }
+    }
+    for (int i = 0; i < num_outputs(); ++i) {
+      if (output_type(i) == tensorflow::DT_INT32) {
+        return "int32 outputs of a GPU kernel are in host memory (not supported yet)";
+      }
+    }
+    return "";
+#else
+    return "this op library was built without the GPU kernel";
+#endif
+  }
+
   void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact,
                    std::vector<Tensor> inputs) {
     absl::Status s;
     {
       TfRal ral(ctx, std::move(inputs), cluster_name_);
-      if (!constant_inputs_.empty()) {
+      if (!constant_inputs_.empty() && !on_gpu_) {
         ral.packed_weights = &packed_weights_;
         ral.constant_inputs = &constant_inputs_;
       }
       int32_t rc = 0;
       try {
+#ifdef DISC_TF_GPU
+        rc = on_gpu_ ? RunCudaArtifact(ctx, *artifact, &ral) : artifact->entry(ral.ral());
+#else
         rc = artifact->entry(ral.ral());
+#endif
       } catch (const std::exception& e) {
         ral.SetError(DISC_INTERNAL,
                      absl::StrCat("artifact threw an exception: ", e.what()));
@@ -395,6 +439,7 @@ class DiscClusterOp : public AsyncOpKernel {
   PackedWeights packed_weights_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
+  bool on_gpu_ = false;  // the GPU kernel: runs CUDA artifacts on TF's stream
 
   std::mutex mu_;
   std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;
@@ -406,4 +451,10 @@ class DiscClusterOp : public AsyncOpKernel {
 namespace tensorflow {
 REGISTER_KERNEL_BUILDER(Name("DiscCluster").Device(DEVICE_CPU),
                         ::disc_tf::DiscClusterOp);
+#ifdef DISC_TF_GPU
+// Built where CUDA headers exist (the driver and cuBLAS are loaded with dlopen at
+// run time, so the library links and loads without them).
+REGISTER_KERNEL_BUILDER(Name("DiscCluster").Device(DEVICE_GPU),
+                        ::disc_tf::DiscClusterOp);
+#endif
 }  // namespace tensorflow

@@ -27,6 +27,9 @@ struct Driver {
                             unsigned, unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
   std::string error;  // why loading failed; empty when usable
 };
 
@@ -53,6 +56,9 @@ const Driver& GetDriver() {
     Resolve(lib, "cuLaunchKernel", &d->launch_kernel, &missing);
     Resolve(lib, "cuMemsetD8Async", &d->memset_d8_async, &missing);
     Resolve(lib, "cuGetErrorString", &d->get_error_string, &missing);
+    Resolve(lib, "cuStreamGetCtx", &d->stream_get_ctx, &missing);
+    Resolve(lib, "cuCtxPushCurrent_v2", &d->ctx_push, &missing);
+    Resolve(lib, "cuCtxPopCurrent_v2", &d->ctx_pop, &missing);
     if (!missing.empty()) d->error = "libcuda.so.1 lacks:" + missing;
     return d;
   }();
@@ -261,14 +267,29 @@ int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream) {
   ral->device_global = DeviceGlobal;
   ral->gemm_batched = GemmBatched;
   ral->memset_zero = MemsetZero;
+  // The stream's context is made current for the call (the embedder's thread
+  // need not have it current), and the caller's is restored after.
+  const Driver& d = GetDriver();
+  if (!d.error.empty()) {
+    ral->base.set_error(&ral->base, DISC_INTERNAL, d.error.c_str());
+    return 1;
+  }
+  CUcontext ctx = nullptr;
+  CUresult r = d.stream_get_ctx(static_cast<CUstream>(stream), &ctx);
+  if (r != CUDA_SUCCESS || ctx == nullptr || d.ctx_push(ctx) != CUDA_SUCCESS) {
+    ral->base.set_error(&ral->base, DISC_INTERNAL,
+                        ("cannot make the stream's CUDA context current: " + DriverError(r)).c_str());
+    return 1;
+  }
   {
     // Modules are loaded under the lock; launches only read a loaded
     // module's function handles, which never change afterwards.
     std::lock_guard<std::mutex> lock(mu_);
     state.module = ModuleForCurrentContext(&ral->base);
   }
-  if (state.module == nullptr) return 1;
-  const int32_t rc = entry_(ral);
+  const int32_t rc = state.module == nullptr ? 1 : entry_(ral);
+  CUcontext popped = nullptr;
+  d.ctx_pop(&popped);
   ral->impl = nullptr;
   return rc;
 }

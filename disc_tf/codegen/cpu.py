@@ -212,7 +212,7 @@ def host_checks(plan: FusionPlan, lines: list[str]) -> None:
     _define_exprs(plan, list(range(len(plan.symbols))), defined, lines)
 
 
-def _size_checks(plans: list[FusionPlan], lines: list[str]) -> None:
+def size_checks(plans: list[FusionPlan], lines: list[str]) -> None:
     """Every allocated buffer's byte size must fit in int64: dims that broadcasting
     or host arithmetic computes could otherwise overflow into a too-small buffer."""
     seen: set[str] = set()
@@ -402,7 +402,7 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
     out.append("  // ---- shape computation and checks")
     host_checks(plan, out)
     plans = [plan] + ([plan.speculative] if plan.speculative else [])
-    _size_checks(plans, out)
+    size_checks(plans, out)
     out.append("  // ---- buffers")
     for b, owner in {b.name: (b, q) for q in plans for b in q.buffers.values()}.values():
         st = STORAGE[b.elem]

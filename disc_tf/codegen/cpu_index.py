@@ -56,6 +56,12 @@ class IndexKernelEmitter(KernelEmitter):
         lines.append("};")
         return "\n".join(lines)
 
+    @staticmethod
+    def record_bad_index(idx: str) -> str:
+        """The statement noting out-of-range gather index ``idx`` (the host runner turns
+        it into TF's InvalidArgument after the launch)."""
+        return f"__atomic_store_n(a.bad, {idx}, __ATOMIC_RELAXED);"
+
     def _operand(self, n: int) -> str:
         kind, ref = self.op.operands[n]
         if kind == "in":
@@ -117,7 +123,7 @@ class IndexKernelEmitter(KernelEmitter):
                 f"int64_t idx = (int64_t)a.in1[{self._offset(1, icoord)}];",
                 f"{ct} v = ({ct})0;",
                 f"if (idx < 0 || idx >= a.in0_dims[{axis}]) {{",
-                "  __atomic_store_n(a.bad, idx, __ATOMIC_RELAXED);",
+                f"  {self.record_bad_index('idx')}",
                 "} else {",
                 f"  v = ({ct})a.in0[{self._offset(0, pcoord)}];",
                 "}",
@@ -148,7 +154,7 @@ class IndexKernelEmitter(KernelEmitter):
             for k in range(depth):
                 lines.append(f"{{ const int64_t idx = (int64_t)a.in1[ibase + {k} * a.in1_strides[{q}]];")
                 lines.append(f"  if (idx < 0 || idx >= a.in0_dims[{k}]) {{ ok = false; "
-                             "__atomic_store_n(a.bad, idx, __ATOMIC_RELAXED); }")
+                             f"{self.record_bad_index('idx')} }}")
                 lines.append(f"  off += idx * a.in0_strides[{k}]; }}")
             for j in range(rp - depth):
                 lines.append(f"off += c[{q + j}] * a.in0_strides[{depth + j}];")
@@ -389,12 +395,10 @@ class IndexKernelEmitter(KernelEmitter):
         lines += ["    }", "  }", "}"]
         return "\n\n".join([header, self.struct(), "\n".join(lines)])
 
-    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
-        plan, k, r = self.plan, self.k, self.rank
-        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};",
-                 "    int64_t bad = INT64_MIN;", "    k.bad = &bad;"]
-        for d, s in enumerate(k.dims):
-            lines.append(f"    k.dims[{d}] = {sym(s, plan)};")
+    def fill_args(self, buffer_ptr: dict[str, str]) -> list[str]:
+        """Host lines setting the fields of ``k`` (the argument struct) but ``bad``."""
+        plan, k = self.plan, self.k
+        lines = [f"    k.dims[{d}] = {sym(s, plan)};" for d, s in enumerate(k.dims)]
         for i, acc in enumerate(k.inputs):
             b = self.buf(acc)
             lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
@@ -410,6 +414,12 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append(f"    k.p[{j}] = {sym(s, plan)};")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        return lines
+
+    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+        plan, k, r = self.plan, self.k, self.rank
+        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};",
+                 "    int64_t bad = INT64_MIN;", "    k.bad = &bad;", *self.fill_args(buffer_ptr)]
         rows = product(k.dims[:-1], plan) if r else "1"
         inner = sym(k.dims[-1], plan) if r else "1"
         if self.op.op == "scan":

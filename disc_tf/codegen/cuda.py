@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from disc_tf.codegen.cpu import host_checks, signature_checks
+from disc_tf.codegen.cpu import host_checks, signature_checks, size_checks
 from disc_tf.codegen.cpu_ops import PRELUDE
-from disc_tf.codegen.cpu_text import comment, product, sym
+from disc_tf.codegen.cpu_text import comment, host_expr, product, sym
+from disc_tf.codegen.cuda_index import CudaIndexEmitter
 from disc_tf.codegen.cuda_kernels import CudaKernelEmitter
 from disc_tf.codegen.cuda_ops import (
     DEVICE_PRELUDE,
@@ -32,7 +33,7 @@ from disc_tf.sources import Sources
 #: Bumped whenever generated code changes meaning; part of the cache key.
 CODEGEN_VERSION = "cuda-1"
 #: Buffer roles the host runner can place in device memory.
-BUFFER_ROLES = ("input", "output", "temp", "const", "alias")
+BUFFER_ROLES = ("input", "output", "temp", "const", "alias", "host")
 #: The line between the device source and the host source in ``emit_cuda``'s text.
 
 
@@ -55,6 +56,40 @@ def _device_const(b: Buffer) -> str:
     return f"__device__ const {STORAGE[b.elem]} {b.name}_data[{n}] = {{{values}}};"
 
 
+def _host_fill_struct(b: Buffer) -> str:
+    n = max(1, len(b.host_elements))
+    return "\n".join([f"struct {b.name.capitalize()}Fill {{  // {b.name}: computed from dims",
+                      f"  DISC_OUT({STORAGE[b.elem]}) out;", f"  {STORAGE[b.elem]} v[{n}];", "};"])
+
+
+def _host_fill_device(b: Buffer) -> str:
+    """A kernel writing a host-computed array (its values travel in the launch's
+    parameters, stream-ordered: no copy service, no wait) into device memory."""
+    if b.elem in ("f16", "bf16"):
+        raise CudaCodegenError(f"CUDA codegen: host-computed buffer {b.name} of {b.elem}")
+    return "\n".join([
+        _host_fill_struct(b),
+        f'extern "C" __global__ void __launch_bounds__(32) {b.name}_fill(const '
+        f"{b.name.capitalize()}Fill a) {{",
+        f"  for (int i = threadIdx.x; i < {len(b.host_elements)}; i += blockDim.x) "
+        "a.out[i] = a.v[i];",
+        "}"])
+
+
+def _host_fill_launch(b: Buffer, owner: FusionPlan, functions: list[str]) -> list[str]:
+    n = len(b.host_elements)
+    lines = [f"  void* {b.name} = ral->alloc_temp(ral, {max(1, n) * ITEMSIZE[b.elem]});",
+             f"  if (!{b.name}) return 1;",
+             f"  {{  // {b.name}: {n} value(s) computed from dims",
+             f"    {b.name.capitalize()}Fill k{{}};", f"    k.out = {b.name};"]
+    lines += [f"    k.v[{i}] = ({STORAGE[b.elem]})({host_expr(h, owner)});"
+              for i, h in enumerate(b.host_elements)]
+    lines += ["    void* params[] = {&k};",
+              f"    if (cu->launch(cu, {functions.index(b.name + '_fill')} /* {b.name}_fill */, 1, "
+              "32, 0, params)) return 1;", "  }"]
+    return lines
+
+
 def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> list[str]:
     """Temp allocation, kernel launches and (stream-ordered) frees of one plan."""
     out: list[str] = []
@@ -73,19 +108,26 @@ def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> lis
                            "proven size, last read by this kernel")
             elif b.role == "temp":
                 nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
-                out.append(f"  void* {b.name} = ral->alloc_temp(ral, {nbytes});")
-                out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
+                out.append(f"  const int64_t {b.name}_bytes = {nbytes};")
+                out.append(f"  void* {b.name} = ral->alloc_temp(ral, {b.name}_bytes);")
+                out.append(f"  if (!{b.name} && {b.name}_bytes != 0) return 1;")
+                out.append(f"  temp_bytes += {b.name}_bytes;")
+                out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
         out.extend(e.launch(ptr))
         for bname, last in last_use.items():
             if last == n and plan.buffers[bname].role == "temp":
                 out.append(f"  ral->free_temp(ral, {bname});")
+                out.append(f"  temp_bytes -= {bname}_bytes;")
+    out.append("  disc_last_peak_temp_bytes = peak_temp_bytes;")
     return out
 
 
-def _buffers(plans: list[FusionPlan], out: list[str]) -> None:
+def _buffers(plans: list[FusionPlan], out: list[str], functions: list[str]) -> None:
     plan = plans[0]
-    for b in {b.name: b for p in plans for b in p.buffers.values()}.values():
-        if b.role == "input":
+    for b, owner in {b.name: (b, p) for p in plans for b in p.buffers.values()}.values():
+        if b.role == "host":
+            out.extend(_host_fill_launch(b, owner, functions))
+        elif b.role == "input":
             out.append(f"  const void* {b.name} = ral->input_data(ral, {b.index});")
         elif b.role == "const":
             out.append(f'  const void* {b.name} = cu->device_global(cu, "{b.name}_data");')
@@ -111,12 +153,16 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
                 raise CudaCodegenError(f"CUDA codegen: buffer {b.name} has role {b.role!r}; "
                                        f"supported: {', '.join(BUFFER_ROLES)}")
     functions: list[str] = []
-    emitters = [[CudaKernelEmitter(k, p, functions) for k in p.kernels] for p in plans]
+    hosts = list({b.name: b for p in plans for b in p.buffers.values() if b.role == "host"}.values())
+    functions += [f"{b.name}_fill" for b in hosts]
+    emitters = [[(CudaIndexEmitter if k.kind == "index" else CudaKernelEmitter)(k, p, functions)
+                 for k in p.kernels] for p in plans]
     title = (f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster "
              f"'{comment(plan.cluster_name)}'.")
     device = [title, "// Device code: nvcc -fatbin for sm_80 and sm_90.", DEVICE_PRELUDE]
     for p in plans:
         device.extend(_device_const(b) for b in p.buffers.values() if b.role == "const")
+    device.extend(_host_fill_device(b) for b in hosts)
     device.append("")
     kernel_texts = tuple(e.device_source() for group in emitters for e in group)
     for text in kernel_texts:
@@ -133,6 +179,7 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         "namespace {",
         PRELUDE,
         HOST_PRELUDE,
+        *(_host_fill_struct(b) for b in hosts),
     ]
     for e in (e for group in emitters for e in group):
         if e.k.kind != "library":
@@ -141,6 +188,9 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
     names = ", ".join(f'"{f}"' for f in functions) or "nullptr"
     host += [
         f"static const char* const kFunctions[] = {{{names}}};",
+        "// Peak bytes of device temporaries in this thread's last call (tests, bench).",
+        "static thread_local int64_t disc_last_peak_temp_bytes = 0;",
+        'extern "C" int64_t disc_peak_temp_bytes(void) { return disc_last_peak_temp_bytes; }',
         'extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }',
         'extern "C" int32_t disc_cuda_abi_version(void) { return DISC_RAL_CUDA_ABI_VERSION; }',
         f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}',
@@ -159,8 +209,10 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
     signature_checks(plan, input_names, body)
     body.append("  // ---- shape computation and checks")
     host_checks(plan, body)
+    size_checks(plans, body)
     body.append("  // ---- buffers (device memory)")
-    _buffers(plans, body)
+    body.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;  // device temporaries held")
+    _buffers(plans, body, functions)
     if plan.speculative is None:
         body.extend(_launch_sequence(plan, emitters[0]))
     else:

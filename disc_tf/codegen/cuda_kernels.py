@@ -67,8 +67,9 @@ class CudaKernelEmitter(CudaReductionEmitter):
             raise CudaCodegenError(
                 f"CUDA codegen: kernel {kernel.name} has kind {kernel.kind!r}; supported: "
                 f"{', '.join(KINDS)}")
-        if any(a.window is not None for a in kernel.inputs):
-            raise CudaCodegenError(f"CUDA codegen: kernel {kernel.name} reads a slice in place")
+        if kernel.kind != "loop" and any(a.part_of is not None for a in kernel.inputs):
+            raise CudaCodegenError(f"CUDA codegen: {kernel.kind} kernel {kernel.name} reads a "
+                                   "concatenation in place")
         self.k = kernel
         self.plan = plan
         self.rank = len(kernel.dims)
@@ -82,6 +83,13 @@ class CudaKernelEmitter(CudaReductionEmitter):
             raise CudaCodegenError(f"CUDA codegen: stitch kernel {kernel.name} has rank 0")
 
     # ---- shared pieces -------------------------------------------------
+
+    @property
+    def strided_versions(self) -> bool:
+        """True if a loop kernel has versions reading inputs through strides (some
+        input may be broadcast, is transposed or is a slice read in place)."""
+        return bool(self.rank) and (self.k.needs_broadcast_version or any(
+            a.window is not None or a.part_of is not None for a in self.k.inputs))
 
     def buf(self, access: Access) -> Buffer:
         """The buffer an access reads."""
@@ -142,8 +150,15 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines.append(f"  void* out{j};  // {self.out_elem(j)}: {bname} ({value})")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"  double h{i};  // {h}, computed by the host")
+        for n, op in self.concats():
+            lines.append(f"  int64_t cat{n}[{len(op.operands)}];  // {comment(op.tf_node)}: "
+                         f"where each part ends along dim {op.attrs['axis']}")
         lines.append("};")
         return "\n".join(lines)
+
+    def concats(self) -> list[tuple[int, KernelOp]]:
+        """The kernel's concatenations read in place: (op position, op)."""
+        return [(n, op) for n, op in enumerate(self.k.ops) if op.op == "concatenate"]
 
     def pointers(self, indent: str = "  ") -> list[str]:
         """Typed input (r*) and output (w*) pointers from the argument struct."""
@@ -166,7 +181,13 @@ class CudaKernelEmitter(CudaReductionEmitter):
         names: dict[str, str] = {}
         body = []
         for n, op in enumerate(self.k.ops):
-            body.append(self.op_line(op, f"v{n}", names, "in", "  "))
+            if op.op == "concatenate":  # the caller loads the part holding the element there
+                kind, ref = op.operands[0]
+                first = self.ref(kind, ref, op.elem, names, "in")
+                body.append(f"  const {COMPUTE[op.elem]} v{n} = {first};  "
+                            f"// {comment(op.tf_node)}: concatenate")
+            else:
+                body.append(self.op_line(op, f"v{n}", names, "in", "  "))
             names[op.value] = f"v{n}"
         body += [f"  out{j} = {names[v]};" for j, (v, _) in enumerate(self.k.outputs)]
         return "\n".join([f"DISC_DEV void {self.k.name}_compute({', '.join(params)}) {{", *body, "}"])
@@ -219,9 +240,62 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines += ["  }", "}"]
         return "\n".join(lines)
 
+    def _concat_strided(self, name: str) -> str:
+        """The strided version of a kernel reading concatenations in place: each element
+        finds the part holding it and loads that part (at its index shifted by the parts
+        before it) into the slot of the concatenation's first operand."""
+        r, k = self.rank, self.k
+        part_of: dict[int, tuple[int, int]] = {}  # input -> (concat position, part index)
+        for n, op in self.concats():
+            for q, (_, ref) in enumerate(op.operands):
+                part_of[ref] = (n, q)
+        lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(const {self.args} a) {{']
+        lines += self.pointers()
+        lines.append(self._grid_stride("a.n"))
+        lines.append(f"    int64_t c[{r}];")
+        lines.append("    int64_t rem = i;")
+        lines.append(f"    for (int d = {r - 1}; d >= 0; --d) {{")
+        lines.append("      c[d] = rem % a.dims[d];")
+        lines.append("      rem /= a.dims[d];")
+        lines.append("    }")
+        for n, op in self.concats():
+            ax, parts = op.attrs["axis"], len(op.operands)
+            lines.append(f"    int p{n} = 0;  // {comment(op.tf_node)}: the part holding c[{ax}]")
+            lines.append(f"    while (p{n} < {parts - 1} && c[{ax}] >= a.cat{n}[p{n}]) ++p{n};")
+            lines.append(f"    const int64_t s{n} = p{n} ? a.cat{n}[p{n} - 1] : 0;")
+        for i in range(len(k.inputs)):
+            terms = []
+            for d in range(r):
+                coord = f"c[{d}]"
+                if i in part_of:
+                    n, _ = part_of[i]
+                    if d == self.k.ops[n].attrs["axis"]:
+                        coord = f"(c[{d}] - s{n})"
+                terms.append(f"{coord} * a.in{i}_strides[{d}]")
+            lines.append(f"    const int64_t off{i} = {' + '.join(terms)};")
+        loads = []
+        for i, acc in enumerate(k.inputs):
+            elem = self.buf(acc).elem
+            if i not in part_of:
+                loads.append(load(f"r{i}[off{i}]", elem))
+            elif part_of[i][1] == 0:  # the first part's slot: whichever part holds it
+                n, _ = part_of[i]
+                refs = [ref for _, ref in k.ops[n].operands]
+                expr = load(f"r{refs[-1]}[off{refs[-1]}]", elem)
+                for q in range(len(refs) - 2, -1, -1):
+                    expr = f"(p{n} == {q} ? {load(f'r{refs[q]}[off{refs[q]}]', elem)} : {expr})"
+                loads.append(expr)
+            else:
+                loads.append(f"({COMPUTE[elem]})0")  # read through the first part's slot
+        lines += self._apply(loads, [f"w{j}[i] = {{}}" for j in range(len(k.outputs))], "    ")
+        lines += ["  }", "}"]
+        return "\n".join(lines)
+
     def strided(self) -> str:
         """Every input read through per-dim strides (0 = broadcast along that dim)."""
         name = self.function("bcast")
+        if self.concats():
+            return self._concat_strided(name)
         n_in = len(self.k.inputs)
         lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(const {self.args} a) {{']
         lines += self.pointers()
@@ -286,8 +360,10 @@ class CudaKernelEmitter(CudaReductionEmitter):
         if self.k.kind == "reduce":
             return "\n\n".join([header, self.struct(), self.generic_reduce()])
         parts = [header, self.struct(), self.compute(), self.flat(), self.vectorized()]
-        if self.k.needs_broadcast_version and self.rank:
-            parts += [self.strided(), self.strided_rows()]
+        if self.strided_versions:
+            parts.append(self.strided())
+            if not self.concats():
+                parts.append(self.strided_rows())
         return "\n\n".join(parts)
 
     # ---- host launches -------------------------------------------------
@@ -375,7 +451,14 @@ class CudaKernelEmitter(CudaReductionEmitter):
         flat_conds, aligned = [], [f"k.n % {VEC} == 0"]
         for i, acc in enumerate(k.inputs):
             b = self.buf(acc)
-            lines.append(f"    k.in{i} = {ptr[b.name]};")
+            if acc.window is None:
+                lines.append(f"    k.in{i} = {ptr[b.name]};")
+            else:  # a slice read in place: its first element, strides times steps
+                starts, steps, sliced = acc.window
+                offset = " + ".join(f"{sym(st, plan)} * {product(b.dims[d + 1:], plan)}"
+                                    for d, st in enumerate(starts)) or "0"
+                lines.append(f"    k.in{i} = static_cast<const char*>({ptr[b.name]}) + "
+                             f"({offset}) * {ITEMSIZE[b.elem]};  // window")
             aligned.append(f"disc_aligned(k.in{i}, {VEC * ITEMSIZE[b.elem]})")
             if not r:
                 continue
@@ -383,7 +466,12 @@ class CudaKernelEmitter(CudaReductionEmitter):
             stride = "1"
             for bd in range(len(b.dims) - 1, -1, -1):
                 size = sym(b.dims[bd], plan)
-                lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                if acc.window is None:
+                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+                elif dims_map[bd] >= 0:  # -1: a size-1 dim along no kernel dim
+                    _, steps, sliced = acc.window
+                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} "
+                                 f"== 1 ? 0 : {stride} * {steps[bd]};")
                 stride = f"{stride} * {size}" if stride != "1" else size
             if acc.permuted:
                 flat_conds.append("false")
@@ -394,6 +482,11 @@ class CudaKernelEmitter(CudaReductionEmitter):
             aligned.append(f"disc_aligned(k.out{j}, {VEC * ITEMSIZE[self.out_elem(j)]})")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        for n, op in self.concats():
+            end = "0"
+            for q, size in enumerate(op.attrs["sizes"]):
+                end = f"{end} + {sym(size, plan)}" if end != "0" else sym(size, plan)
+                lines.append(f"    k.cat{n}[{q}] = {end};")
         lines.append("    void* params[] = {&k};")
         if k.kind == "stitch":
             lines.append(f"    const int64_t cols = k.dims[{r - 1}];")
@@ -419,6 +512,10 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines.append(f"    k.reduced = {product(reduced, plan)};")
             lines.append(f"    k.outputs = {product(kept, plan)};")
             lines.append("    if (k.outputs > 0) {")
+            if k.ops[-1].op == "arg_reduce":  # one thread per output only
+                lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, "
+                                          f"{MAX_GRID})", "      "))
+                return lines + ["    }", "  }"]
             lines.append(f"      if (k.outputs >= {THREAD_REDUCE_MIN} || k.reduced < {BLOCK}) {{")
             lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
                                       "        "))
@@ -430,14 +527,17 @@ class CudaKernelEmitter(CudaReductionEmitter):
         grid = f"disc_grid(k.n, {BLOCK}, {MAX_GRID})"
         vec_grid = f"disc_grid(k.n / {VEC}, {BLOCK}, {MAX_GRID})"
         lines.append("    if (k.n > 0) {")
-        flat = " && ".join(flat_conds) if (k.needs_broadcast_version and r) else "true"
+        flat = " && ".join(flat_conds) if self.strided_versions else "true"
         lines.append(f"      if ({flat}) {{  // nothing broadcast or transposed in this call")
         lines.append(f"        if ({' && '.join(aligned)}) {{")
         lines.append(self._launch("vec", vec_grid, "          "))
         lines.append("        } else {")
         lines.append(self._launch("flat", grid, "          "))
         lines.append("        }")
-        if k.needs_broadcast_version and r:
+        if self.strided_versions and self.concats():
+            lines.append("      } else {  // concatenations read in place: per element")
+            lines.append(self._launch("bcast", grid, "        "))
+        elif self.strided_versions:
             inner = f"k.dims[{r - 1}]"
             lines.append(f"      }} else if ({inner} >= {ROWS_MIN_INNER}) {{  // one block per row")
             lines.append(self._launch("bcast_rows", f"disc_grid(k.n / {inner}, 1, {MAX_GRID})",

@@ -119,6 +119,15 @@ DISC_DEV double disc_shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffff
 #ifndef DISC_DYNAMIC_SMEM
 #define DISC_DYNAMIC_SMEM(name) extern __shared__ double name[]
 #endif
+// acc + v with Neumaier's compensation: err collects what each add rounds off.
+DISC_DEV float disc_neumaier_add(float acc, float& err, float v) {
+  const float s = acc + v;
+  err += fabsf(acc) >= fabsf(v) ? (acc - s) + v : (v - s) + acc;
+  return s;
+}
+// Pointers of an argument struct: typed here, void in the host runner.
+#define DISC_IN(T) const T*
+#define DISC_OUT(T) T*
 // N elements loaded or stored as one aligned access.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) disc_vec { T v[N]; };
@@ -132,6 +141,9 @@ static inline uint32_t disc_grid(int64_t work, int64_t per_block, int64_t cap) {
   if (g < 1) g = 1;
   return (uint32_t)(g < cap ? g : cap);
 }
+// Pointers of an argument struct: the device code's types are not known here.
+#define DISC_IN(T) const void*
+#define DISC_OUT(T) void*
 static inline bool disc_aligned(const void* p, uint64_t bytes) {
   return ((uint64_t)(uintptr_t)p % bytes) == 0;
 }

@@ -295,9 +295,44 @@ class CudaReductionEmitter:
             ]
         return "\n".join(lines)
 
+    def arg_reduce(self) -> str:
+        """ArgMax/ArgMin over one dim, one thread per output: the position of the first
+        extreme value (the CPU kernel's rule)."""
+        k = self.k
+        (op,) = k.ops
+        (axis,) = k.reduce_dims
+        kept = [d for d in range(self.rank) if d != axis]
+        in_elem, out_elem = self.buf(k.inputs[0]).elem, self.out_elem(0)
+        vt, st = COMPUTE[in_elem], STORAGE[in_elem]
+        better = ">" if op.attrs["direction"] == "max" else "<"
+        base = ["    int64_t rem = o;", "    int64_t base = 0;"]
+        for d in reversed(kept):
+            base += [f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];", f"    rem /= a.dims[{d}];"]
+        thread = self.function("reduce_thread")
+        return "\n".join([
+            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {thread}(const {self.args} a) {{',
+            f"  const {st}* __restrict__ r0 = static_cast<const {st}*>(a.in0);",
+            f"  {STORAGE[out_elem]}* __restrict__ w0 = static_cast<{STORAGE[out_elem]}*>(a.out0);",
+            "  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.outputs;"
+            " o += (int64_t)gridDim.x * blockDim.x) {",
+            *base,
+            f"    {vt} best = {load('r0[base]', in_elem)};",
+            "    int64_t at = 0;",
+            "    for (int64_t q = 1; q < a.reduced; ++q) {",
+            f"      const {vt} v = {load(f'r0[base + q * a.in0_strides[{axis}]]', in_elem)};",
+            f"      if (v {better} best) {{ best = v; at = q; }}",
+            "    }",
+            f"    w0[o] = {store('at', out_elem)};",
+            "  }",
+            "}",
+        ])
+
     def generic_reduce(self) -> str:
         """One reduction over ``reduce_dims``: thread- and block-per-output versions."""
         k, r = self.k, self.rank
+        if len(k.ops) == 1 and k.ops[0].op == "arg_reduce" and len(k.outputs) == 1:
+            return self.arg_reduce()
         if len(k.ops) != 1 or k.ops[0].op != "reduce" or len(k.outputs) != 1:
             raise CudaCodegenError(f"CUDA codegen: reduce kernel {k.name} is not a single reduction")
         (op,) = k.ops

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -122,6 +123,9 @@ class BuildConfig:
     ops_sources: tuple[pathlib.Path, ...]
     py_sources: tuple[pathlib.Path, ...]
     headers: tuple[pathlib.Path, ...]
+    #: CUDA headers (cuda.h) the GPU DiscCluster kernel is built against; "" builds
+    #: the op library without it
+    cuda_include: str = ""
 
     def stamp(self) -> str:
         """A hash of all sources, flags and tool versions (no paths of the
@@ -136,6 +140,7 @@ class BuildConfig:
             "tf_link_flags": _without_paths(self.tf_link_flags),
             "tf_version": self.tf_version,
             "ext_suffix": py_module_filename(),
+            "gpu_kernel": bool(self.cuda_include),
         }
         h.update(json.dumps(meta, sort_keys=True).encode())
         h.update(self.sources_hash().encode())
@@ -178,8 +183,25 @@ def _sources(pattern_dirs: Sequence[pathlib.Path], suffix: str) -> list[pathlib.
     return files
 
 
-_OPS_DIRS = (CC_DIR / "ral", CC_DIR / "kernels")
+_OPS_DIRS = (CC_DIR / "ral", CC_DIR / "kernels", CC_DIR / "ral_cuda")
 _PY_DIRS = (CC_DIR / "python",)
+#: Sources of the GPU DiscCluster kernel, built only against CUDA headers.
+GPU_SOURCES = frozenset({"gpu_runner.cc", "disc_ral_cuda_impl.cc"})
+
+
+def cuda_include_dir() -> str:
+    """The directory holding ``cuda.h`` for the GPU kernel ("" if none, or if
+    ``$DISC_TF_GPU_KERNEL=0``): ``$DISC_TF_CUDA_INCLUDE``, else next to nvcc, else
+    ``/usr/local/cuda/include``. Only headers are needed: the CUDA driver and
+    cuBLAS are loaded with dlopen when a GPU kernel first runs."""
+    if os.environ.get("DISC_TF_GPU_KERNEL", "1") == "0":
+        return ""
+    candidates = [os.environ.get("DISC_TF_CUDA_INCLUDE", "")]
+    nvcc = shutil.which(os.environ.get("DISC_TF_NVCC", "") or "nvcc")
+    if nvcc:
+        candidates.append(str(pathlib.Path(os.path.realpath(nvcc)).parents[1] / "include"))
+    candidates.append("/usr/local/cuda/include")
+    return next((c for c in candidates if c and (pathlib.Path(c) / "cuda.h").is_file()), "")
 
 
 def checkout_sources() -> list[pathlib.Path]:
@@ -194,6 +216,8 @@ def make_config() -> BuildConfig:
     import tensorflow as tf
 
     ops_dirs, py_dirs = list(_OPS_DIRS), list(_PY_DIRS)
+    cuda_include = cuda_include_dir()
+    ops_sources = [p for p in _sources(ops_dirs, ".cc") if cuda_include or p.name not in GPU_SOURCES]
     py_includes = [pybind11.get_include(), sysconfig.get_paths()["include"]]
     plat_include = sysconfig.get_paths().get("platinclude")
     if plat_include and plat_include not in py_includes:
@@ -204,9 +228,10 @@ def make_config() -> BuildConfig:
         tf_link_flags=tuple(tf.sysconfig.get_link_flags()),
         tf_version=tf.__version__,
         py_includes=tuple(py_includes),
-        ops_sources=tuple(_sources(ops_dirs, ".cc")),
+        ops_sources=tuple(ops_sources),
         py_sources=tuple(_sources(py_dirs, ".cc")),
         headers=tuple(_sources(ops_dirs + py_dirs, ".h")),
+        cuda_include=cuda_include,
     )
 
 
@@ -286,7 +311,9 @@ ISA_SOURCES_OBJ = frozenset(pathlib.Path(n).stem + ".o" for n in ISA_SOURCES)
 
 
 def _compile_flags(config: BuildConfig) -> list[str]:
-    return [*_BASE_CXXFLAGS, f"-I{REPO_ROOT}", *config.tf_compile_flags]
+    gpu = (["-DDISC_TF_GPU", f"-I{CC_DIR / 'ral'}", f"-I{config.cuda_include}"]
+           if config.cuda_include else [])
+    return [*_BASE_CXXFLAGS, f"-I{REPO_ROOT}", *gpu, *config.tf_compile_flags]
 
 
 def _build(config: BuildConfig, native_dir: pathlib.Path) -> None:

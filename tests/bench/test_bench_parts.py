@@ -298,3 +298,14 @@ def test_gemm_report_with_ort_column() -> None:
     assert "| ORT us | ORT GF/s | x ORT |" in text
     assert "| 4 | 8 | 16 | 20.0 | 0 | 10.0 | 0 | 2.00 | 5.0 | 0 | 0.50 |" in text
     assert "x ORT (ORT time / disc time, > 1: disc faster): 0.50-0.50." in text
+
+
+def test_gpu_script_dry_run_finds_everything_it_uses():
+    """bench/gpu.sh --dry-run: every module, flag, workload, pin and test path the GPU
+    run uses exists here (the script cannot rot between GPU machines)."""
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["bash", str(repo / "bench" / "gpu.sh"), "--dry-run"], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().endswith("gpu.sh --dry-run: ok")
+    assert "DISC_TF_TARGET=cuda" in proc.stdout and "--note GPU:" in proc.stdout

@@ -17,6 +17,9 @@ import tensorflow as tf
 import disc_tf
 from tests.harness import assert_matches_tf, compiled
 
+#: Packed GEMM operands are the CPU backend's (cuBLAS reads weights as they are).
+pytestmark = pytest.mark.cpu_backend
+
 RTOL = ATOL = 1e-4
 
 
@@ -137,6 +140,7 @@ def test_constant_inputs_are_the_weights():
 
 _ENV_SCRIPT = """
 import numpy as np, tensorflow as tf, disc_tf
+
 rng = np.random.default_rng(0)
 w = tf.Variable(rng.standard_normal((300, 200)).astype(np.float32) / 17.0)
 v = tf.Variable(rng.standard_normal((90, 200)).astype(np.float32) / 14.0)

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import disc_tf
+from disc_tf.runtime.target import resolve_target
 from tests.fuzz.graph_gen import Program, programs, random_inputs, shape_sets
 
 RTOL = 1e-4
@@ -44,6 +45,8 @@ def check_program(program: Program, shape_list: list[list[tuple]], seed: int,
     disc_tf.reset_stats()
     jitted = disc_tf.jit(tf_fn, min_cluster_size=1)
     assert jitted.report.compiled, f"nothing compiled:\n{program}"
+    target = resolve_target("auto")  # $DISC_TF_TARGET=cuda-emu: the GPU code path
+    assert all(c.target == target for c in jitted.report.compiled)
     errors = [c.error for c in jitted.report.clusters if c.error is not None]
     assert not errors, f"clusters left as TF ops: {errors}"
     rng = np.random.default_rng(seed)
