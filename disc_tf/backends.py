@@ -19,6 +19,7 @@ from collections.abc import Callable
 from disc_tf.codegen.cpu import emit_cpu
 from disc_tf.codegen.cpu_loop import emit_loop
 from disc_tf.codegen.cuda import emit_cuda
+from disc_tf.codegen.cuda_loop import emit_cuda_loop
 from disc_tf.fusion.plan import FusionPlan
 from disc_tf.fusion.planner import PlanOptions
 from disc_tf.runtime import cpu_build, cuda_compiler, cuda_emu_build
@@ -49,9 +50,9 @@ CUDA_PLAN = dataclasses.replace(PlanOptions.none(), concat_maps=True)
 BACKENDS = {
     # the CPU backend has an emitter for every fusion
     "cpu": Backend("cpu", PlanOptions(), emit_cpu, cpu_build.build, emit_loop),
-    "cuda": Backend("cuda", CUDA_PLAN, emit_cuda, cuda_compiler.build),
+    "cuda": Backend("cuda", CUDA_PLAN, emit_cuda, cuda_compiler.build, emit_cuda_loop),
     # the CUDA backend's sources built against the CPU emulation of the GPU (tests)
-    "cuda-emu": Backend("cuda-emu", CUDA_PLAN, emit_cuda, cuda_emu_build.build),
+    "cuda-emu": Backend("cuda-emu", CUDA_PLAN, emit_cuda, cuda_emu_build.build, emit_cuda_loop),
 }
 
 

@@ -81,6 +81,12 @@ inline int32_t MemsetZero(disc_ral_cuda*, void* ptr, int64_t bytes) {
   return 0;
 }
 
+// Device memory is host memory and the stream runs in order: copies are memcpy.
+inline int32_t Copy(disc_ral_cuda*, void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return 0;
+}
+
 }  // namespace disc_emu_host
 
 extern "C" int32_t disc_entry(disc_ral* host) {
@@ -91,6 +97,9 @@ extern "C" int32_t disc_entry(disc_ral* host) {
   call.cu.device_global = DeviceGlobal;
   call.cu.gemm_batched = GemmBatched;
   call.cu.memset_zero = MemsetZero;
+  call.cu.copy = Copy;
+  call.cu.upload = Copy;
+  call.cu.download = Copy;
   return disc_cuda_entry(&call.cu);
 }
 

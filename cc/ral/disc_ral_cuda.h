@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_CUDA_ABI_VERSION 1
+#define DISC_RAL_CUDA_ABI_VERSION 2
 
 typedef struct disc_ral_cuda disc_ral_cuda;
 
@@ -76,6 +76,17 @@ struct disc_ral_cuda {
 
   /* Sets `bytes` bytes at device address `ptr` to zero on the stream. */
   int32_t (*memset_zero)(disc_ral_cuda* ral, void* ptr, int64_t bytes);
+
+  /* ---- ABI 2: what a loop cluster's runner needs (lists, constants, its condition). */
+  /* Copies `bytes` from device `src` to device `dst` on the stream. */
+  int32_t (*copy)(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes);
+  /* Copies `bytes` from host `src` to device `dst` on the stream; `src` stays valid
+   * (static data of the artifact). */
+  int32_t (*upload)(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes);
+  /* Copies `bytes` from device `src` to host `dst` once the stream's work so far is
+   * done, and waits for it: the one service that synchronises (a loop's condition,
+   * a list index computed on the device). */
+  int32_t (*download)(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes);
 };
 
 #ifdef __cplusplus

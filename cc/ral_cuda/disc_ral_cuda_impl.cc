@@ -28,6 +28,10 @@ struct Driver {
   CUresult (*memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*memcpy_htod_async)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+  CUresult (*memcpy_dtoh_async)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*stream_synchronize)(CUstream) = nullptr;
   CUresult (*ctx_push)(CUcontext) = nullptr;
   CUresult (*ctx_pop)(CUcontext*) = nullptr;
   std::string error;  // why loading failed; empty when usable
@@ -57,6 +61,10 @@ const Driver& GetDriver() {
     Resolve(lib, "cuMemsetD8Async", &d->memset_d8_async, &missing);
     Resolve(lib, "cuGetErrorString", &d->get_error_string, &missing);
     Resolve(lib, "cuStreamGetCtx", &d->stream_get_ctx, &missing);
+    Resolve(lib, "cuMemcpyDtoDAsync_v2", &d->memcpy_dtod_async, &missing);
+    Resolve(lib, "cuMemcpyHtoDAsync_v2", &d->memcpy_htod_async, &missing);
+    Resolve(lib, "cuMemcpyDtoHAsync_v2", &d->memcpy_dtoh_async, &missing);
+    Resolve(lib, "cuStreamSynchronize", &d->stream_synchronize, &missing);
     Resolve(lib, "cuCtxPushCurrent_v2", &d->ctx_push, &missing);
     Resolve(lib, "cuCtxPopCurrent_v2", &d->ctx_pop, &missing);
     if (!missing.empty()) d->error = "libcuda.so.1 lacks:" + missing;
@@ -183,6 +191,30 @@ int32_t MemsetZero(disc_ral_cuda* ral, void* ptr, int64_t bytes) {
   return 0;
 }
 
+CUdeviceptr Dev(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+
+int32_t Copy(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  CUresult r = GetDriver().memcpy_dtod_async(Dev(dst), Dev(src), static_cast<size_t>(bytes),
+                                             static_cast<CUstream>(ral->stream));
+  return r == CUDA_SUCCESS ? 0 : Fail(ral, DISC_INTERNAL, "cuMemcpyDtoDAsync: " + DriverError(r));
+}
+
+int32_t Upload(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  CUresult r = GetDriver().memcpy_htod_async(Dev(dst), src, static_cast<size_t>(bytes),
+                                             static_cast<CUstream>(ral->stream));
+  return r == CUDA_SUCCESS ? 0 : Fail(ral, DISC_INTERNAL, "cuMemcpyHtoDAsync: " + DriverError(r));
+}
+
+int32_t Download(disc_ral_cuda* ral, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  CUstream stream = static_cast<CUstream>(ral->stream);
+  CUresult r = GetDriver().memcpy_dtoh_async(dst, Dev(src), static_cast<size_t>(bytes), stream);
+  if (r == CUDA_SUCCESS) r = GetDriver().stream_synchronize(stream);
+  return r == CUDA_SUCCESS ? 0 : Fail(ral, DISC_INTERNAL, "reading device memory: " + DriverError(r));
+}
+
 }  // namespace
 
 bool CudaArtifact::Init(void* dl_handle, std::string* error) {
@@ -267,6 +299,9 @@ int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream) {
   ral->device_global = DeviceGlobal;
   ral->gemm_batched = GemmBatched;
   ral->memset_zero = MemsetZero;
+  ral->copy = Copy;
+  ral->upload = Upload;
+  ral->download = Download;
   // The stream's context is made current for the call (the embedder's thread
   // need not have it current), and the caller's is restored after.
   const Driver& d = GetDriver();

@@ -11,6 +11,7 @@ the thread pool, GEMMs, errors) is the parent's.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import tensorflow as tf
@@ -20,8 +21,10 @@ from disc_tf.codegen.cpu import CODEGEN_VERSION, ENTRY, artifact_exports
 from disc_tf.codegen.cpu_text import comment
 from disc_tf.sources import Sources, SourceUnit
 
-#: The support code of every loop runner: values, the child RAL table, lists.
-LOOP_PRELUDE = r"""
+#: The support code of every loop runner, in three parts: values and the lists' rows
+#: (LOOP_COMMON), what touches their memory (CPU_LOOP_MEMORY here; the CUDA backend has
+#: its own: ``cuda_loop.py``), and list writes, stacking and results (LOOP_STACK).
+LOOP_COMMON = r"""
 constexpr int kMaxRank = 8;
 
 // One tensor the loop holds: a loop variable, a step's input or output.
@@ -65,7 +68,93 @@ Value input_value(disc_ral* ral, int32_t i) {
   return v;
 }
 
-Value const_value(int32_t dtype, int32_t rank, const int64_t* dims, const void* data) {
+// A step's outputs before its runner sets them (rank -1: not set).
+void unset_outputs(Value* outputs, int32_t n) {
+  for (int32_t k = 0; k < n; ++k) {
+    outputs[k] = Value{};
+    outputs[k].rank = -1;
+  }
+}
+
+// 0 if the step's runner set every output, else an error.
+int32_t outputs_set(disc_ral* ral, const Value* outputs, int32_t n) {
+  for (int32_t k = 0; k < n; ++k) {
+    if (outputs[k].rank < 0) {
+      ral->set_error(ral, DISC_INTERNAL, "loop step: the runner left an output unset");
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// Frees each temporary of `old` that no value of `keep` holds, once.
+void release(disc_ral* ral, const Value* old, int n_old, const Value* keep, int n_keep) {
+  for (int i = 0; i < n_old; ++i) {
+    if (!old[i].owned || old[i].data == nullptr) continue;
+    bool held = false;
+    for (int k = 0; k < n_keep && !held; ++k) held = keep[k].data == old[i].data;
+    for (int k = 0; k < i && !held; ++k) held = old[k].owned && old[k].data == old[i].data;
+    if (!held) ral->free_temp(ral, old[i].data);
+  }
+}
+
+// ---- TensorLists: the rows of one buffer
+struct List {
+  Value all;            // [count, element dims...]
+  int64_t count;
+  int64_t row_bytes;
+  bool ready;           // the buffer exists (an unstacked tensor, or the first write made it)
+  int32_t output;       // the cluster output the buffer is (its Stack), or -1
+  int32_t shape_rank;   // the element shape the list ops declare (-1: any rank)
+  int64_t shape[kMaxRank];  // -1: any size
+};
+
+bool shape_fits(const List& l, int32_t rank, const int64_t* dims) {
+  if (l.shape_rank < 0) return true;
+  if (rank != l.shape_rank) return false;
+  for (int k = 0; k < rank; ++k) {
+    if (l.shape[k] >= 0 && l.shape[k] != dims[k]) return false;
+  }
+  return true;
+}
+
+int32_t list_from_tensor(disc_ral* ral, List* l, const Value& t) {
+  if (t.rank < 1) return fail(ral, "TensorListFromTensor", "the tensor is a scalar");
+  if (!shape_fits(*l, t.rank - 1, t.dims + 1)) {
+    return fail(ral, "TensorListFromTensor", "the rows do not have the declared element shape");
+  }
+  l->all = t;
+  l->count = t.dims[0];
+  l->row_bytes = l->count > 0 ? bytes_of(t) / l->count : 0;
+  l->ready = true;
+  return 0;
+}
+
+int32_t list_reserve(disc_ral* ral, List* l, int64_t count) {
+  if (count < 0) return fail(ral, "TensorListReserve", "the number of elements is negative");
+  l->count = count;
+  return 0;
+}
+
+// The element at `index` of an unstacked list: a view of its row.
+int32_t list_item(disc_ral* ral, const List& l, int64_t index, Value* item) {
+  if (index < 0 || index >= l.count) {
+    return fail(ral, "TensorListGetItem", "the index is out of the list's range");
+  }
+  *item = l.all;
+  item->rank = l.all.rank - 1;
+  for (int k = 0; k < item->rank; ++k) item->dims[k] = l.all.dims[k + 1];
+  item->data = static_cast<char*>(l.all.data) + index * l.row_bytes;
+  item->owned = false;
+  return 0;
+}
+
+"""
+
+#: Host memory: constants in place, lists written with memcpy, steps through a child
+#: disc_ral table.
+CPU_LOOP_MEMORY = r"""
+Value const_value(disc_ral*, int32_t dtype, int32_t rank, const int64_t* dims, const void* data) {
   Value v{};
   v.rank = rank;
   for (int k = 0; k < rank; ++k) v.dims[k] = dims[k];
@@ -74,10 +163,12 @@ Value const_value(int32_t dtype, int32_t rank, const int64_t* dims, const void* 
   return v;
 }
 
-int64_t index_value(const Value& v) {
+int64_t index_value(disc_ral*, const Value& v) {
   return v.dtype == DISC_I64 ? *static_cast<const int64_t*>(v.data)
                              : *static_cast<const int32_t*>(v.data);
 }
+
+bool truth(disc_ral*, const Value& v) { return *static_cast<const uint8_t*>(v.data) != 0; }
 
 // ---- the child RAL table a step's runner (body or condition) sees
 struct SubCall {
@@ -182,82 +273,25 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.inputs = inputs;
   call.outputs = outputs;
   call.output_dtypes = dtypes;
-  for (int32_t k = 0; k < n_out; ++k) {
-    outputs[k] = Value{};
-    outputs[k].rank = -1;
-  }
+  unset_outputs(outputs, n_out);
   if (entry(&call.ral) != 0) return 1;
-  for (int32_t k = 0; k < n_out; ++k) {
-    if (outputs[k].rank < 0) {
-      ral->set_error(ral, DISC_INTERNAL, "loop step: the runner left an output unset");
-      return 1;
-    }
-  }
+  return outputs_set(ral, outputs, n_out);
+}
+
+// Memory: zeros, and a copy between two of the call's buffers.
+int32_t fill_zero(disc_ral*, void* data, int64_t bytes) {
+  if (bytes > 0) memset(data, 0, bytes);
   return 0;
 }
-
-// Frees each temporary of `old` that no value of `keep` holds, once.
-void release(disc_ral* ral, const Value* old, int n_old, const Value* keep, int n_keep) {
-  for (int i = 0; i < n_old; ++i) {
-    if (!old[i].owned || old[i].data == nullptr) continue;
-    bool held = false;
-    for (int k = 0; k < n_keep && !held; ++k) held = keep[k].data == old[i].data;
-    for (int k = 0; k < i && !held; ++k) held = old[k].owned && old[k].data == old[i].data;
-    if (!held) ral->free_temp(ral, old[i].data);
-  }
-}
-
-// ---- TensorLists: the rows of one buffer
-struct List {
-  Value all;            // [count, element dims...]
-  int64_t count;
-  int64_t row_bytes;
-  bool ready;           // the buffer exists (an unstacked tensor, or the first write made it)
-  int32_t output;       // the cluster output the buffer is (its Stack), or -1
-  int32_t shape_rank;   // the element shape the list ops declare (-1: any rank)
-  int64_t shape[kMaxRank];  // -1: any size
-};
-
-bool shape_fits(const List& l, int32_t rank, const int64_t* dims) {
-  if (l.shape_rank < 0) return true;
-  if (rank != l.shape_rank) return false;
-  for (int k = 0; k < rank; ++k) {
-    if (l.shape[k] >= 0 && l.shape[k] != dims[k]) return false;
-  }
-  return true;
-}
-
-int32_t list_from_tensor(disc_ral* ral, List* l, const Value& t) {
-  if (t.rank < 1) return fail(ral, "TensorListFromTensor", "the tensor is a scalar");
-  if (!shape_fits(*l, t.rank - 1, t.dims + 1)) {
-    return fail(ral, "TensorListFromTensor", "the rows do not have the declared element shape");
-  }
-  l->all = t;
-  l->count = t.dims[0];
-  l->row_bytes = l->count > 0 ? bytes_of(t) / l->count : 0;
-  l->ready = true;
+int32_t copy_bytes(disc_ral*, void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) memcpy(dst, src, bytes);
   return 0;
 }
+"""
 
-int32_t list_reserve(disc_ral* ral, List* l, int64_t count) {
-  if (count < 0) return fail(ral, "TensorListReserve", "the number of elements is negative");
-  l->count = count;
-  return 0;
-}
-
-// The element at `index` of an unstacked list: a view of its row.
-int32_t list_item(disc_ral* ral, const List& l, int64_t index, Value* item) {
-  if (index < 0 || index >= l.count) {
-    return fail(ral, "TensorListGetItem", "the index is out of the list's range");
-  }
-  *item = l.all;
-  item->rank = l.all.rank - 1;
-  for (int k = 0; k < item->rank; ++k) item->dims[k] = l.all.dims[k + 1];
-  item->data = static_cast<char*>(l.all.data) + index * l.row_bytes;
-  item->owned = false;
-  return 0;
-}
-
+#: Lists written and stacked, results copied out (through the memory half's
+#: fill_zero and copy_bytes).
+LOOP_STACK = r"""
 int32_t list_make(disc_ral* ral, List* l, int32_t elem_rank, const int64_t* elem_dims) {
   if (elem_rank + 1 > kMaxRank) return fail(ral, "TensorListSetItem", "the element rank is too large");
   l->all.rank = elem_rank + 1;
@@ -268,7 +302,8 @@ int32_t list_make(disc_ral* ral, List* l, int32_t elem_rank, const int64_t* elem
                                : ral->alloc_temp(ral, bytes);
   if (l->all.data == nullptr && bytes > 0) return 1;  // the allocator set the error
   l->all.owned = l->output < 0;
-  if (bytes > 0) memset(l->all.data, 0, bytes);  // elements never written are zeros, as in TF
+  // Elements never written are zeros, as in TF.
+  if (fill_zero(ral, l->all.data, bytes)) return 1;
   l->row_bytes = l->count > 0 ? bytes / l->count : 0;
   l->ready = true;
   return 0;
@@ -286,8 +321,15 @@ int32_t list_set(disc_ral* ral, List* l, int64_t index, const Value& v) {
   bool same = v.rank + 1 == l->all.rank;
   for (int k = 0; same && k < v.rank; ++k) same = v.dims[k] == l->all.dims[k + 1];
   if (!same) return fail(ral, "TensorListSetItem", "the element's shape differs from the others'");
-  if (l->row_bytes > 0) memcpy(static_cast<char*>(l->all.data) + index * l->row_bytes, v.data, l->row_bytes);
-  return 0;
+  return copy_bytes(ral, static_cast<char*>(l->all.data) + index * l->row_bytes, v.data,
+                    l->row_bytes);
+}
+
+int32_t copy_out(disc_ral* ral, int32_t k, const Value& v) {
+  void* out = ral->alloc_output(ral, k, v.rank, v.dims);
+  const int64_t bytes = bytes_of(v);
+  if (out == nullptr && bytes > 0) return 1;
+  return copy_bytes(ral, out, v.data, bytes);
 }
 
 // The stacked result of a written list once the loop is done.
@@ -305,14 +347,9 @@ int32_t list_stack(disc_ral* ral, List* l, int64_t num_elements) {
   return list_make(ral, l, l->shape_rank, l->shape);
 }
 
-int32_t copy_out(disc_ral* ral, int32_t k, const Value& v) {
-  void* out = ral->alloc_output(ral, k, v.rank, v.dims);
-  const int64_t bytes = bytes_of(v);
-  if (out == nullptr && bytes > 0) return 1;
-  if (bytes > 0) memcpy(out, v.data, bytes);
-  return 0;
-}
 """
+
+LOOP_PRELUDE = LOOP_COMMON + CPU_LOOP_MEMORY + LOOP_STACK
 
 
 def _code(dtype: tf.DType) -> int:
@@ -320,7 +357,7 @@ def _code(dtype: tf.DType) -> int:
 
 
 def _index(at: Index) -> str:
-    return f"index_value(v[{at.slot}])" if at.slot is not None else str(at.const)
+    return f"index_value(ral, v[{at.slot}])" if at.slot is not None else str(at.const)
 
 
 class _Step:
@@ -343,23 +380,50 @@ class _Step:
         return name
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopFlavor:
+    """What differs between the loop runners of the backends: the RAL header, the
+    memory half of the prelude, the steps' entry type, the runner's exports and entry."""
+
+    header: str
+    prelude: str
+    #: the type a step's runner takes ("disc_ral" or "disc_ral_cuda")
+    step_ral: str
+    #: lines opening the runner's entry function; they define ``disc_ral* ral``
+    entry_open: tuple[str, ...]
+    #: each step's first device function in the artifact's function list (CUDA launches
+    #: index it); None: a step's call takes no offset
+    offsets: dict[str, int] | None = None
+
+
+CPU_FLAVOR = LoopFlavor('#include "disc_ral.h"', LOOP_PRELUDE, "disc_ral",
+                        (f'extern "C" int32_t {ENTRY}(disc_ral* ral) {{',))
+
+
 def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
-                     num_kernels: int) -> str:
-    """The C++ host runner (``disc_entry``) running ``plan``'s loop over the runners
-    ``body_entry`` and ``cond_entry`` (None: the condition is a loop variable)."""
+                     num_kernels: int, flavor: LoopFlavor = CPU_FLAVOR,
+                     exports: tuple[str, ...] = ()) -> str:
+    """The C++ host runner (``disc_entry``, or the flavor's entry) running ``plan``'s
+    loop over the runners ``body_entry`` and ``cond_entry`` (None: the condition is a
+    loop variable); ``exports``: lines after the ABI and kernel-count exports."""
     n = len(plan.slots)
     out = [f"// Generated by disc_tf ({CODEGEN_VERSION}) for loop cluster "
            f"'{comment(plan.name)}': While {comment(plan.while_node)}.",
            "// The loop runs here: the condition's runner, then the body's, each step.",
            *[f"//   {comment(line)}" for line in plan.describe().splitlines()],
            "#include <stdint.h>", "#include <stdio.h>", "#include <string.h>",
-           '#include "disc_ral.h"', "",
-           f'extern "C" int32_t {body_entry}(disc_ral* ral);']
+           flavor.header, "",
+           f'extern "C" int32_t {body_entry}({flavor.step_ral}* ral);']
     if cond_entry:
-        out.append(f'extern "C" int32_t {cond_entry}(disc_ral* ral);')
-    out += ["", "namespace {", LOOP_PRELUDE.strip("\n"), "", "}  // namespace", ""]
-    out += artifact_exports(num_kernels)
-    out += ["", f'extern "C" int32_t {ENTRY}(disc_ral* ral) {{',
+        out.append(f'extern "C" int32_t {cond_entry}({flavor.step_ral}* ral);')
+    out += ["", "namespace {", flavor.prelude.strip("\n"), "", "}  // namespace", ""]
+    out += artifact_exports(num_kernels) + list(exports)
+
+    def runner(entry: str) -> str:
+        offset = f", {flavor.offsets[entry]}" if flavor.offsets is not None else ""
+        return f"{entry}{offset}"
+
+    out += ["", *flavor.entry_open,
             f"  if (ral->num_inputs != {len(plan.input_dtypes)} || "
             f"ral->num_outputs != {len(plan.output_dtypes)}) {{",
             f'    return fail(ral, "{plan.name}", "wrong number of inputs or outputs");',
@@ -382,7 +446,7 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
                              for x in values) or "0"
             out.append(f"  static const {st} v{j}_data[] = {{{text}}};")
             out.append(f"  static const int64_t v{j}_dims[] = {{{', '.join(map(str, dims)) or '0'}}};")
-            source = f"const_value({_code(slot.dtype)}, {len(dims)}, v{j}_dims, v{j}_data)"
+            source = f"const_value(ral, {_code(slot.dtype)}, {len(dims)}, v{j}_dims, v{j}_data)"
         else:
             source = f"input_value(ral, {slot.input})"
         if slot.kind in ("tensor", "variable"):
@@ -396,7 +460,7 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
         if slot.kind == "read_list":
             out.append(f"  if (list_from_tensor(ral, &list[{j}], {source})) return 1;")
         else:
-            count = f"index_value({source})" if source else str(int(slot.const[1][0]))
+            count = f"index_value(ral, {source})" if source else str(int(slot.const[1][0]))
             out.append(f"  if (list_reserve(ral, &list[{j}], {count})) return 1;")
     out.append("  for (;;) {")
     step = _Step(out)
@@ -408,14 +472,13 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
         out.append(f"    const Value cond_in[] = {{{', '.join(args) or 'Value{}'}}};")
         out.append(f"    static const int32_t cond_dtypes[] = {{{dtypes}}};")
         out.append(f"    Value cond_out[{len(plan.cond_output_dtypes)}];")
-        out.append(f'    if (run_step(ral, {cond_entry}, "condition", {len(args)}, cond_in, '
+        out.append(f'    if (run_step(ral, {runner(cond_entry)}, "condition", {len(args)}, cond_in, '
                    f"{len(plan.cond_output_dtypes)}, cond_out, cond_dtypes)) return 1;")
         result = step.value(plan.cond_result)
-        out.append(f"    const bool go = *static_cast<const uint8_t*>({result}.data) != 0;")
+        out.append(f"    const bool go = truth(ral, {result});")
         out.append(f"    release(ral, cond_out, {len(plan.cond_output_dtypes)}, v, {n});")
     else:
-        out.append(f"    const bool go = *static_cast<const uint8_t*>(v[{plan.cond_result.index}]"
-                   ".data) != 0;")
+        out.append(f"    const bool go = truth(ral, v[{plan.cond_result.index}]);")
     out.append("    if (!go) break;")
     out.append("    // the body")
     step.outputs = "body_out"
@@ -425,8 +488,8 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
     out.append("    static const int32_t body_dtypes[] = "
                f"{{{', '.join(str(_code(d)) for d in plan.body_output_dtypes)}}};")
     out.append(f"    Value body_out[{m}];")
-    out.append(f'    if (run_step(ral, {body_entry}, "body", {len(args)}, body_in, {m}, body_out, '
-               "body_dtypes)) return 1;")
+    out.append(f'    if (run_step(ral, {runner(body_entry)}, "body", {len(args)}, body_in, {m}, '
+               "body_out, body_dtypes)) return 1;")
     if plan.writes:
         out.append("    // the elements written")
     for j, at, ref in plan.writes:

@@ -11,6 +11,8 @@ queues the kernels emitted by ``cuda_kernels.py`` on the RAL's stream.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from disc_tf.codegen.cpu import host_checks, signature_checks, size_checks
@@ -37,7 +39,7 @@ BUFFER_ROLES = ("input", "output", "temp", "const", "alias", "host")
 #: The line between the device source and the host source in ``emit_cuda``'s text.
 
 
-def _device_const(b: Buffer) -> str:
+def _device_const(b: Buffer, prefix: str = "") -> str:
     """A constant tensor as a ``__device__`` array, stored as its storage type's bits."""
     if b.elem in ("f16", "bf16"):
         dtype = np.float16 if b.elem == "f16" else np.float32
@@ -50,42 +52,48 @@ def _device_const(b: Buffer) -> str:
             bits = np.where(np.isnan(raw), u >> 16 | 0x40, rounded)
         values = ", ".join(f"0x{int(v):04x}" for v in bits)
         n = max(1, raw.size)
-        return f"__device__ const unsigned short {b.name}_data[{n}] = {{{values}}};"
+        return f"__device__ const unsigned short {prefix}{b.name}_data[{n}] = {{{values}}};"
     values = ", ".join(cuda_literal(v, b.elem) for v in b.const_value.reshape(-1))
     n = max(1, b.const_value.size)
-    return f"__device__ const {STORAGE[b.elem]} {b.name}_data[{n}] = {{{values}}};"
+    return f"__device__ const {STORAGE[b.elem]} {prefix}{b.name}_data[{n}] = {{{values}}};"
 
 
-def _host_fill_struct(b: Buffer) -> str:
+def _fill(b: Buffer, prefix: str) -> str:
+    """The name of a host-computed buffer's fill kernel (its struct: capitalized)."""
+    return f"{prefix}{b.name}_fill"
+
+
+def _host_fill_struct(b: Buffer, prefix: str = "") -> str:
     n = max(1, len(b.host_elements))
-    return "\n".join([f"struct {b.name.capitalize()}Fill {{  // {b.name}: computed from dims",
+    return "\n".join([f"struct {_fill(b, prefix).capitalize()} {{  // {b.name}: computed from dims",
                       f"  DISC_OUT({STORAGE[b.elem]}) out;", f"  {STORAGE[b.elem]} v[{n}];", "};"])
 
 
-def _host_fill_device(b: Buffer) -> str:
+def _host_fill_device(b: Buffer, prefix: str = "") -> str:
     """A kernel writing a host-computed array (its values travel in the launch's
     parameters, stream-ordered: no copy service, no wait) into device memory."""
     if b.elem in ("f16", "bf16"):
         raise CudaCodegenError(f"CUDA codegen: host-computed buffer {b.name} of {b.elem}")
     return "\n".join([
-        _host_fill_struct(b),
-        f'extern "C" __global__ void __launch_bounds__(32) {b.name}_fill(const '
-        f"{b.name.capitalize()}Fill a) {{",
+        _host_fill_struct(b, prefix),
+        f'extern "C" __global__ void __launch_bounds__(32) {_fill(b, prefix)}(const '
+        f"{_fill(b, prefix).capitalize()} a) {{",
         f"  for (int i = threadIdx.x; i < {len(b.host_elements)}; i += blockDim.x) "
         "a.out[i] = a.v[i];",
         "}"])
 
 
-def _host_fill_launch(b: Buffer, owner: FusionPlan, functions: list[str]) -> list[str]:
+def _host_fill_launch(b: Buffer, owner: FusionPlan, functions: list[str],
+                      prefix: str = "") -> list[str]:
     n = len(b.host_elements)
     lines = [f"  void* {b.name} = ral->alloc_temp(ral, {max(1, n) * ITEMSIZE[b.elem]});",
              f"  if (!{b.name}) return 1;",
              f"  {{  // {b.name}: {n} value(s) computed from dims",
-             f"    {b.name.capitalize()}Fill k{{}};", f"    k.out = {b.name};"]
+             f"    {_fill(b, prefix).capitalize()} k{{}};", f"    k.out = {b.name};"]
     lines += [f"    k.v[{i}] = ({STORAGE[b.elem]})({host_expr(h, owner)});"
               for i, h in enumerate(b.host_elements)]
     lines += ["    void* params[] = {&k};",
-              f"    if (cu->launch(cu, {functions.index(b.name + '_fill')} /* {b.name}_fill */, 1, "
+              f"    if (cu->launch(cu, {functions.index(_fill(b, prefix))} /* {_fill(b, prefix)} */, 1, "
               "32, 0, params)) return 1;", "  }"]
     return lines
 
@@ -122,15 +130,15 @@ def _launch_sequence(plan: FusionPlan, emitters: list[CudaKernelEmitter]) -> lis
     return out
 
 
-def _buffers(plans: list[FusionPlan], out: list[str], functions: list[str]) -> None:
+def _buffers(plans: list[FusionPlan], out: list[str], functions: list[str], prefix: str) -> None:
     plan = plans[0]
     for b, owner in {b.name: (b, p) for p in plans for b in p.buffers.values()}.values():
         if b.role == "host":
-            out.extend(_host_fill_launch(b, owner, functions))
+            out.extend(_host_fill_launch(b, owner, functions, prefix))
         elif b.role == "input":
             out.append(f"  const void* {b.name} = ral->input_data(ral, {b.index});")
         elif b.role == "const":
-            out.append(f'  const void* {b.name} = cu->device_global(cu, "{b.name}_data");')
+            out.append(f'  const void* {b.name} = cu->device_global(cu, "{prefix}{b.name}_data");')
             out.append(f"  if (!{b.name}) return 1;")
         elif b.role == "output":
             dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
@@ -140,11 +148,34 @@ def _buffers(plans: list[FusionPlan], out: list[str], functions: list[str]) -> N
             out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
 
 
-def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str]) -> Sources:
-    """Device and host sources of one cluster.
+def repr_c(text: str) -> str:
+    """``text`` as a C string literal (generated names: no quotes or backslashes)."""
+    return f'"{text}"'
+
+
+def cuda_exports(num_kernels: int, functions: list[str]) -> list[str]:
+    """What a CUDA artifact exports besides its entry (``disc_ral_cuda.h``); the
+    function list is the host runner's ``kFunctions``."""
+    return [
+        'extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }',
+        'extern "C" int32_t disc_cuda_abi_version(void) { return DISC_RAL_CUDA_ABI_VERSION; }',
+        f'extern "C" int32_t disc_num_kernels(void) {{ return {num_kernels}; }}',
+        'extern "C" const char* disc_target(void) { return "cuda"; }',
+        f'extern "C" int32_t disc_cuda_num_functions(void) {{ return {len(functions)}; }}',
+        'extern "C" const char* disc_cuda_function_name(int32_t i) {',
+        f"  return i >= 0 && i < {len(functions)} ? kFunctions[i] : nullptr;",
+        "}",
+    ]
+
+
+def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str],
+              entry: str | None = None) -> Sources:
+    """Device and host sources of one cluster; ``entry``: the runner is a step of a
+    loop cluster, named so, with its device symbols prefixed by it and no exports.
 
     Raises CudaCodegenError for a plan the backend cannot compile exactly.
     """
+    prefix = f"{entry}_" if entry else ""
     plans = [plan] + ([plan.speculative] if plan.speculative else [])
     for p in plans:
         for b in p.buffers.values():
@@ -154,15 +185,16 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
                                        f"supported: {', '.join(BUFFER_ROLES)}")
     functions: list[str] = []
     hosts = list({b.name: b for p in plans for b in p.buffers.values() if b.role == "host"}.values())
-    functions += [f"{b.name}_fill" for b in hosts]
-    emitters = [[(CudaIndexEmitter if k.kind == "index" else CudaKernelEmitter)(k, p, functions)
-                 for k in p.kernels] for p in plans]
+    functions += [_fill(b, prefix) for b in hosts]
+    emitters = [[(CudaIndexEmitter if k.kind == "index" else CudaKernelEmitter)(
+        dataclasses.replace(k, name=prefix + k.name), p, functions) for k in p.kernels]
+        for p in plans]
     title = (f"// Generated by disc_tf ({CODEGEN_VERSION}) for cluster "
              f"'{comment(plan.cluster_name)}'.")
     device = [title, "// Device code: nvcc -fatbin for sm_80 and sm_90.", DEVICE_PRELUDE]
     for p in plans:
-        device.extend(_device_const(b) for b in p.buffers.values() if b.role == "const")
-    device.extend(_host_fill_device(b) for b in hosts)
+        device.extend(_device_const(b, prefix) for b in p.buffers.values() if b.role == "const")
+    device.extend(_host_fill_device(b, prefix) for b in hosts)
     device.append("")
     kernel_texts = tuple(e.device_source() for group in emitters for e in group)
     for text in kernel_texts:
@@ -179,28 +211,24 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         "namespace {",
         PRELUDE,
         HOST_PRELUDE,
-        *(_host_fill_struct(b) for b in hosts),
+        *(_host_fill_struct(b, prefix) for b in hosts),
     ]
     for e in (e for group in emitters for e in group):
         if e.k.kind != "library":
             host.append(e.struct())
     host += ["}  // namespace", ""]
-    names = ", ".join(f'"{f}"' for f in functions) or "nullptr"
+    names = ", ".join(repr_c(f) for f in functions) or "nullptr"
     host += [
         f"static const char* const kFunctions[] = {{{names}}};",
         "// Peak bytes of device temporaries in this thread's last call (tests, bench).",
         "static thread_local int64_t disc_last_peak_temp_bytes = 0;",
-        'extern "C" int64_t disc_peak_temp_bytes(void) { return disc_last_peak_temp_bytes; }',
-        'extern "C" int32_t disc_abi_version(void) { return DISC_RAL_ABI_VERSION; }',
-        'extern "C" int32_t disc_cuda_abi_version(void) { return DISC_RAL_CUDA_ABI_VERSION; }',
-        f'extern "C" int32_t disc_num_kernels(void) {{ return {plan.num_kernels}; }}',
-        'extern "C" const char* disc_target(void) { return "cuda"; }',
-        f'extern "C" int32_t disc_cuda_num_functions(void) {{ return {len(functions)}; }}',
-        'extern "C" const char* disc_cuda_function_name(int32_t i) {',
-        f"  return i >= 0 && i < {len(functions)} ? kFunctions[i] : nullptr;",
-        "}",
+    ]
+    if entry is None:
+        host += [*cuda_exports(plan.num_kernels, functions),
+                 'extern "C" int64_t disc_peak_temp_bytes(void) { return disc_last_peak_temp_bytes; }']
+    host += [
         "",
-        'extern "C" int32_t disc_cuda_entry(disc_ral_cuda* cu) {',
+        f'extern "C" int32_t {entry or "disc_cuda_entry"}(disc_ral_cuda* cu) {{',
         "  disc_ral* ral = &cu->base;  // the services shared with the CPU RAL",
         "  if (cu->cuda_abi_version != DISC_RAL_CUDA_ABI_VERSION)",
         '    return disc_fail(ral, DISC_INTERNAL, "CUDA RAL ABI version mismatch");',
@@ -212,7 +240,7 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
     size_checks(plans, body)
     body.append("  // ---- buffers (device memory)")
     body.append("  int64_t temp_bytes = 0, peak_temp_bytes = 0;  // device temporaries held")
-    _buffers(plans, body, functions)
+    _buffers(plans, body, functions, prefix)
     if plan.speculative is None:
         body.extend(_launch_sequence(plan, emitters[0]))
     else:
@@ -226,7 +254,7 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str])
         body.extend("  " + x for x in _launch_sequence(plan, emitters[0]))
         body.append("  }")
     host += body + ["  return 0;", "}"]
-    globals_ = tuple(dict.fromkeys(f"{b.name}_data" for p in plans for b in p.buffers.values()
-                                   if b.role == "const"))
+    globals_ = tuple(dict.fromkeys(f"{prefix}{b.name}_data" for p in plans
+                                   for b in p.buffers.values() if b.role == "const"))
     return Sources("cuda", "\n".join(device), "\n".join(host) + "\n",
                    kernel_texts=kernel_texts, functions=tuple(functions), device_globals=globals_)

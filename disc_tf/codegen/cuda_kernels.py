@@ -490,7 +490,10 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines.append("    void* params[] = {&k};")
         if k.kind == "stitch":
             lines.append(f"    const int64_t cols = k.dims[{r - 1}];")
-            lines.append("    const int64_t rows = cols > 0 ? k.n / cols : 0;")
+            # rows from the dims, not k.n / cols: empty rows (cols == 0) still get their
+            # reductions' initial values
+            rows = product(k.dims[:-1], plan) if r > 1 else "1"
+            lines.append(f"    const int64_t rows = {rows};")
             lines.append("    if (rows > 0) {")
             lines.append(f"      if (cols <= {WARP_ROW_MAX}) {{  // one warp per row")
             lines.append(self._launch("warp_rows", f"disc_grid(rows, {BLOCK // 32}, {MAX_GRID})",

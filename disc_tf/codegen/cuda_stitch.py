@@ -256,7 +256,8 @@ class CudaReductionEmitter:
     def stitch(self) -> str:
         """Row function plus its warp-per-row and block-per-row launches."""
         warp, block = self.function("warp_rows"), self.function("block_rows")
-        rows = f"a.n / a.dims[{self.rank - 1}]"
+        # the product of the outer dims (not a.n / cols: a row may be empty)
+        rows = " * ".join(f"a.dims[{d}]" for d in range(self.rank - 1)) or "1"
         name = self.k.name
         lines = [
             self.stitch_row(),

@@ -98,7 +98,8 @@ def ral_cuda_header() -> pathlib.Path:
 def cache_key(sources: Sources) -> str:
     """Key of CUDA sources: both, both RAL headers, flags, both compilers, the target."""
     h = hashlib.sha256()
-    parts = [sources.text.encode(), (native.ral_include_dir() / "disc_ral.h").read_bytes(),
+    parts = [sources.text.encode(), *(u.text.encode() for u in sources.units),
+             (native.ral_include_dir() / "disc_ral.h").read_bytes(),
              ral_cuda_header().read_bytes(), " ".join(NVCC_FLAGS + gencode_flags()).encode(),
              " ".join(HOST_FLAGS).encode(), compiler.cxx().encode(),
              compiler.compiler_version().encode(), _nvcc_version(nvcc()).encode(), b"cuda"]
@@ -136,9 +137,13 @@ def _run_compilers(sources: Sources, name: str) -> bytes:
         fatbin = compile_fatbin(device, tmp)
         (tmp / "embed.S").write_text(_EMBED_ASM.replace("{fatbin}", str(fatbin)))
         (tmp / f"{name}.cc").write_text(host + _SIZE_FN)
+        steps = []  # a loop's step runners, one translation unit each
+        for unit in sources.units:
+            steps.append(tmp / f"{unit.name}.cc")
+            steps[-1].write_text(unit.text)
         out = tmp / f"{name}.so"
         cmd = [cxx, *HOST_FLAGS, f"-I{include}", f"-I{cuda_include}", str(tmp / f"{name}.cc"),
-               str(tmp / "embed.S"), "-o", str(out)]
+               *map(str, steps), str(tmp / "embed.S"), "-o", str(out)]
         proc = compiler.run(cmd, compiler.compile_timeout())
         _check(proc, cmd, "compiling the host runner")
         data = out.read_bytes() if out.is_file() else b""

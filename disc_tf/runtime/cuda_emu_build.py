@@ -92,7 +92,8 @@ def cache_key(sources: Sources) -> str:
     """Key of a cuda-emu artifact: both sources, the emulator and RAL headers, the
     flags, the compiler and the target."""
     h = hashlib.sha256()
-    parts = [sources.text.encode(), "\n".join(sources.functions).encode(),
+    parts = [sources.text.encode(), *(u.text.encode() for u in sources.units),
+             "\n".join(sources.functions).encode(),
              "\n".join(sources.device_globals).encode(),
              *(p.read_bytes() for p in _headers()), " ".join(FLAGS + LINK_FLAGS).encode(),
              compiler.cxx().encode(), compiler.compiler_version().encode(), TARGET.encode()]
@@ -117,6 +118,10 @@ def _compile(sources: Sources, name: str) -> bytes:
                  *includes, "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
                 [cxx, *FLAGS, *includes, "-c", str(tmp / "host.cc"), "-o", str(tmp / "host.o")]]
+        for unit in sources.units:  # a loop's step runners, one translation unit each
+            (tmp / f"{unit.name}.cc").write_text(unit.text)
+            cmds.append([cxx, *FLAGS, *includes, "-c", str(tmp / f"{unit.name}.cc"),
+                         "-o", str(tmp / f"{unit.name}.o")])
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for c in cmds]
         for cmd, proc in zip(cmds, procs):
@@ -130,7 +135,8 @@ def _compile(sources: Sources, name: str) -> bytes:
                 raise CompileError(f"{' '.join(cmd)} failed (exit {proc.returncode}) "
                                    f"building cluster {name} for cuda-emu:\n{err[-4000:]}")
         out = tmp / f"{name}.so"
-        link = [cxx, *LINK_FLAGS, str(tmp / "device.o"), str(tmp / "host.o"), "-o", str(out)]
+        objects = ["device.o", "host.o", *(f"{u.name}.o" for u in sources.units)]
+        link = [cxx, *LINK_FLAGS, *(str(tmp / o) for o in objects), "-o", str(out)]
         proc = compiler.run(link, timeout)
         if proc.returncode != 0:
             raise CompileError(f"{' '.join(link)} failed (exit {proc.returncode}):\n"

@@ -350,3 +350,43 @@ def test_op_library_has_the_gpu_kernel_where_cuda_headers_exist():
 
     native.load()
     assert _gpu_kernel_registered() == bool(native_build.cuda_include_dir())
+
+
+def test_a_loop_cluster_builds_for_sm80_and_sm90(tmp_path):
+    """A While with a TensorArray compiles whole for CUDA: body and condition in one
+    fatbin (their symbols prefixed by their step), their runners and the loop runner
+    linked into one artifact whose function list is the body's, then the condition's."""
+    from disc_tf.cluster.graph_view import view_of_graph_def
+    from disc_tf.cluster.loops import find_loops
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 8], tf.float32)])
+    def scan(x):
+        ta = tf.TensorArray(tf.float32, size=tf.shape(x)[0])
+        xs = tf.TensorArray(tf.float32, size=tf.shape(x)[0]).unstack(x)
+
+        def body(i, h, ta):
+            h = tf.tanh(xs.read(i) * 0.5 + h)
+            return i + 1, h, ta.write(i, h)
+
+        _, h, ta = tf.while_loop(lambda i, h, ta: i < tf.shape(x)[0], body,
+                                 [0, tf.zeros_like(x[0]), ta])
+        return ta.stack() + tf.reduce_sum(h)
+
+    concrete = scan.get_concrete_function()
+    graph_def = concrete.graph.as_graph_def()
+    view = view_of_graph_def(graph_def, graph_def.library, concrete.graph)
+    refused: dict[str, str] = {}
+    fetched = frozenset(t.name for t in concrete.outputs)
+    (loop,) = find_loops(view, graph_def.library, fetched, set(), refused)
+    fe = pipeline.loop_front_end(loop, "cuda")
+    art = cuda_compiler.build(fe.sources, "scan_loop", fe.num_kernels)
+    entries = cuda_compiler.fatbin_entries(cuda_compiler.embedded_fatbin(art.data))
+    assert ("sass", 80) in entries and ("sass", 90) in entries
+    so = tmp_path / "loop.so"
+    so.write_bytes(art.data)
+    lib = ctypes.CDLL(str(so))
+    lib.disc_cuda_function_name.restype = ctypes.c_char_p
+    names = [lib.disc_cuda_function_name(i).decode() for i in range(lib.disc_cuda_num_functions())]
+    body = [n for n in names if "_body_" in n]
+    assert body and names[:len(body)] == body and all("_cond_" in n for n in names[len(body):])
+    assert hasattr(lib, "disc_cuda_entry") and not hasattr(lib, "disc_entry")

@@ -134,3 +134,12 @@ def test_f16_layer_norm_rounds_as_tf():
 
 def test_constant_tensors_are_device_globals():
     check("constants", rand(np.random.default_rng(8), 6, 3))
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 0), (2, 1)])
+def test_empty_rows_reduce_to_the_initial_value(shape):
+    """Rows of no element still get their sum (0): the row count comes from the outer
+    dims, never from elements / row length (found by the fuzzer under cuda-emu)."""
+    _, jitted = emulated("row_sum")
+    x = np.ones(shape, np.float32)
+    np.testing.assert_array_equal(jitted(x).numpy(), x.sum(axis=-1))
