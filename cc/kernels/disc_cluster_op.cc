@@ -267,25 +267,13 @@ class DiscClusterOp : public AsyncOpKernel {
   }
 
   // Why this kernel cannot run `loaded` (empty if it can): an artifact of the
-  // other device kind, or on the GPU a cluster with int32 inputs or outputs
-  // (TF keeps int32 tensors of GPU kernels in host memory).
+  // other device kind.
   std::string Refusal(const LoadedArtifact* loaded) const {
     if (!on_gpu_) {
       return loaded->entry != nullptr ? "" : "a CUDA artifact given to the CPU kernel";
     }
 #ifdef DISC_TF_GPU
-    if (loaded->cuda_entry == nullptr) return "a CPU artifact given to the GPU kernel";
-    for (int i = 0; i < num_inputs(); ++i) {
-      if (input_type(i) == tensorflow::DT_INT32) {
-        return "int32 inputs of a GPU kernel are in host memory (not supported yet)";
-      }
-    }
-    for (int i = 0; i < num_outputs(); ++i) {
-      if (output_type(i) == tensorflow::DT_INT32) {
-        return "int32 outputs of a GPU kernel are in host memory (not supported yet)";
-      }
-    }
-    return "";
+    return loaded->cuda_entry == nullptr ? "a CPU artifact given to the GPU kernel" : "";
 #else
     return "this op library was built without the GPU kernel";
 #endif
