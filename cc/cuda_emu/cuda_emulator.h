@@ -22,11 +22,15 @@
 // * Dynamic shared memory is filled with 0xFF bytes (NaN for floats) before
 //   each block: code that reads it before writing it gives NaN, not zero.
 // * fp16 as _Float16, bf16 with round-to-nearest-even conversions.
+// * An integer division by zero in device code (SIGFPE on x86; a GPU computes an
+//   unspecified value) ends the launch with an error instead of the process.
 //
 // Errors are reported by disc_emu::Launch's return value and message.
 #ifndef DISC_CUDA_EMULATOR_H_
 #define DISC_CUDA_EMULATOR_H_
 
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #include <cmath>
@@ -350,8 +354,33 @@ inline bool RunBlock(BlockRun* b, std::string* error) {
   }
 }
 
+// SIGFPE inside an emulated launch jumps back to it (the launch's fibers are
+// abandoned); elsewhere the signal goes to the handler installed before ours.
+inline thread_local sigjmp_buf* g_trap = nullptr;
+inline struct sigaction g_previous_fpe;
+
+inline void OnFpe(int sig, siginfo_t* info, void* context) {
+  if (g_trap != nullptr) siglongjmp(*g_trap, 1);
+  if (g_previous_fpe.sa_flags & SA_SIGINFO) {
+    g_previous_fpe.sa_sigaction(sig, info, context);
+  } else if (g_previous_fpe.sa_handler != SIG_IGN && g_previous_fpe.sa_handler != SIG_DFL) {
+    g_previous_fpe.sa_handler(sig);
+  } else {
+    ::signal(sig, SIG_DFL);  // returning re-executes the instruction: the default action
+  }
+}
+
+inline bool InstallFpeTrap() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = OnFpe;
+  action.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&action.sa_mask);
+  return ::sigaction(SIGFPE, &action, &g_previous_fpe) == 0;
+}
+
 // Runs `body(closure)` as every thread of a grid x block launch. Returns false
-// with *error set for an invalid configuration or a deadlock.
+// with *error set for an invalid configuration, a deadlock or a division by zero.
 inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*body)(void*),
                 void* closure, std::string* error) {
   if (grid < 1 || block < 1 || block > kMaxBlock) {
@@ -378,8 +407,22 @@ inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*bod
   g_block = &run;
   blockDim.x = block;
   gridDim.x = grid;
+  static const bool trap_installed = InstallFpeTrap();
+  (void)trap_installed;
   bool ok = true;
+  volatile uint32_t failed_block = 0;
+  sigjmp_buf trap;
+  sigjmp_buf* const outer_trap = g_trap;
+  if (sigsetjmp(trap, 1) != 0) {
+    g_trap = outer_trap;
+    g_block = outer;
+    *error = "block " + std::to_string(failed_block) +
+             ": integer division by zero in device code (SIGFPE)";
+    return false;
+  }
+  g_trap = &trap;
   for (uint32_t blk = 0; blk < grid && ok; ++blk) {
+    failed_block = blk;
     blockIdx.x = blk;
     std::memset(run.dynamic.data(), 0xFF, run.dynamic.size() * sizeof(double));
     for (uint32_t t = 0; t < block; ++t) {
@@ -393,6 +436,7 @@ inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*bod
       ok = false;
     }
   }
+  g_trap = outer_trap;
   g_block = outer;
   return ok;
 }

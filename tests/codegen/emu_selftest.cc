@@ -86,6 +86,10 @@ __global__ void BlockSums(const Out o) {
   }
 }
 
+__global__ void DividesByZero(const Out o) {
+  o.data[threadIdx.x] = 100 / (o.arg - static_cast<int>(threadIdx.x));  // thread `arg`: 100 / 0
+}
+
 template <typename Args>
 int Report(void (*kernel)(Args), unsigned grid, unsigned block, unsigned shared, Args args,
            char* error, int error_size) {
@@ -115,6 +119,9 @@ int emu_mismatched(int* out, char* e, int n) {
 }
 int emu_dynamic_shared(int* out, unsigned grid, unsigned block, unsigned shared, char* e, int n) {
   return Report(&DynamicShared, grid, block, shared, Out{out, 0}, e, n);
+}
+int emu_divide_by_zero(int* out, int zero_at, char* e, int n) {
+  return Report(&DividesByZero, 1, 32, 0, Out{out, zero_at}, e, n);
 }
 int emu_block_sums(int* data, int blocks, char* e, int n) {
   return Report(&BlockSums, static_cast<unsigned>(blocks), 256, 0, Out{data, blocks * 256}, e, n);

@@ -75,6 +75,14 @@ def test_divergence_is_an_error_not_a_hang(emu, case, message):
     assert message in err.value.decode()
 
 
+def test_integer_division_by_zero_is_an_error_not_a_crash(emu):
+    out, err = np.zeros(32, np.int32), _err()
+    assert emu.emu_divide_by_zero(_ptr(out), 5, err, 1024) == 1
+    assert "integer division by zero" in err.value.decode()
+    assert emu.emu_divide_by_zero(_ptr(out), 40, err, 1024) == 0  # no zero divisor: runs
+    assert out.tolist() == [100 // (40 - t) for t in range(32)]
+
+
 @pytest.mark.parametrize("grid,block,shared,message", [
     (0, 32, 0, "invalid launch configuration"), (1, 2048, 0, "invalid launch configuration"),
     (1, 32, 64 * 1024, "dynamic shared memory")])
