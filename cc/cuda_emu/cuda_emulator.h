@@ -22,12 +22,18 @@
 // * Dynamic shared memory is filled with 0xFF bytes (NaN for floats) before
 //   each block: code that reads it before writing it gives NaN, not zero.
 // * fp16 as _Float16, bf16 with round-to-nearest-even conversions.
-// * An integer division by zero in device code (SIGFPE on x86; a GPU computes an
-//   unspecified value) ends the launch with an error instead of the process.
+// * An integer division by zero, or of the most negative value by -1, in device
+//   code (SIGFPE on x86; a GPU computes an unspecified value) ends the launch with
+//   an error instead of the process.
 //
 // Errors are reported by disc_emu::Launch's return value and message.
 #ifndef DISC_CUDA_EMULATOR_H_
 #define DISC_CUDA_EMULATOR_H_
+
+// The SIGFPE trap jumps from a fiber's stack back to the launching thread's:
+// _FORTIFY_SOURCE's longjmp check would take that for a corrupt stack and abort.
+// This header is included first, before any system header.
+#undef _FORTIFY_SOURCE
 
 #include <setjmp.h>
 #include <signal.h>
@@ -360,7 +366,7 @@ inline thread_local sigjmp_buf* g_trap = nullptr;
 inline struct sigaction g_previous_fpe;
 
 inline void OnFpe(int sig, siginfo_t* info, void* context) {
-  if (g_trap != nullptr) siglongjmp(*g_trap, 1);
+  if (g_trap != nullptr) siglongjmp(*g_trap, 1);  // x86 reports both kinds as FPE_INTDIV
   if (g_previous_fpe.sa_flags & SA_SIGINFO) {
     g_previous_fpe.sa_sigaction(sig, info, context);
   } else if (g_previous_fpe.sa_handler != SIG_IGN && g_previous_fpe.sa_handler != SIG_DFL) {
@@ -417,7 +423,8 @@ inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*bod
     g_trap = outer_trap;
     g_block = outer;
     *error = "block " + std::to_string(failed_block) +
-             ": integer division by zero in device code (SIGFPE)";
+             ": integer division by zero, or of the most negative value by -1, in device "
+             "code (SIGFPE; a GPU would compute an unspecified value)";
     return false;
   }
   g_trap = &trap;

@@ -267,7 +267,8 @@ class DiscClusterOp : public AsyncOpKernel {
   }
 
   // Why this kernel cannot run `loaded` (empty if it can): an artifact of the
-  // other device kind.
+  // other device kind. (The GPU kernel declares no HostMemory argument, so TF
+  // places all its inputs and outputs, int32 ones too, in device memory.)
   std::string Refusal(const LoadedArtifact* loaded) const {
     if (!on_gpu_) {
       return loaded->entry != nullptr ? "" : "a CUDA artifact given to the CPU kernel";

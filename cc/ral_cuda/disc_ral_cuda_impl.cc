@@ -290,8 +290,7 @@ void* CudaArtifact::Global(Module* module, const char* name, std::string* error)
   return p;
 }
 
-int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream, Hook before, Hook after,
-                          void* hook_state) {
+int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream) {
   CallState state{this, nullptr};
   ral->cuda_abi_version = DISC_RAL_CUDA_ABI_VERSION;
   ral->stream = stream;
@@ -323,10 +322,7 @@ int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream, Hook before, Hook af
     std::lock_guard<std::mutex> lock(mu_);
     state.module = ModuleForCurrentContext(&ral->base);
   }
-  int32_t rc = state.module == nullptr ? 1 : 0;
-  if (rc == 0 && before != nullptr) rc = before(ral, hook_state);
-  if (rc == 0) rc = entry_(ral);
-  if (rc == 0 && after != nullptr) rc = after(ral, hook_state);
+  const int32_t rc = state.module == nullptr ? 1 : entry_(ral);
   CUcontext popped = nullptr;
   d.ctx_pop(&popped);
   ral->impl = nullptr;

@@ -40,14 +40,7 @@ class CudaArtifact {
   // find the embedder's state from the disc_ral* they receive); Run fills the
   // CUDA members. Errors are reported through base.set_error and a non-zero
   // return.
-  //
-  // `before` and `after` (may be null) run right before and after the entry, with
-  // the table's CUDA services filled and the stream's context current: the
-  // embedder stages what its own memory rules require (TF's GPU kernels keep
-  // int32 tensors in host memory). A non-zero return is an error already set.
-  using Hook = int32_t (*)(disc_ral_cuda* ral, void* state);
-  int32_t Run(disc_ral_cuda* ral, void* stream, Hook before = nullptr, Hook after = nullptr,
-              void* hook_state = nullptr);
+  int32_t Run(disc_ral_cuda* ral, void* stream);
 
   // The address of device global `name` in `module` (looked up once).
   void* Global(Module* module, const char* name, std::string* error);

@@ -119,6 +119,7 @@ bool shape_fits(const List& l, int32_t rank, const int64_t* dims) {
 }
 
 int32_t list_from_tensor(disc_ral* ral, List* l, const Value& t) {
+  if (t.rank < 0) return 1;  // a constant whose copy failed (the error is set)
   if (t.rank < 1) return fail(ral, "TensorListFromTensor", "the tensor is a scalar");
   if (!shape_fits(*l, t.rank - 1, t.dims + 1)) {
     return fail(ral, "TensorListFromTensor", "the rows do not have the declared element shape");
@@ -168,7 +169,10 @@ int64_t index_value(disc_ral*, const Value& v) {
                              : *static_cast<const int32_t*>(v.data);
 }
 
-bool truth(disc_ral*, const Value& v) { return *static_cast<const uint8_t*>(v.data) != 0; }
+int32_t truth(disc_ral*, const Value& v, bool* go) {
+  *go = *static_cast<const uint8_t*>(v.data) != 0;
+  return 0;
+}
 
 // ---- the child RAL table a step's runner (body or condition) sees
 struct SubCall {
@@ -451,6 +455,8 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
             source = f"input_value(ral, {slot.input})"
         if slot.kind in ("tensor", "variable"):
             out.append(f"  v[{j}] = {source};")
+            if slot.const is not None:  # a constant's copy may fail (device memory)
+                out.append(f"  if (v[{j}].rank < 0) return 1;")
             continue
         shape = slot.element_shape
         out.append(f"  list[{j}].output = {slot.output if slot.output is not None else -1};")
@@ -475,10 +481,12 @@ def emit_loop_runner(plan: LoopPlan, body_entry: str, cond_entry: str | None,
         out.append(f'    if (run_step(ral, {runner(cond_entry)}, "condition", {len(args)}, cond_in, '
                    f"{len(plan.cond_output_dtypes)}, cond_out, cond_dtypes)) return 1;")
         result = step.value(plan.cond_result)
-        out.append(f"    const bool go = truth(ral, {result});")
+        out.append("    bool go = false;")
+        out.append(f"    if (truth(ral, {result}, &go)) return 1;")
         out.append(f"    release(ral, cond_out, {len(plan.cond_output_dtypes)}, v, {n});")
     else:
-        out.append(f"    const bool go = truth(ral, v[{plan.cond_result.index}]);")
+        out.append("    bool go = false;")
+        out.append(f"    if (truth(ral, v[{plan.cond_result.index}], &go)) return 1;")
     out.append("    if (!go) break;")
     out.append("    // the body")
     step.outputs = "body_out"

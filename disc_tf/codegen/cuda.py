@@ -12,6 +12,7 @@ queues the kernels emitted by ``cuda_kernels.py`` on the RAL's stream.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -34,6 +35,10 @@ from disc_tf.sources import Sources
 
 #: Bumped whenever generated code changes meaning; part of the cache key.
 CODEGEN_VERSION = "cuda-1"
+#: Bytes of kernel parameters every CUDA version takes (12.1+ takes 32764 on Volta+).
+MAX_PARAM_BYTES = 4096
+#: A field of an argument struct: its array length, if any (every field is 8 bytes).
+_FIELD = re.compile(r"^\s+[^/]*?\b\w+(?:\[(\d+)\])?;")
 #: Buffer roles the host runner can place in device memory.
 BUFFER_ROLES = ("input", "output", "temp", "const", "alias", "host")
 #: The line between the device source and the host source in ``emit_cuda``'s text.
@@ -148,6 +153,16 @@ def _buffers(plans: list[FusionPlan], out: list[str], functions: list[str], pref
             out.append(f"  if (!{b.name} && {product(b.dims, plan)} != 0) return 1;")
 
 
+def param_bytes(struct: str) -> int:
+    """Bytes of an argument struct (its fields are 8-byte scalars and arrays of them)."""
+    total = 0
+    for line in struct.splitlines()[1:]:
+        m = _FIELD.match(line)
+        if m:
+            total += 8 * int(m.group(1) or 1)
+    return total
+
+
 def repr_c(text: str) -> str:
     """``text`` as a C string literal (generated names: no quotes or backslashes)."""
     return f'"{text}"'
@@ -216,6 +231,10 @@ def emit_cuda(plan: FusionPlan, input_names: list[str], output_names: list[str],
     for e in (e for group in emitters for e in group):
         if e.k.kind != "library":
             host.append(e.struct())
+            if param_bytes(host[-1]) > MAX_PARAM_BYTES:
+                raise CudaCodegenError(
+                    f"CUDA codegen: kernel {e.k.name} takes {param_bytes(host[-1])} bytes of "
+                    f"parameters; a launch takes at most {MAX_PARAM_BYTES}")
     host += ["}  // namespace", ""]
     names = ", ".join(repr_c(f) for f in functions) or "nullptr"
     host += [

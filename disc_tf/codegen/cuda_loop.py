@@ -36,7 +36,10 @@ Value const_value(disc_ral* ral, int32_t dtype, int32_t rank, const int64_t* dim
   const int64_t bytes = bytes_of(v);
   v.data = ral->alloc_temp(ral, bytes > 0 ? bytes : 1);
   v.owned = true;
-  if (v.data != nullptr && bytes > 0) cuda_of(ral)->upload(cuda_of(ral), v.data, data, bytes);
+  if (v.data == nullptr ||
+      (bytes > 0 && cuda_of(ral)->upload(cuda_of(ral), v.data, data, bytes) != 0)) {
+    v.rank = -1;  // failed: the error is set; the runner stops before any launch
+  }
   return v;
 }
 
@@ -52,11 +55,12 @@ int64_t index_value(disc_ral* ral, const Value& v) {
   return y;
 }
 
-// A boolean held on the device (the condition), read on the host.
-bool truth(disc_ral* ral, const Value& v) {
+// A boolean held on the device (the condition), read on the host into *go.
+int32_t truth(disc_ral* ral, const Value& v, bool* go) {
   uint8_t b = 0;
-  if (cuda_of(ral)->download(cuda_of(ral), &b, v.data, 1)) return false;  // the error is set
-  return b != 0;
+  if (cuda_of(ral)->download(cuda_of(ral), &b, v.data, 1)) return 1;  // the error is set
+  *go = b != 0;
+  return 0;
 }
 
 // ---- the child table a step's runner (body or condition) sees

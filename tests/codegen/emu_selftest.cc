@@ -90,6 +90,10 @@ __global__ void DividesByZero(const Out o) {
   o.data[threadIdx.x] = 100 / (o.arg - static_cast<int>(threadIdx.x));  // thread `arg`: 100 / 0
 }
 
+__global__ void DivisionOverflows(const Out o) {
+  o.data[threadIdx.x] = o.arg / (threadIdx.x == 3 ? -1 : 1);  // arg = INT_MIN: thread 3 overflows
+}
+
 template <typename Args>
 int Report(void (*kernel)(Args), unsigned grid, unsigned block, unsigned shared, Args args,
            char* error, int error_size) {
@@ -122,6 +126,9 @@ int emu_dynamic_shared(int* out, unsigned grid, unsigned block, unsigned shared,
 }
 int emu_divide_by_zero(int* out, int zero_at, char* e, int n) {
   return Report(&DividesByZero, 1, 32, 0, Out{out, zero_at}, e, n);
+}
+int emu_division_overflow(int* out, int numerator, char* e, int n) {
+  return Report(&DivisionOverflows, 1, 32, 0, Out{out, numerator}, e, n);
 }
 int emu_block_sums(int* data, int blocks, char* e, int n) {
   return Report(&BlockSums, static_cast<unsigned>(blocks), 256, 0, Out{data, blocks * 256}, e, n);

@@ -390,3 +390,16 @@ def test_a_loop_cluster_builds_for_sm80_and_sm90(tmp_path):
     body = [n for n in names if "_body_" in n]
     assert body and names[:len(body)] == body and all("_cond_" in n for n in names[len(body):])
     assert hasattr(lib, "disc_cuda_entry") and not hasattr(lib, "disc_entry")
+
+
+def test_a_kernel_with_too_many_parameters_is_refused():
+    """A launch takes at most 4 KiB of parameters: a loop kernel reading a 100-way
+    concatenation in place would need more, so the cluster is refused (it stays TF
+    ops), never launched with a truncated struct."""
+    from disc_tf.codegen.cuda import MAX_PARAM_BYTES
+
+    fn = lambda *xs: tf.concat(list(xs), axis=1) * 2.0  # noqa: E731
+    spec = cluster_of(fn, *[dyn(4)] * 100)
+    with pytest.raises(CudaCodegenError, match=f"at most {MAX_PARAM_BYTES}"):
+        pipeline.front_end(spec, "cuda")
+    assert pipeline.front_end(cluster_of(fn, *[dyn(4)] * 4), "cuda").plan.kernels

@@ -81,6 +81,8 @@ def test_integer_division_by_zero_is_an_error_not_a_crash(emu):
     assert "integer division by zero" in err.value.decode()
     assert emu.emu_divide_by_zero(_ptr(out), 40, err, 1024) == 0  # no zero divisor: runs
     assert out.tolist() == [100 // (40 - t) for t in range(32)]
+    assert emu.emu_division_overflow(_ptr(out), -(2**31), err, 1024) == 1
+    assert "most negative value by -1" in err.value.decode()
 
 
 @pytest.mark.parametrize("grid,block,shared,message", [
