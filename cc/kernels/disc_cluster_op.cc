@@ -250,14 +250,16 @@ class DiscClusterOp : public AsyncOpKernel {
     }
     const LoadedArtifact* found = nullptr;
     switch (LookupPending(pending_key_, &found)) {
-      case PendingState::kReady:
-        if (!Refusal(found).empty()) {  // compiled for the other device kind
-          WarnOnce(cluster_name_, found->sha256, Refusal(found));
+      case PendingState::kReady: {
+        const std::string refused = Refusal(found);
+        if (!refused.empty()) {  // compiled for the other device kind
+          WarnOnce(cluster_name_, found->sha256, refused);
           pending_failed_.store(true, std::memory_order_relaxed);
           return nullptr;
         }
         artifact_.store(found, std::memory_order_release);
         return found;
+      }
       case PendingState::kFailed:
         pending_failed_.store(true, std::memory_order_relaxed);
         return nullptr;

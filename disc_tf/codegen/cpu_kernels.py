@@ -19,9 +19,13 @@ from disc_tf.codegen.cpu_ops import (
 from disc_tf.codegen.cpu_stitch import StitchEmitter
 from disc_tf.codegen.cpu_text import (
     comment,
+    concat_end_lines,
+    concat_ops,
     host_expr,
+    input_stride_lines,
     product,
     sym,
+    window_offset,
 )
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
 
@@ -86,7 +90,7 @@ class KernelEmitter(StitchEmitter):
 
     def concats(self) -> list[tuple[int, KernelOp]]:
         """The kernel's concatenations read in place: (op position, op)."""
-        return [(n, op) for n, op in enumerate(self.k.ops) if op.op == "concatenate"]
+        return concat_ops(self.k)
 
     def compute(self) -> str:
         params = [f"const {self.args}& a"]
@@ -370,33 +374,15 @@ class KernelEmitter(StitchEmitter):
             if acc.window is None:
                 lines.append(f"    k.in{i} = {buffer_ptr[b.name]};")
             else:  # a slice read in place: start offset, strides times steps
-                starts, steps, sliced = acc.window
-                offset = " + ".join(f"{sym(st, plan)} * {product(b.dims[d + 1:], plan)}"
-                                    for d, st in enumerate(starts)) or "0"
-                lines.append(f"    k.in{i} = {buffer_ptr[b.name]} + ({offset});  // window")
-            if not r:
-                continue
-            dims_map = acc.dims if acc.dims is not None else list(range(r))
-            stride = "1"
-            for bd in range(len(b.dims) - 1, -1, -1):
-                size = sym(b.dims[bd], plan)
-                if acc.window is None:
-                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
-                elif dims_map[bd] >= 0:  # -1: a size-1 dim along no kernel dim
-                    _, steps, sliced = acc.window
-                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} == 1"
-                                 f" ? 0 : {stride} * {steps[bd]};")
-                stride = f"{stride} * {size}" if stride != "1" else size
+                lines.append(f"    k.in{i} = {buffer_ptr[b.name]} + ({window_offset(acc, b, plan)});"
+                             "  // window")
+            if r:
+                lines += input_stride_lines(i, acc, b, r, plan)
         for j, (_, bname) in enumerate(k.outputs):
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
-        for n, op in self.concats():
-            end = "0"
-            for p, size in enumerate(op.attrs["sizes"]):
-                end = f"{end} + {sym(size, plan)}" if end != "0" else sym(size, plan)
-                lines.append(f"    k.cat{n}[{p}] = {end};")
-        return lines
+        return lines + concat_end_lines(k, plan)
 
     def _launch_lines(self, flat_conds: list[str]) -> list[str]:
         """The parallel_for launching the kernel on filled args ``k``; closes the scope."""

@@ -152,6 +152,38 @@ int32_t list_item(disc_ral* ral, const List& l, int64_t index, Value* item) {
 
 """
 
+#: A step's inputs, outputs, temporaries and errors through its child table: the same
+#: for both backends' SubCall (each defines ``sub_of`` and ``parent_of(disc_ral*)``).
+LOOP_STEP_IO = r"""
+int32_t sub_input_rank(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].rank; }
+const int64_t* sub_input_dims(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dims; }
+int32_t sub_input_dtype(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dtype; }
+const void* sub_input_data(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].data; }
+
+void* sub_alloc_output(disc_ral* r, int32_t i, int32_t rank, const int64_t* dims) {
+  SubCall* s = sub_of(r);
+  Value& v = s->outputs[i];
+  if (rank > kMaxRank) {
+    parent_of(r)->set_error(parent_of(r), DISC_INTERNAL, "loop step: an output's rank is too large");
+    return nullptr;
+  }
+  v.rank = rank;
+  for (int k = 0; k < rank; ++k) v.dims[k] = dims[k];
+  v.dtype = s->output_dtypes[i];
+  v.data = parent_of(r)->alloc_temp(parent_of(r), bytes_of(v));
+  v.owned = true;
+  return v.data;
+}
+
+void* sub_alloc_temp(disc_ral* r, int64_t bytes) {
+  return parent_of(r)->alloc_temp(parent_of(r), bytes);
+}
+void sub_free_temp(disc_ral* r, void* ptr) { parent_of(r)->free_temp(parent_of(r), ptr); }
+void sub_set_error(disc_ral* r, int32_t code, const char* message) {
+  parent_of(r)->set_error(parent_of(r), code, message);
+}
+"""
+
 #: Host memory: constants in place, lists written with memcpy, steps through a child
 #: disc_ral table.
 CPU_LOOP_MEMORY = r"""
@@ -186,35 +218,9 @@ struct SubCall {
 SubCall* sub_of(disc_ral* r) { return reinterpret_cast<SubCall*>(r); }
 disc_ral* parent_of(disc_ral* r) { return sub_of(r)->parent; }
 
-int32_t sub_input_rank(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].rank; }
-const int64_t* sub_input_dims(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dims; }
-int32_t sub_input_dtype(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dtype; }
-const void* sub_input_data(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].data; }
-
-void* sub_alloc_output(disc_ral* r, int32_t i, int32_t rank, const int64_t* dims) {
-  SubCall* s = sub_of(r);
-  Value& v = s->outputs[i];
-  if (rank > kMaxRank) {
-    s->parent->set_error(s->parent, DISC_INTERNAL, "loop step: an output's rank is too large");
-    return nullptr;
-  }
-  v.rank = rank;
-  for (int k = 0; k < rank; ++k) v.dims[k] = dims[k];
-  v.dtype = s->output_dtypes[i];
-  v.data = s->parent->alloc_temp(s->parent, bytes_of(v));
-  v.owned = true;
-  return v.data;
-}
-
-void* sub_alloc_temp(disc_ral* r, int64_t bytes) {
-  return parent_of(r)->alloc_temp(parent_of(r), bytes);
-}
-void sub_free_temp(disc_ral* r, void* ptr) { parent_of(r)->free_temp(parent_of(r), ptr); }
+""" + LOOP_STEP_IO + r"""
 void sub_parallel_for(disc_ral* r, int64_t total, double cost, disc_range_fn fn, void* closure) {
   parent_of(r)->parallel_for(parent_of(r), total, cost, fn, closure);
-}
-void sub_set_error(disc_ral* r, int32_t code, const char* message) {
-  parent_of(r)->set_error(parent_of(r), code, message);
 }
 void sub_sgemm_batched(disc_ral* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                        const float* a, int64_t lda, int64_t sa, int ta, const float* b,

@@ -3,7 +3,7 @@ products, comments, host scalars, accumulator types and GEMM stride forms."""
 
 from __future__ import annotations
 
-from disc_tf.fusion.plan import Buffer, FusionPlan
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
 
 
 def sym(s: int, plan: FusionPlan) -> str:
@@ -107,3 +107,44 @@ def strided_gemm_exprs(f: dict, lhs: Buffer, rhs: Buffer, plan: FusionPlan) -> d
         "lda": stride(lhs, f["k_lhs"] if f["transpose_a"] else f["m"]),
         "ldb": stride(rhs, f["n"] if f["transpose_b"] else f["k_rhs"]),
     }
+
+
+def concat_ops(kernel: Kernel) -> list[tuple[int, KernelOp]]:
+    """A loop kernel's concatenations read in place: (op position, op)."""
+    return [(n, op) for n, op in enumerate(kernel.ops) if op.op == "concatenate"]
+
+
+def concat_end_lines(kernel: Kernel, plan: FusionPlan) -> list[str]:
+    """Host lines setting ``k.cat<n>[p]``: where part p of each concatenation ends."""
+    lines = []
+    for n, op in concat_ops(kernel):
+        end = "0"
+        for q, size in enumerate(op.attrs["sizes"]):
+            end = f"{end} + {sym(size, plan)}" if end != "0" else sym(size, plan)
+            lines.append(f"    k.cat{n}[{q}] = {end};")
+    return lines
+
+
+def window_offset(acc: Access, buf: Buffer, plan: FusionPlan) -> str:
+    """Elements of ``buf`` before the first one of the slice ``acc`` reads in place."""
+    starts = acc.window[0]
+    return " + ".join(f"{sym(st, plan)} * {product(buf.dims[d + 1:], plan)}"
+                      for d, st in enumerate(starts)) or "0"
+
+
+def input_stride_lines(i: int, acc: Access, buf: Buffer, rank: int, plan: FusionPlan) -> list[str]:
+    """Host lines setting ``k.in<i>_strides`` per kernel dim: 0 along a broadcast
+    (size-1) dim; through a window, the buffer's stride times the slice's step."""
+    lines = []
+    dims_map = acc.dims if acc.dims is not None else list(range(rank))
+    stride = "1"
+    for bd in range(len(buf.dims) - 1, -1, -1):
+        size = sym(buf.dims[bd], plan)
+        if acc.window is None:
+            lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
+        elif dims_map[bd] >= 0:  # -1: a size-1 dim along no kernel dim
+            _, steps, sliced = acc.window
+            lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} == 1"
+                         f" ? 0 : {stride} * {steps[bd]};")
+        stride = f"{stride} * {size}" if stride != "1" else size
+    return lines

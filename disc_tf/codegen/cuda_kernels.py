@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from disc_tf.codegen.cpu_text import (
     comment,
+    concat_end_lines,
+    concat_ops,
     host_expr,
+    input_stride_lines,
     product,
     strided_gemm_exprs,
     sym,
+    window_offset,
 )
 from disc_tf.codegen.cuda_config import (
     BLOCK,
@@ -158,7 +162,7 @@ class CudaKernelEmitter(CudaReductionEmitter):
 
     def concats(self) -> list[tuple[int, KernelOp]]:
         """The kernel's concatenations read in place: (op position, op)."""
-        return [(n, op) for n, op in enumerate(self.k.ops) if op.op == "concatenate"]
+        return concat_ops(self.k)
 
     def pointers(self, indent: str = "  ") -> list[str]:
         """Typed input (r*) and output (w*) pointers from the argument struct."""
@@ -454,25 +458,12 @@ class CudaKernelEmitter(CudaReductionEmitter):
             if acc.window is None:
                 lines.append(f"    k.in{i} = {ptr[b.name]};")
             else:  # a slice read in place: its first element, strides times steps
-                starts, steps, sliced = acc.window
-                offset = " + ".join(f"{sym(st, plan)} * {product(b.dims[d + 1:], plan)}"
-                                    for d, st in enumerate(starts)) or "0"
                 lines.append(f"    k.in{i} = static_cast<const char*>({ptr[b.name]}) + "
-                             f"({offset}) * {ITEMSIZE[b.elem]};  // window")
+                             f"({window_offset(acc, b, plan)}) * {ITEMSIZE[b.elem]};  // window")
             aligned.append(f"disc_aligned(k.in{i}, {VEC * ITEMSIZE[b.elem]})")
             if not r:
                 continue
-            dims_map = acc.dims if acc.dims is not None else list(range(r))
-            stride = "1"
-            for bd in range(len(b.dims) - 1, -1, -1):
-                size = sym(b.dims[bd], plan)
-                if acc.window is None:
-                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] = {size} == 1 ? 0 : {stride};")
-                elif dims_map[bd] >= 0:  # -1: a size-1 dim along no kernel dim
-                    _, steps, sliced = acc.window
-                    lines.append(f"    k.in{i}_strides[{dims_map[bd]}] += {sym(sliced[bd], plan)} "
-                                 f"== 1 ? 0 : {stride} * {steps[bd]};")
-                stride = f"{stride} * {size}" if stride != "1" else size
+            lines += input_stride_lines(i, acc, b, r, plan)
             if acc.permuted:
                 flat_conds.append("false")
             elif not acc.is_identity:
@@ -482,11 +473,7 @@ class CudaKernelEmitter(CudaReductionEmitter):
             aligned.append(f"disc_aligned(k.out{j}, {VEC * ITEMSIZE[self.out_elem(j)]})")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
-        for n, op in self.concats():
-            end = "0"
-            for q, size in enumerate(op.attrs["sizes"]):
-                end = f"{end} + {sym(size, plan)}" if end != "0" else sym(size, plan)
-                lines.append(f"    k.cat{n}[{q}] = {end};")
+        lines += concat_end_lines(k, plan)
         lines.append("    void* params[] = {&k};")
         if k.kind == "stitch":
             lines.append(f"    const int64_t cols = k.dims[{r - 1}];")

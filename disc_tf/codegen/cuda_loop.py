@@ -16,7 +16,13 @@ from __future__ import annotations
 import dataclasses
 
 from disc_tf.cluster.loops import LoopPlan
-from disc_tf.codegen.cpu_loop import LOOP_COMMON, LOOP_STACK, LoopFlavor, emit_loop_runner
+from disc_tf.codegen.cpu_loop import (
+    LOOP_COMMON,
+    LOOP_STACK,
+    LOOP_STEP_IO,
+    LoopFlavor,
+    emit_loop_runner,
+)
 from disc_tf.codegen.cuda import cuda_exports, repr_c
 from disc_tf.codegen.cuda_ops import DEVICE_PRELUDE
 from disc_tf.sources import Sources, SourceUnit
@@ -78,33 +84,7 @@ SubCall* sub_of(disc_ral_cuda* r) { return reinterpret_cast<SubCall*>(r); }
 disc_ral* parent_of(disc_ral* r) { return &sub_of(r)->parent->base; }
 disc_ral_cuda* parent_of(disc_ral_cuda* r) { return sub_of(r)->parent; }
 
-int32_t sub_input_rank(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].rank; }
-const int64_t* sub_input_dims(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dims; }
-int32_t sub_input_dtype(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].dtype; }
-const void* sub_input_data(disc_ral* r, int32_t i) { return sub_of(r)->inputs[i].data; }
-
-void* sub_alloc_output(disc_ral* r, int32_t i, int32_t rank, const int64_t* dims) {
-  SubCall* s = sub_of(r);
-  Value& v = s->outputs[i];
-  if (rank > kMaxRank) {
-    parent_of(r)->set_error(parent_of(r), DISC_INTERNAL, "loop step: an output's rank is too large");
-    return nullptr;
-  }
-  v.rank = rank;
-  for (int k = 0; k < rank; ++k) v.dims[k] = dims[k];
-  v.dtype = s->output_dtypes[i];
-  v.data = parent_of(r)->alloc_temp(parent_of(r), bytes_of(v));
-  v.owned = true;
-  return v.data;
-}
-
-void* sub_alloc_temp(disc_ral* r, int64_t bytes) {
-  return parent_of(r)->alloc_temp(parent_of(r), bytes);
-}
-void sub_free_temp(disc_ral* r, void* ptr) { parent_of(r)->free_temp(parent_of(r), ptr); }
-void sub_set_error(disc_ral* r, int32_t code, const char* message) {
-  parent_of(r)->set_error(parent_of(r), code, message);
-}
+""" + LOOP_STEP_IO + r"""
 int32_t sub_launch(disc_ral_cuda* r, int32_t function, uint32_t grid, uint32_t block,
                    uint32_t shared_bytes, void** params) {
   return parent_of(r)->launch(parent_of(r), function + sub_of(r)->first_function, grid, block,

@@ -27,8 +27,7 @@ TARGET = "cuda-emu"
 #: Flags of both translation units (the CPU backend's numerics: no contraction).
 FLAGS = ["-std=c++20", "-O1", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
          "-fno-exceptions", "-fno-rtti", "-pthread", "-Wno-unknown-pragmas",
-         "-Wno-attributes", "-Wno-psabi",
-         "-U_FORTIFY_SOURCE"]  # the emulator's SIGFPE trap longjmps across stacks
+         "-Wno-attributes", "-Wno-psabi"]
 LINK_FLAGS = ["-shared", "-pthread", "-Wl,-z,defs"]
 
 
