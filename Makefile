@@ -66,6 +66,12 @@ bench: install bench-deps
 bazel-build: $(STAMP)
 	DISC_TF_PYTHON_BIN=$(abspath $(VPY)) bazel build //cc:disc_tf_ops //cc:libdisc_tf_ops_bazel.so
 
+# The C++ serving host without Python (serving/host, docs/serving.md), built against
+# the venv's TensorFlow wheel; prints the binary's path.
+.PHONY: serving-host
+serving-host: $(STAMP)
+	$(VPY) -m serving.build_host
+
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 

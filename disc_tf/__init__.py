@@ -31,7 +31,7 @@ if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
              signatures=None, all_functions: bool = False, strict: bool | None = None,
-             quiet: bool = False, isa=None) -> str:
+             quiet: bool = False, isa=None, signing_key=None) -> str:
     """Optimizes a SavedModel ahead of time; returns ``output_dir``.
 
     Compiles what serving runs: the functions reachable from ``signatures``
@@ -46,10 +46,14 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
     unless ``$DISC_TF_ISA`` says otherwise: AVX-512, AVX2 and baseline clones, the
     best chosen where the model runs), "host" (this machine's alone), or a list of
     "x86-64-v4", "x86-64-v3", "x86-64" (the fleet's).
+    ``signing_key``: an Ed25519 private key (or its PEM file, see ``disc-tf keygen``)
+    that signs every artifact. A host loads an embedded artifact only if signed by a
+    key it trusts (``$DISC_TF_TRUSTED_KEYS``) or by its own user; otherwise it
+    compiles the cluster itself (``docs/serving.md``).
     """
     report = _optimize_saved_model(saved_model_dir, output_dir, target=target,
                                    signatures=signatures, all_functions=all_functions,
-                                   strict=strict, isa_levels=isa)
+                                   strict=strict, isa_levels=isa, signing_key=signing_key)
     if not quiet:
         print("\n".join(f"disc_tf.optimize: {line}" for line in report.summary().splitlines()),
               file=sys.stderr)
@@ -59,8 +63,10 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
 def stats() -> dict[str, int]:
     """Counters of this process since the last reset: clusters, compilations,
     cache_hits, fallbacks, kernels, peak_temp_bytes (the most temporary
-    memory one cluster call held) and packed_weights (GEMM weight operands
-    packed once and kept for later calls)."""
+    memory one cluster call held), packed_weights (GEMM weight operands
+    packed once and kept for later calls), untrusted (embedded artifacts not
+    loaded for want of a trusted signature) and rebuilds (clusters compiled
+    again on this host instead; see ``docs/serving.md``)."""
     return dict(_native.load().py.stats())
 
 

@@ -354,7 +354,8 @@ def summary_lines(report: OptimizeReport) -> list[str]:
 def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None,
                    out: TextIO | None = None, err: TextIO | None = None,
                    all_functions: bool = False, strict: bool | None = None,
-                   isa_levels: str | list[str] | None = None) -> int:
+                   isa_levels: str | list[str] | None = None,
+                   signing_key: str | None = None) -> int:
     """Optimizes a SavedModel and prints what happened to every cluster, then the
     report's summary (refused clusters and nodes, the total line)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -371,7 +372,8 @@ def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None
     print(f"{total} cluster(s) to compile", file=err, flush=True)
     report = optimize_saved_model(src, dst, target=target, signatures=signatures,
                                   all_functions=all_functions, strict=strict,
-                                  progress=_progress(total, err), isa_levels=levels)
+                                  progress=_progress(total, err), isa_levels=levels,
+                                  signing_key=signing_key)
     for line in summary_lines(report):
         print(line, file=out)
     print(report.summary(), file=out)
@@ -405,6 +407,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="x86-64 levels of the CPU kernels: portable (default: AVX-512, AVX2 "
                           "and baseline clones), host, or comma-separated levels among "
                           "x86-64-v4, x86-64-v3, x86-64"),
+    opt.add_argument("--signing-key", default=None, metavar="PEM",
+                     help="Ed25519 private key that signs every artifact (disc-tf keygen), "
+                          "for hosts that trust its public key")
+    key = sub.add_parser("keygen", help="write a new Ed25519 key pair for signing artifacts")
+    key.add_argument("private", metavar="PRIVATE.pem", help="the signing key (written 0600)")
+    key.add_argument("public", metavar="PUBLIC.pem",
+                     help="the public key hosts list in DISC_TF_TRUSTED_KEYS")
     ins = sub.add_parser("inspect", help="show clusters and why other ops stay out")
     ins.add_argument("model", metavar="MODEL", help="SavedModel directory")
     ins.add_argument("--until", choices=STAGES, default="cluster",
@@ -455,6 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "keygen":
+            from disc_tf import trust
+
+            print(f"key {trust.generate_key(args.private, args.public)}: private {args.private}, "
+                  f"public {args.public}")
+            return 0
         signatures = [s for s in args.signatures.split(",") if s] if args.signatures else None
         if args.command == "inspect":
             until = "codegen" if args.show_kernels else args.until
@@ -466,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         return optimize_model(args.input, args.output, args.target, signatures,
                               all_functions=args.all_functions, strict=args.strict or None,
                               isa_levels=args.isa.split(",") if args.isa and "," in args.isa
-                              else args.isa)
+                              else args.isa, signing_key=args.signing_key)
     except UsageError as e:
         print(f"disc-tf: error: {e}", file=sys.stderr)
         return 2

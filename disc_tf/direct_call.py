@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pathlib
 import threading
 from collections.abc import Callable, Mapping
@@ -35,7 +36,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context, execute, record
 from tensorflow.python.util import nest
 
-from disc_tf import background
+from disc_tf import background, trust
 from disc_tf.direct_plan import DirectPlan, NotDirect, Source, plan_function
 
 logger = logging.getLogger("disc_tf.direct")
@@ -50,11 +51,16 @@ def _lookup_function(name: str):
     return ctx.get_function_def(name)
 
 
+_TRUE = ("1", "true", "yes", "on")
+
+
 def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
     """Publishes each step's artifact under a key; returns the key per step.
 
     A step whose node has no artifact keeps its node's pending key (empty:
-    always the fallback; set: a background compile the op waits for).
+    always the fallback; set: a background compile the op waits for). Raises
+    NotDirect when an artifact is not to be loaded here (no trusted signature, or
+    DISC_TF_FORCE_FALLBACK): the op's own kernel then decides what runs.
     """
     keys = []
     for step in plan.steps:
@@ -64,6 +70,11 @@ def _publish_artifacts(plan: DirectPlan) -> tuple[str, ...]:
         if not step.artifact:
             keys.append(step.pending_key)
             continue
+        if os.environ.get("DISC_TF_FORCE_FALLBACK", "").strip().lower() in _TRUE:
+            raise NotDirect("DISC_TF_FORCE_FALLBACK is set")
+        trusted, why = trust.check(step.artifact_sha256, step.signatures)
+        if not trusted:
+            raise NotDirect(f"cluster {step.cluster_name}'s artifact is not loaded: {why}")
         # The key names the bytes, so a key never stands for two artifacts.
         key = f"direct/{hashlib.sha256(step.artifact).hexdigest()}/{step.artifact_sha256}"
         if background.pending_state(key) == "unknown" and not background.publish_bytes(
@@ -528,17 +539,25 @@ class DiscModel:
 
 
 def load(export_dir: str, tags: Any = None, options: Any = None, *,
-         warmup: bool = True) -> DiscModel:
+         warmup: bool = True, artifacts: str | None = None,
+         trusted_keys: Any = None) -> DiscModel:
     """Loads a SavedModel (as ``tf.saved_model.load``) whose DiscCluster ops are called
     directly, without TF's function runtime, where the model allows it.
 
     With ``warmup``, each directly-called function runs once on ones (unknown dims
     8, or 1 if 8 fails) before ``load`` returns, so that the first request does not pay
     for packing the GEMM weights; a warm-up that fails is skipped.
+
+    ``artifacts`` ('trusted', 'rebuild' or 'fallback') and ``trusted_keys`` (PEM files
+    of Ed25519 public keys) set this process's artifact policy, as
+    ``$DISC_TF_ARTIFACTS`` and ``$DISC_TF_TRUSTED_KEYS`` do (``disc_tf/trust.py``): an
+    embedded artifact no trusted signature vouches for is never loaded.
     """
     from disc_tf.runtime import native
 
     native.load()
+    if artifacts is not None or trusted_keys is not None:
+        trust.configure(artifacts, trusted_keys)
     module = tf.saved_model.load(export_dir, tags=tags, options=options)
     # Direct calls place the op by its inputs; with a GPU, TF's placement must decide.
     refuse = "a GPU is visible" if tf.config.list_logical_devices("GPU") else None

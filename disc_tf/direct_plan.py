@@ -100,6 +100,8 @@ class ClusterStep:
     pending_key: str
     attrs: tuple[tuple[str, ExecAttr], ...]
     op: str = "DiscCluster"
+    #: the signatures on its artifact (``disc_tf/trust.py``)
+    signatures: tuple[str, ...] = ()
 
     @property
     def is_cluster(self) -> bool:
@@ -303,7 +305,9 @@ class _Planner:
             artifact_sha256=a["artifact_sha256"].s.decode() if "artifact_sha256" in a else "",
             num_kernels=int(a["num_kernels"].i) if "num_kernels" in a else 0,
             pending_key=a["pending_key"].s.decode() if "pending_key" in a else "",
-            attrs=tuple(attrs))
+            attrs=tuple(attrs),
+            signatures=tuple(sig.decode() for sig in a["artifact_signatures"].list.s)
+            if "artifact_signatures" in a else ())
         self.steps.append(step)
         self._step_of[key] = len(self.steps) - 1
         return len(self.steps) - 1

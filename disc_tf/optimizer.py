@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tensorflow.core.framework import function_pb2, graph_pb2
 
-from disc_tf import pipeline, strict
+from disc_tf import pipeline, strict, trust
 from disc_tf.cluster import clustering, const_fold, loops, rewrite
 from disc_tf.cluster.graph_view import GraphView, producer, view_of_function_def, view_of_graph_def
 from disc_tf.dhlo_bridge.rules import LoweringError
@@ -25,6 +26,9 @@ from disc_tf.report import (
     OptimizeReport,
 )
 from disc_tf.runtime import isa, native
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ed25519
 
 log = logging.getLogger("disc_tf")
 
@@ -53,6 +57,8 @@ class Options:
     #: x86-64 levels the CPU kernels are compiled for (``runtime/isa.py``): every level
     #: for an artifact that travels, the host's alone for a JIT compile
     isa_levels: tuple[str, ...] = isa.PORTABLE
+    #: signs each artifact besides this user's own signature (``disc_tf/trust.py``)
+    signing_key: ed25519.Ed25519PrivateKey | None = None
 
 
 def carve_clusters(view: GraphView, fetched: frozenset[str], protected: frozenset[str],
@@ -216,7 +222,9 @@ class BodyOptimizer:
                     self.new_functions[f.signature.name] = f
                 self.loop_functions.update(dict.fromkeys(loop.step_functions, name))
             native.load().py.note_cluster(art.sha256, art.num_kernels)
-            attrs = rewrite.CompiledClusterAttrs(art.data, art.sha256, art.num_kernels)
+            attrs = rewrite.CompiledClusterAttrs(
+                art.data, art.sha256, art.num_kernels,
+                trust.signatures(art.sha256, self.options.signing_key))
             replaced.append((spec, fallback.signature.name, attrs))
         return replaced
 

@@ -19,7 +19,7 @@ import shutil
 
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from disc_tf import scope
+from disc_tf import scope, trust
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import isa, native
 from disc_tf.runtime.target import resolve_target as _resolve_target
@@ -84,7 +84,7 @@ def last_report() -> OptimizeReport | None:
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
                          signatures=None, all_functions: bool = False,
                          min_cluster_size: int = 2, strict: bool | None = None,
-                         progress=None, isa_levels=None) -> OptimizeReport:
+                         progress=None, isa_levels=None, signing_key=None) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
 
     Compiles what serving runs: the functions and main-graph nodes reachable from
@@ -94,7 +94,9 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     raises StrictModeError (and nothing is written). ``progress(spec)`` is called as
     each cluster starts compiling. ``isa_levels``: the x86-64 levels CPU kernels are
     compiled for ("portable", the default: every level; "host"; or a list:
-    ``runtime/isa.py``)."""
+    ``runtime/isa.py``). ``signing_key`` (an Ed25519 private key or its PEM file)
+    signs every artifact, so hosts that trust its public key load them as they are
+    (``disc_tf/trust.py``)."""
     global _last_report
     native.load()
     src = pathlib.Path(saved_model_dir)
@@ -105,7 +107,9 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
         signatures = [signatures]
     options = Options(target=resolve_target(target), min_cluster_size=min_cluster_size,
                       strict=strict, progress=progress,
-                      isa_levels=isa.resolve(isa_levels, "portable"))
+                      isa_levels=isa.resolve(isa_levels, "portable"),
+                      signing_key=None if signing_key is None else trust.load_signing_key(
+                          signing_key))
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((src / "saved_model.pb").read_bytes())
     report = OptimizeReport(serving_bodies={"main_graph"})

@@ -1,6 +1,9 @@
 // disc_cluster_op.cc -- the DiscCluster op: runs a compiled cluster artifact,
 // or the cluster's original ops (the `fallback` function) when the artifact
-// is missing, unusable or disabled.
+// is missing, unusable or disabled. An embedded artifact is loaded only when a
+// trusted signature vouches for it (artifact_trust.h); otherwise the cluster is
+// rebuilt on this host from the fallback function (cluster_rebuild.h), or runs
+// the fallback, as the artifact policy says.
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -15,6 +18,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/artifact_loader.h"
+#include "cc/kernels/artifact_trust.h"
+#include "cc/kernels/cluster_rebuild.h"
 #include "cc/kernels/pending_artifacts.h"
 #ifdef DISC_TF_GPU
 #include "cc/kernels/gpu_runner.h"
@@ -57,6 +62,7 @@ REGISTER_OP("DiscCluster")
     .Attr("output_shapes: list(shape) >= 0")
     .Attr("artifact: string")
     .Attr("artifact_sha256: string")
+    .Attr("artifact_signatures: list(string) = []")
     .Attr("fallback: func")
     .Attr("cluster_name: string = ''")
     .Attr("num_kernels: int = 0")
@@ -83,6 +89,9 @@ Runs a compiled DISC cluster.
 artifact: the compiled shared object (see disc_ral.h); empty means the
   cluster always runs `fallback`.
 artifact_sha256: lowercase hex SHA-256 of `artifact`.
+artifact_signatures: signatures of the artifact ("ed25519:<key id>:<hex>" by a
+  key the host trusts, "local:<hex>" by this user's own compiler); an artifact
+  no signature vouches for is never loaded (see DISC_TF_ARTIFACTS).
 fallback: a function with the same inputs and outputs that computes the
   cluster with the original TensorFlow ops.
 output_shapes: the static shape (usually with unknown dims) of each output.
@@ -101,17 +110,28 @@ bool EnvTrue(const char* name) {
   return s == "1" || s == "true" || s == "yes" || s == "on";
 }
 
+// True the first time (kind, cluster, artifact) is seen in this process.
+bool FirstTime(const char* kind, const std::string& cluster_name, const std::string& sha) {
+  static std::mutex* mu = new std::mutex;
+  static auto* seen = new std::set<std::string>;
+  std::lock_guard<std::mutex> lock(*mu);
+  return seen->insert(absl::StrCat(kind, "\n", cluster_name, "\n", sha)).second;
+}
+
 // Logs `reason` once per (cluster, artifact) per process.
 void WarnOnce(const std::string& cluster_name, const std::string& sha,
               const std::string& reason) {
-  static std::mutex* mu = new std::mutex;
-  static auto* warned = new std::set<std::string>;
-  {
-    std::lock_guard<std::mutex> lock(*mu);
-    if (!warned->insert(absl::StrCat(cluster_name, "\n", sha)).second) return;
-  }
+  if (!FirstTime("fallback", cluster_name, sha)) return;
   LOG(WARNING) << "DiscCluster '" << cluster_name
                << "': falling back to the original TensorFlow ops: " << reason;
+}
+
+// Logs once per (cluster, artifact) that the cluster is compiled here instead.
+void LogRebuildOnce(const std::string& cluster_name, const std::string& sha,
+                    const std::string& reason) {
+  if (!FirstTime("rebuild", cluster_name, sha)) return;
+  LOG(INFO) << "DiscCluster '" << cluster_name << "': not loading its embedded artifact ("
+            << reason << "); compiling the cluster on this host instead";
 }
 
 absl::Status WithPrefix(const absl::Status& s, const std::string& prefix) {
@@ -158,6 +178,22 @@ class DiscClusterOp : public AsyncOpKernel {
       fallback_reason_ = "the node carries no compiled artifact";
       return;
     }
+    std::vector<std::string> signatures;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("artifact_signatures", &signatures));
+    const TrustVerdict trust = MayLoadEmbedded(sha256_, signatures);
+    if (!trust.trusted) {  // never dlopen-ed
+      stats::Add(stats::kUntrusted, 1);
+      if (CurrentArtifactPolicy() == ArtifactPolicy::kFallback) {
+        WarnOnce(cluster_name_, sha256_, absl::StrCat("its artifact is not trusted: ",
+                                                      trust.reason, " (DISC_TF_ARTIFACTS=fallback)"));
+        fallback_reason_ = absl::StrCat("its artifact is not trusted: ", trust.reason);
+      } else {
+        LogRebuildOnce(cluster_name_, sha256_, trust.reason);
+        rebuild_ = true;
+        fallback_reason_ = absl::StrCat("its artifact is not trusted (", trust.reason, ")");
+      }
+      return;
+    }
     const LoadedArtifact* loaded = nullptr;
     absl::Status s = LoadArtifact(artifact, sha256_, &loaded);
     if (!s.ok()) {
@@ -192,6 +228,13 @@ class DiscClusterOp : public AsyncOpKernel {
       done();
       return;
     }
+    if (rebuild_) {
+      std::shared_ptr<const RebuiltCluster> rebuilt = Rebuilt(ctx->function_library(), inputs);
+      if (rebuilt != nullptr) {
+        RunFunction(ctx, rebuilt.get(), std::move(inputs), std::move(done));
+        return;
+      }
+    }
     if (EnvTrue("DISC_TF_STRICT")) {
       ctx->SetStatus(absl::FailedPreconditionError(absl::StrCat(
           prefix_, "strict mode (DISC_TF_STRICT): this call would run the original TF ops "
@@ -199,12 +242,17 @@ class DiscClusterOp : public AsyncOpKernel {
       done();
       return;
     }
-    RunFallback(ctx, std::move(inputs), std::move(done));
+    stats::Add(stats::kFallbacks, 1);
+    RunFunction(ctx, nullptr, std::move(inputs), std::move(done));
   }
 
  private:
   // Why a call runs the fallback function (for strict mode's error).
-  std::string FallbackReason() const {
+  std::string FallbackReason() {
+    if (rebuild_) {
+      std::lock_guard<std::mutex> lock(rebuild_mu_);
+      if (!rebuild_error_.empty()) return rebuild_error_;
+    }
     if (!pending_key_.empty()) {
       return pending_failed_.load(std::memory_order_relaxed)
                  ? "its background compile failed"
@@ -336,22 +384,62 @@ class DiscClusterOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  // The instantiated fallback function for `lib`, instantiating it once.
-  absl::Status GetFallbackHandle(FunctionLibraryRuntime* lib,
-                                 FunctionLibraryRuntime::Handle* handle) {
+  // The cluster rebuilt on this host, building it on the first call (the
+  // calls meanwhile wait); null when rebuilding failed (fallback_reason_ says
+  // why). The inputs give each argument's rank where the function does not.
+  std::shared_ptr<const RebuiltCluster> Rebuilt(FunctionLibraryRuntime* lib,
+                                                const std::vector<Tensor>& inputs) {
+    std::lock_guard<std::mutex> lock(rebuild_mu_);
+    if (rebuilt_ != nullptr || !rebuild_error_.empty()) return rebuilt_;
+    absl::Status s;
+    auto rebuilt = std::make_shared<RebuiltCluster>();
+    if (lib == nullptr || lib->GetFunctionLibraryDefinition() == nullptr) {
+      s = absl::FailedPreconditionError("no function library");
+    } else {
+      std::vector<PartialTensorShape> shapes;
+      for (const Tensor& t : inputs) {
+        shapes.emplace_back(std::vector<int64_t>(t.dims(), -1));
+      }
+      s = RebuildCluster(*lib->GetFunctionLibraryDefinition(), fallback_.name(), shapes,
+                         rebuilt.get());
+    }
+    if (!s.ok()) {
+      rebuild_error_ = absl::StrCat(
+          "its artifact is not trusted and rebuilding it here failed: ", s.message());
+      WarnOnce(cluster_name_, sha256_, rebuild_error_);
+      return nullptr;
+    }
+    stats::Add(stats::kRebuilds, 1);
+    rebuilt_ = std::move(rebuilt);
+    return rebuilt_;
+  }
+
+  // The instantiated fallback function (or with `rebuilt`, the rebuilt one)
+  // for `lib`, instantiating it once.
+  absl::Status GetHandle(FunctionLibraryRuntime* lib, const RebuiltCluster* rebuilt,
+                         FunctionLibraryRuntime::Handle* handle) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(lib);
-    if (it != handles_.end()) {
+    auto& handles = rebuilt != nullptr ? rebuilt_handles_ : handles_;
+    auto it = handles.find(lib);
+    if (it != handles.end()) {
       *handle = it->second;
       return absl::OkStatus();
     }
-    TF_RETURN_IF_ERROR(lib->Instantiate(
-        fallback_.name(), AttrSlice(&fallback_.attr()), handle));
-    handles_.emplace(lib, *handle);
+    if (rebuilt != nullptr) {
+      FunctionLibraryRuntime::InstantiateOptions options;
+      options.lib_def = rebuilt->lib.get();
+      TF_RETURN_IF_ERROR(lib->Instantiate(rebuilt->function, AttrSlice(), options, handle));
+    } else {
+      TF_RETURN_IF_ERROR(lib->Instantiate(
+          fallback_.name(), AttrSlice(&fallback_.attr()), handle));
+    }
+    handles.emplace(lib, *handle);
     return absl::OkStatus();
   }
 
-  void RunFallback(OpKernelContext* ctx, std::vector<Tensor> inputs, DoneCallback done) {
+  // Runs the fallback function, or the cluster rebuilt here when `rebuilt`.
+  void RunFunction(OpKernelContext* ctx, const RebuiltCluster* rebuilt,
+                   std::vector<Tensor> inputs, DoneCallback done) {
     FunctionLibraryRuntime* lib = ctx->function_library();
     if (lib == nullptr) {
       ctx->SetStatus(absl::InternalError(absl::StrCat(
@@ -360,15 +448,14 @@ class DiscClusterOp : public AsyncOpKernel {
       return;
     }
     FunctionLibraryRuntime::Handle handle;
-    absl::Status s = GetFallbackHandle(lib, &handle);
+    absl::Status s = GetHandle(lib, rebuilt, &handle);
     if (!s.ok()) {
       ctx->SetStatus(WithPrefix(
-          s, absl::StrCat(prefix_, "instantiating fallback function '",
-                          fallback_.name(), "': ")));
+          s, absl::StrCat(prefix_, "instantiating function '",
+                          rebuilt != nullptr ? rebuilt->function : fallback_.name(), "': ")));
       done();
       return;
     }
-    stats::Add(stats::kFallbacks, 1);
 
     // Everything the asynchronous call refers to lives until it completes.
     struct CallState {
@@ -432,8 +519,15 @@ class DiscClusterOp : public AsyncOpKernel {
   std::atomic<bool> pending_failed_{false};
   bool on_gpu_ = false;  // the GPU kernel: runs CUDA artifacts on TF's stream
 
+  // Set when the embedded artifact is not trusted and the policy rebuilds it.
+  bool rebuild_ = false;
+  std::mutex rebuild_mu_;
+  std::shared_ptr<const RebuiltCluster> rebuilt_;  // guarded by rebuild_mu_
+  std::string rebuild_error_;                      // guarded by rebuild_mu_; set on failure
+
   std::mutex mu_;
   std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;
+  std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> rebuilt_handles_;
 };
 
 }  // namespace

@@ -1,20 +1,13 @@
 // graph_pass.cc -- clusters graphs as TensorFlow builds them for execution.
 //
 // A GraphOptimizationPass at POST_REWRITE_FOR_EXEC (after placement and the
-// feed/fetch rewrite) that, when TF_DISC_ENABLE=1, hands each graph to
-// `disc_tf.enable._optimize_serialized` in the host Python interpreter and, if
-// that returns a rewritten GraphDef (DiscCluster nodes + fallback functions),
-// swaps it in. Any failure leaves the graph as it was: this pass never fails
-// the user's graph.
-//
-// The Python C API is resolved with dlsym at run time, so the library does not
-// need libpython and still loads in a process without Python. There the pass
-// runs `python -m disc_tf compile-graph` instead (subprocess_compiler.h).
-// DISC_TF_COMPILER=inprocess|subprocess forces one way (default: in-process
-// when the host has an initialized interpreter). DISC_TF_COMPILE_MODE=sync
+// feed/fetch rewrite) that, when TF_DISC_ENABLE=1, hands each graph to the
+// host's compiler (graph_compiler.h: disc_tf in-process, or a subprocess where
+// there is no Python) and, if that returns a rewritten GraphDef (DiscCluster
+// nodes + fallback functions), swaps it in. Any failure leaves the graph as it
+// was: this pass never fails the user's graph. DISC_TF_COMPILE_MODE=sync
 // compiles before the graph runs; async (the default) rewrites the graph at
 // once and switches each cluster to its artifact when it is built.
-#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -29,7 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cc/kernels/subprocess_compiler.h"
+#include "cc/kernels/graph_compiler.h"
 #include "tensorflow/core/common_runtime/graph_constructor.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/common_runtime/placer.h"
@@ -54,77 +47,10 @@ using tensorflow::Node;
 
 constexpr char kDiscOp[] = "DiscCluster";
 constexpr char kFallbackPrefix[] = "disc_fallback_";
-constexpr char kPyModule[] = "disc_tf.enable";
-constexpr char kPyFunction[] = "_optimize_serialized";
 
 bool Enabled() {
   const char* v = std::getenv("TF_DISC_ENABLE");
   return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
-// True if $name is `value`, ignoring case.
-bool EnvIs(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && absl::AsciiStrToLower(v) == value;
-}
-
-// The subset of the CPython C API the pass uses, looked up in the process.
-struct PyApi {
-  using PyObj = void;
-  int (*IsInitialized)() = nullptr;
-  int (*IsFinalizing)() = nullptr;  // optional
-  int (*GILStateEnsure)() = nullptr;
-  void (*GILStateRelease)(int) = nullptr;
-  PyObj* (*ImportModule)(const char*) = nullptr;
-  PyObj* (*GetAttrString)(PyObj*, const char*) = nullptr;
-  PyObj* (*BytesFromStringAndSize)(const char*, ssize_t) = nullptr;
-  int (*BytesAsStringAndSize)(PyObj*, char**, ssize_t*) = nullptr;
-  PyObj* (*ListNew)(ssize_t) = nullptr;
-  int (*ListSetItem)(PyObj*, ssize_t, PyObj*) = nullptr;
-  PyObj* (*UnicodeFromStringAndSize)(const char*, ssize_t) = nullptr;
-  PyObj* (*TupleNew)(ssize_t) = nullptr;
-  int (*TupleSetItem)(PyObj*, ssize_t, PyObj*) = nullptr;
-  PyObj* (*CallObject)(PyObj*, PyObj*) = nullptr;
-  void (*DecRef)(PyObj*) = nullptr;
-  PyObj* (*ErrOccurred)() = nullptr;
-  void (*ErrPrint)() = nullptr;
-  PyObj* None = nullptr;
-  bool ok = false;
-};
-
-template <typename T>
-bool Lookup(const char* name, T* out) {
-  *out = reinterpret_cast<T>(dlsym(RTLD_DEFAULT, name));
-  return *out != nullptr;
-}
-
-const PyApi& Python() {
-  static const PyApi* api = [] {
-    auto* a = new PyApi;
-    bool ok = Lookup("Py_IsInitialized", &a->IsInitialized) &&
-              Lookup("PyGILState_Ensure", &a->GILStateEnsure) &&
-              Lookup("PyGILState_Release", &a->GILStateRelease) &&
-              Lookup("PyImport_ImportModule", &a->ImportModule) &&
-              Lookup("PyObject_GetAttrString", &a->GetAttrString) &&
-              Lookup("PyBytes_FromStringAndSize", &a->BytesFromStringAndSize) &&
-              Lookup("PyBytes_AsStringAndSize", &a->BytesAsStringAndSize) &&
-              Lookup("PyList_New", &a->ListNew) &&
-              Lookup("PyList_SetItem", &a->ListSetItem) &&
-              Lookup("PyUnicode_FromStringAndSize", &a->UnicodeFromStringAndSize) &&
-              Lookup("PyTuple_New", &a->TupleNew) &&
-              Lookup("PyTuple_SetItem", &a->TupleSetItem) &&
-              Lookup("PyObject_CallObject", &a->CallObject) &&
-              Lookup("Py_DecRef", &a->DecRef) &&
-              Lookup("PyErr_Occurred", &a->ErrOccurred) &&
-              Lookup("PyErr_Print", &a->ErrPrint);
-    a->None = dlsym(RTLD_DEFAULT, "_Py_NoneStruct");
-    if (!Lookup("Py_IsFinalizing", &a->IsFinalizing)) {
-      Lookup("_Py_IsFinalizing", &a->IsFinalizing);
-    }
-    a->ok = ok && a->None != nullptr;
-    return a;
-  }();
-  return *api;
 }
 
 // Logs the first failure at WARNING, the rest at VLOG(1).
@@ -135,74 +61,6 @@ void LogFailure(const std::string& what) {
   } else {
     VLOG(1) << "disc_tf graph pass left a graph unchanged: " << what;
   }
-}
-
-// Calls disc_tf.enable._optimize_serialized(graph_bytes, protected_names).
-// Returns true and fills `result` if Python returned bytes; false if it
-// returned None or failed (`error` says why when it failed).
-bool CallPython(const std::string& graph_bytes,
-                const std::vector<std::string>& protected_names,
-                std::string* result, std::string* error) {
-  const PyApi& py = Python();
-  int gil = py.GILStateEnsure();
-  bool got = false;
-  void* module = nullptr;
-  void* fn = nullptr;
-  void* args = nullptr;
-  void* ret = nullptr;
-  do {
-    module = py.ImportModule(kPyModule);
-    if (module == nullptr) {
-      *error = absl::StrCat("cannot import ", kPyModule);
-      break;
-    }
-    fn = py.GetAttrString(module, kPyFunction);
-    if (fn == nullptr) {
-      *error = absl::StrCat(kPyModule, " has no ", kPyFunction);
-      break;
-    }
-    args = py.TupleNew(2);
-    if (args == nullptr) break;
-    void* bytes = py.BytesFromStringAndSize(graph_bytes.data(),
-                                            static_cast<ssize_t>(graph_bytes.size()));
-    if (bytes == nullptr || py.TupleSetItem(args, 0, bytes) != 0) break;
-    void* names = py.ListNew(static_cast<ssize_t>(protected_names.size()));
-    if (names == nullptr || py.TupleSetItem(args, 1, names) != 0) break;
-    bool names_ok = true;
-    for (size_t i = 0; i < protected_names.size(); ++i) {
-      void* s = py.UnicodeFromStringAndSize(protected_names[i].data(),
-                                            static_cast<ssize_t>(protected_names[i].size()));
-      if (s == nullptr || py.ListSetItem(names, static_cast<ssize_t>(i), s) != 0) {
-        names_ok = false;
-        break;
-      }
-    }
-    if (!names_ok) break;
-    ret = py.CallObject(fn, args);
-    if (ret == nullptr) {
-      *error = absl::StrCat(kPyModule, ".", kPyFunction, " raised");
-      break;
-    }
-    if (ret == py.None) break;
-    char* data = nullptr;
-    ssize_t size = 0;
-    if (py.BytesAsStringAndSize(ret, &data, &size) != 0) {
-      *error = absl::StrCat(kPyFunction, " returned neither bytes nor None");
-      break;
-    }
-    result->assign(data, static_cast<size_t>(size));
-    got = true;
-  } while (false);
-  if (py.ErrOccurred() != nullptr) {
-    if (error->empty()) *error = "Python error";
-    py.ErrPrint();  // prints and clears
-  }
-  if (ret != nullptr) py.DecRef(ret);
-  if (args != nullptr) py.DecRef(args);
-  if (fn != nullptr) py.DecRef(fn);
-  if (module != nullptr) py.DecRef(module);
-  py.GILStateRelease(gil);
-  return got;
 }
 
 // Ops that are bookkeeping rather than computation.
@@ -293,22 +151,16 @@ class DiscClusterPass : public GraphOptimizationPass {
         absl::StartsWith(options.function_def->signature().name(), kFallbackPrefix)) {
       return absl::OkStatus();
     }
-    const PyApi& py = Python();
-    const bool python = py.ok && py.IsInitialized() != 0;
-    if (python && py.IsFinalizing != nullptr && py.IsFinalizing() != 0) {
-      return absl::OkStatus();
-    }
-    bool subprocess = EnvIs("DISC_TF_COMPILER", "subprocess") ||
-                      (!python && !EnvIs("DISC_TF_COMPILER", "inprocess"));
-    if (!subprocess && !python) return absl::OkStatus();
+    const GraphCompiler compiler = ChooseGraphCompiler();
+    if (compiler == GraphCompiler::kNone) return absl::OkStatus();
     in_pass = true;
-    Optimize(options, subprocess);
+    Optimize(options, compiler);
     in_pass = false;
     return absl::OkStatus();
   }
 
  private:
-  static void Optimize(const GraphOptimizationPassOptions& options, bool subprocess) {
+  static void Optimize(const GraphOptimizationPassOptions& options, GraphCompiler compiler) {
     Graph* graph = options.graph->get();
     int compute_ops = 0;
     std::vector<std::string> protected_names;
@@ -339,24 +191,19 @@ class DiscClusterPass : public GraphOptimizationPass {
       LogFailure("cannot serialize the graph");
       return;
     }
-    std::string result, error;
-    if (subprocess) {
-      const bool async = !EnvIs("DISC_TF_COMPILE_MODE", "sync");
-      absl::Status s = CompileInSubprocess(bytes, protected_names, async, &result);
-      if (!s.ok()) {
-        LogFailure(std::string(s.message()));
-        return;
-      }
-      if (result.empty()) return;  // nothing to compile
-    } else if (!CallPython(bytes, protected_names, &result, &error)) {
-      if (!error.empty()) LogFailure(error);
+    std::string result;
+    absl::Status compiled = CompileGraph(compiler, bytes, protected_names, SyncCompile(), &result);
+    if (!compiled.ok()) {
+      LogFailure(std::string(compiled.message()));
       return;
     }
+    if (result.empty()) return;  // nothing to compile
     GraphDef new_gdef;
     if (!new_gdef.ParseFromString(result)) {
       LogFailure("cannot parse the optimized graph");
       return;
     }
+    NoteArtifactsBuiltHere(new_gdef);
     absl::Status s = Install(options, std::move(new_gdef));
     if (!s.ok()) LogFailure(std::string(s.message()));
   }

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
-    "packed_weights"};
+    "packed_weights", "untrusted", "rebuilds"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 
@@ -90,7 +90,7 @@ void Reset() {
 
 extern "C" {
 
-void disc_stats_get(int64_t out[7]) {
+void disc_stats_get(int64_t out[9]) {
   if (out != nullptr) disc_tf::stats::Get(out);
 }
 

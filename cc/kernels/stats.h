@@ -1,8 +1,9 @@
 // stats.h -- process-wide DISC runtime counters.
 //
 // Counters: clusters, compilations, cache_hits, fallbacks, kernels, the maximum
-// peak_temp_bytes, and packed_weights (GEMM weight operands packed into a
-// kernel's cache, packed_weights.h). `clusters`
+// peak_temp_bytes, packed_weights (GEMM weight operands packed into a
+// kernel's cache, packed_weights.h), untrusted (embedded artifacts refused by
+// the trust policy) and rebuilds (clusters compiled again here). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -24,7 +25,9 @@ enum Counter : int {
   kKernels = 4,
   kPeakTempBytes = 5,  // the most temporary bytes one cluster call held (a maximum)
   kPackedWeights = 6,  // weight operands packed once for reuse across calls
-  kNumCounters = 7,
+  kUntrusted = 7,      // embedded artifacts not loaded: no trusted signature
+  kRebuilds = 8,       // clusters rebuilt on this host instead (artifact_trust.h)
+  kNumCounters = 9,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).
@@ -52,7 +55,7 @@ void Reset();
 }  // namespace disc_tf
 
 extern "C" {
-__attribute__((visibility("default"))) void disc_stats_get(int64_t out[7]);
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[9]);
 __attribute__((visibility("default"))) void disc_stats_reset(void);
 // Returns 1 if `name` is a known counter, 0 otherwise.
 __attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,

@@ -207,6 +207,8 @@ class CompiledClusterAttrs:
     artifact: bytes
     artifact_sha256: str
     num_kernels: int
+    #: who vouches for ``artifact`` (``disc_tf/trust.py``); empty: no one
+    signatures: tuple[str, ...] = ()
 
 
 def disc_node(
@@ -229,6 +231,8 @@ def disc_node(
     )
     nd.attr["artifact"].s = compiled.artifact
     nd.attr["artifact_sha256"].s = compiled.artifact_sha256.encode()
+    if compiled.signatures:
+        nd.attr["artifact_signatures"].list.s.extend(sig.encode() for sig in compiled.signatures)
     nd.attr["fallback"].func.name = fallback_name
     nd.attr["cluster_name"].s = spec.name.encode()
     nd.attr["num_kernels"].i = compiled.num_kernels

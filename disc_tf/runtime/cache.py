@@ -23,6 +23,11 @@ waits are bounded (``key_lock(key, timeout)`` yields whether it got the lock).
 A hit touches the entry's mtime; after each store the least recently used
 entries are evicted, under a cache-wide lock, until the cache is within
 ``$DISC_TF_CACHE_MAX_BYTES`` (default 2 GiB).
+
+This directory is the front of a shared remote tier where one is configured
+(``$DISC_TF_REMOTE_CACHE``, ``remote_cache.py``): ``compiler.cached_build`` looks
+a cluster up here, then there (a remote hit is stored here), and stores what it
+compiles in both. Remote entries are authenticated with a fleet secret instead.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from disc_tf.errors import CompileError
-from disc_tf.runtime import cache, elf_check, native
+from disc_tf.runtime import cache, elf_check, native, remote_cache
 
 __all__ = ["Artifact", "CompileError", "build", "cache_key", "cached_build", "compile_timeout",
            "compiler_version", "cxx", "resolve", "run", "run_for_output"]
@@ -201,15 +201,39 @@ def _hit(key: str, name: str, target: str, repair: bool) -> Artifact | None:
     return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
 
 
+def _remote_hit(key: str, name: str, target: str,
+                entry: remote_cache.Entry | None) -> Artifact | None:
+    """The remote tier's verified ``entry`` of ``key`` if it is loadable, stored in
+    the local cache too (call under ``cache.key_lock(key)``)."""
+    if entry is None:
+        return None
+    data, info = entry
+    problem = elf_check.artifact_problem(data, target)
+    if problem is not None:
+        log.warning("cluster %s: remote artifact %s is not loadable (%s); rebuilding", name,
+                    key[:12], problem)
+        return None
+    try:
+        cache.store(key, data, info)
+    except OSError as e:
+        log.warning("cluster %s: remote artifact not stored in the local cache (%s)", name, e)
+    native.load().py.add_stat("cache_hits", 1)
+    log.info("cluster %s: %s artifact %s from the remote cache", name, target, key[:12])
+    return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
+
+
 def cached_build(key: str, name: str, num_kernels: int, target: str,
                  compile_fn: Callable[[], bytes]) -> Artifact:
     """The artifact stored under ``key``, or ``compile_fn()``'s bytes stored there.
 
     A sound entry is read without a lock (so a read-only cache serves); else the
     key's lock is taken (waiting at most the compile timeout), so concurrent
-    processes compile once. The compiler's output must be a loadable artifact of
-    ``target`` (CompileError otherwise). A store that fails (a full disk, a
-    read-only cache) only warns: the artifact is returned, and travels in the
+    processes compile once. Then the remote tier (``remote_cache.py``, where
+    configured) is asked, under its fleet-wide build lock, so processes on other
+    hosts compile once too; its hit is stored locally. The compiler's output must
+    be a loadable artifact of ``target`` (CompileError otherwise), and is stored
+    locally and remotely. A store that fails (a full disk, a read-only cache, an
+    unreachable server) only warns: the artifact is returned, and travels in the
     model. Counts ``compilations`` or ``cache_hits``.
     """
     hit = _hit(key, name, target, repair=False)
@@ -220,19 +244,25 @@ def cached_build(key: str, name: str, num_kernels: int, target: str,
         hit = _hit(key, name, target, repair=locked)
         if hit is not None:
             return hit
-        data = compile_fn()
-        problem = elf_check.artifact_problem(data, target)
-        if problem is not None:
-            raise CompileError(f"cluster {name}: the compiler exited 0 but its output is not a "
-                               f"loadable {target} artifact: {problem}")
-        seconds = time.perf_counter() - start
-        sha = hashlib.sha256(data).hexdigest()
-        try:
-            cache.store(key, data, {"sha256": sha, "num_kernels": num_kernels, "name": name,
-                                    "compile_seconds": seconds, "target": target})
-        except OSError as e:
-            log.warning("cluster %s: artifact not stored in the cache (%s); it is kept in "
-                        "memory and in the model", name, e)
+        with remote_cache.claim(key, compile_timeout()) as entry:
+            hit = _remote_hit(key, name, target, entry)
+            if hit is not None:
+                return hit
+            data = compile_fn()
+            problem = elf_check.artifact_problem(data, target)
+            if problem is not None:
+                raise CompileError(f"cluster {name}: the compiler exited 0 but its output is not "
+                                   f"a loadable {target} artifact: {problem}")
+            seconds = time.perf_counter() - start
+            sha = hashlib.sha256(data).hexdigest()
+            info = {"sha256": sha, "num_kernels": num_kernels, "name": name,
+                    "compile_seconds": seconds, "target": target}
+            try:
+                cache.store(key, data, info)
+            except OSError as e:
+                log.warning("cluster %s: artifact not stored in the cache (%s); it is kept in "
+                            "memory and in the model", name, e)
+            remote_cache.store(key, data, info)
     native.load().py.add_stat("compilations", 1)
     log.info("cluster %s: %s artifact compiled in %.2fs (%d kernels)", name, target, seconds,
              num_kernels)

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import disc_tf
+from disc_tf import trust
 from disc_tf.saved_model import optimize_saved_model
 
 WIDTH = 8
@@ -66,9 +67,13 @@ def count_disc_nodes(path: pathlib.Path) -> int:
     return len(disc_nodes(read_saved_model(path)))
 
 
-def rewrite_artifacts(src: pathlib.Path, dst: pathlib.Path, edit) -> None:
+def rewrite_artifacts(src: pathlib.Path, dst: pathlib.Path, edit, sign: bool = True) -> None:
     """Copies the SavedModel ``src`` to ``dst`` with ``edit(artifact, sha) -> (artifact, sha)``
-    applied to every DiscCluster node."""
+    applied to every DiscCluster node.
+
+    With ``sign``, each edited artifact carries this user's signature, as if this user's
+    compiler had built it (the loader is then what the damage meets); without, it
+    keeps the signatures of the bytes it replaced (an attacker's edit)."""
     shutil.copytree(src, dst)
     sm = read_saved_model(src)
     nodes = disc_nodes(sm)
@@ -77,6 +82,9 @@ def rewrite_artifacts(src: pathlib.Path, dst: pathlib.Path, edit) -> None:
         art, sha = edit(n.attr["artifact"].s, n.attr["artifact_sha256"].s.decode())
         n.attr["artifact"].s = art
         n.attr["artifact_sha256"].s = sha.encode()
+        if sign:
+            del n.attr["artifact_signatures"].list.s[:]
+            n.attr["artifact_signatures"].list.s.append(trust.local_signature(sha).encode())
     (dst / "saved_model.pb").write_bytes(sm.SerializeToString())
     fingerprint = dst / "fingerprint.pb"
     if fingerprint.exists():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disc_tf import trust
 from disc_tf.runtime import native
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -138,6 +139,7 @@ def _make_cluster_fn(
             output_shapes=[tf.TensorShape([None, None])],
             artifact=art,
             artifact_sha256=sha,
+            artifact_signatures=[trust.local_signature(sha)],
             fallback=fallback,
             cluster_name=name,
             num_kernels=1,
@@ -241,7 +243,7 @@ def test_stats_python_api(nat: native.Native) -> None:
     nat.py.add_stat("cache_hits", 5)
     assert nat.py.stats() == {
         "clusters": 1, "compilations": 2, "cache_hits": 5, "fallbacks": 0, "kernels": 3,
-        "peak_temp_bytes": 0, "packed_weights": 0,
+        "peak_temp_bytes": 0, "packed_weights": 0, "untrusted": 0, "rebuilds": 0,
     }
     with pytest.raises(KeyError):
         nat.py.add_stat("no_such_counter", 1)

@@ -1,0 +1,1 @@
+"""Serving without Python: the C++ host of ``serving/host`` and its build helper."""
