@@ -106,7 +106,7 @@ def _make_original(path: pathlib.Path) -> None:
     tf.saved_model.save(OneCluster(), str(path))
 
 
-def _plant(src: pathlib.Path, dst: pathlib.Path, evil: bytes, signer=None) -> None:
+def plant_artifact(src: pathlib.Path, dst: pathlib.Path, evil: bytes, signer=None) -> None:
     """``src`` with every artifact replaced by ``evil`` and its sha256 updated; the
     signatures stay those of the replaced bytes, plus ``signer``'s over ``evil``."""
     import shutil
@@ -141,8 +141,8 @@ def models(tmp_path_factory) -> dict[str, pathlib.Path]:
                    check=True)
     evil = (root / "evil.so").read_bytes()
     attacker = trust.load_signing_key(root / "attacker.pem")
-    _plant(root / "signed", root / "planted", evil)
-    _plant(root / "signed", root / "planted_signed", evil, signer=attacker)
+    plant_artifact(root / "signed", root / "planted", evil)
+    plant_artifact(root / "signed", root / "planted_signed", evil, signer=attacker)
     host = root / "host"  # the other host's private state, shared by the cases
     host.mkdir(mode=0o700)
     return {"root": root, "orig": root / "orig", "signed": root / "signed",
