@@ -107,8 +107,11 @@ const LibCrypto& Crypto() {
   static const LibCrypto* lib = [] {
     auto* l = new LibCrypto;
     void* h = nullptr;
+    // RTLD_DEEPBIND: libtensorflow_framework exports BoringSSL's EVP_* symbols,
+    // which would otherwise win over libcrypto's own inside libcrypto (its
+    // EVP_PKEY_new_raw_public_key then fails) in a host that links TF.
     for (const char* name : {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so"}) {
-      h = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      h = ::dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
       if (h != nullptr) break;
     }
     if (h == nullptr) {

@@ -48,14 +48,17 @@ def save(model: ServingModel, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def save_optimized(model: ServingModel, root: pathlib.Path) -> pathlib.Path:
+def save_optimized(model: ServingModel, root: pathlib.Path,
+                   signing_key: pathlib.Path | None = None) -> pathlib.Path:
     """Saves ``model`` to ``root/original`` and its optimized copy (kernels for this
     machine's ISA only, to keep the test short) to ``root/optimized``; returns the
-    latter."""
+    latter. ``signing_key`` (an Ed25519 private key's PEM file) adds its signature
+    to every artifact."""
     import disc_tf
 
     out = root / "optimized"
-    disc_tf.optimize(str(save(model, root / "original")), str(out), isa="host", quiet=True)
+    disc_tf.optimize(str(save(model, root / "original")), str(out), isa="host", quiet=True,
+                     signing_key=signing_key)
     return out
 
 
@@ -83,6 +86,21 @@ def host_env(**extra: str) -> dict[str, str]:
     """The test's environment (artifact cache, its key, strict mode) plus ``extra``;
     TF's info logs off."""
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
+
+
+#: Settings of the test session that another host would not share.
+_THIS_HOST_ONLY = ("DISC_TF_TRUSTED_KEYS", "DISC_TF_ARTIFACTS", "TF_DISC_ENABLE",
+                   "DISC_TF_FORCE_FALLBACK", "DISC_TF_TARGET")
+
+
+def other_host_env(home: pathlib.Path, **extra: str) -> dict[str, str]:
+    """:func:`host_env` for a host that built nothing the test session did: its own
+    empty artifact cache and its own cache secret (created by its compiler) under
+    ``home``, none of the session's trust settings, and ``extra``."""
+    home.mkdir(mode=0o700, exist_ok=True)
+    env = {k: v for k, v in host_env().items() if k not in _THIS_HOST_ONLY}
+    return {**env, "DISC_TF_CACHE_DIR": str(home / "cache"),
+            "DISC_TF_CACHE_KEY_FILE": str(home / "secret.key"), **extra}
 
 
 def run_host(host: pathlib.Path, model_dir: pathlib.Path, op_lib: pathlib.Path | None,

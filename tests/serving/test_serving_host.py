@@ -8,6 +8,12 @@ fallback, so the host also runs in strict mode (``DISC_TF_STRICT=1``: a
 reports the op library's counters: clusters loaded, nothing compiled in the host,
 no fallback. ``test_strict_host_fails_every_request_that_would_run_tf_ops`` shows
 that strict mode and the counters do catch a fallback in this host.
+
+The trust policy (``docs/serving.md``, "Native code in models"), in this host: a
+host that did not build a model's artifacts loads them only if a key it trusts
+signed them. A planted shared object (``tests/runtime/test_artifact_trust.py``)
+never runs; the cluster is rebuilt here through the subprocess compiler, or runs
+TF's ops under ``DISC_TF_ARTIFACTS=fallback``.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import sys
 
 import pytest
 
+from disc_tf import trust
 from serving import tensor_file
+from tests.runtime.test_artifact_trust import EVIL_SOURCE, plant_artifact
 from tests.serving.host_harness import (
     ATOL,
     RTOL,
     ServingModel,
     assert_close,
     host_env,
+    other_host_env,
     random_requests,
     reference,
     run_host,
@@ -38,12 +47,15 @@ COUNT = 8
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The optimized model, requests at COUNT shapes and TF's responses as files."""
+    """The optimized model (signed by a vendor key, ``vendor.pub``), requests at
+    COUNT shapes and TF's responses as files."""
     root = tmp_path_factory.mktemp("served")
+    trust.generate_key(root / "vendor.pem", root / "vendor.pub")
     model = ServingModel()
     requests = random_requests(1, COUNT)
     want = reference(model, requests)
-    return {"model": save_optimized(model, root),
+    return {"model": save_optimized(model, root, signing_key=root / "vendor.pem"),
+            "vendor": root / "vendor.pub",
             "requests": write_requests(root / "requests.bin", requests),
             "expected": write_requests(root / "expected.bin", want), "want": want,
             "outputs": sorted(model.__call__.get_concrete_function().structured_outputs)}
@@ -146,3 +158,82 @@ def test_graph_pass_compiles_reductions_of_a_session_function(
         serving_host: pathlib.Path, op_library: pathlib.Path, tmp_path: pathlib.Path) -> None:
     result = _enable(serving_host, op_library, tmp_path, ServingModel(reductions=True))
     assert result["returncode"] == 0 and result["stats"]["clusters"] >= 1, result
+
+
+# ---- the trust policy: this host as another host
+
+
+@pytest.fixture(scope="module")
+def planted(served: dict, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The served model with every artifact replaced by a shared object whose
+    constructor writes ``$DISC_TEST_MARKER``, its sha256 updated (the vendor's
+    signatures stay, over the replaced bytes)."""
+    root = tmp_path_factory.mktemp("planted")
+    (root / "evil.cc").write_text(EVIL_SOURCE)
+    subprocess.run(["g++", "-shared", "-fPIC", str(root / "evil.cc"), "-o", str(root / "evil.so")],
+                   check=True)
+    # The tests' premise: loading the planted object does write the marker.
+    marker = root / "loaded"
+    subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
+                    str(root / "evil.so")], env={**host_env(), "DISC_TEST_MARKER": str(marker)},
+                   check=True, timeout=60)
+    assert marker.read_text() == "ran\n"
+    plant_artifact(served["model"], root / "model", (root / "evil.so").read_bytes())
+    return root / "model"
+
+
+def _serve_as_another_host(serving_host: pathlib.Path, op_library: pathlib.Path, served: dict,
+                           model: pathlib.Path, tmp_path: pathlib.Path, **env: str) -> dict:
+    """Serves ``model`` with the private state of another host (see
+    :func:`other_host_env`), every response checked against TF's; asserts that the
+    planted code did not run and that the responses match."""
+    marker = tmp_path / "planted-code-ran"
+    out = tmp_path / "responses.bin"
+    result = run_host(serving_host, model, op_library, served["requests"], "--out", str(out),
+                      *_check_args(served),
+                      env=other_host_env(tmp_path / "host", DISC_TEST_MARKER=str(marker), **env))
+    assert not marker.exists(), "the planted artifact's code ran"
+    assert result["returncode"] == 0, result
+    assert (result["calls"], result["errors"], result["mismatches"]) == (COUNT, 0, 0), result
+    assert_close(tensor_file.read(out, len(served["outputs"])), served["want"])
+    return result
+
+
+def test_planted_artifact_is_rebuilt_by_the_subprocess_compiler(
+        serving_host: pathlib.Path, op_library: pathlib.Path, served: dict,
+        planted: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Default policy, strict: nothing vouches for the planted bytes, so the cluster
+    is compiled here (``$DISC_TF_PYTHON -m disc_tf compile-graph``) and runs compiled."""
+    result = _serve_as_another_host(
+        serving_host, op_library, served, planted, tmp_path, DISC_TF_PYTHON=sys.executable,
+        DISC_TF_COMPILE_MODE="sync", DISC_TF_STRICT="1",
+        TF_CPP_MIN_LOG_LEVEL="0")  # the rebuild's reason is an INFO line
+    stats = result["stats"]
+    assert stats["untrusted"] >= 1 and stats["rebuilds"] >= 1, stats
+    assert stats["clusters"] >= 1 and stats["fallbacks"] == 0, stats
+    assert "compiling the cluster on this host instead" in result["log"], result["log"][-4000:]
+
+
+@pytest.mark.fallback
+def test_planted_artifact_under_the_fallback_policy(
+        serving_host: pathlib.Path, op_library: pathlib.Path, served: dict,
+        planted: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    result = _serve_as_another_host(serving_host, op_library, served, planted, tmp_path,
+                                    DISC_TF_ARTIFACTS="fallback", DISC_TF_STRICT="0")
+    stats = result["stats"]
+    assert stats["untrusted"] >= 1 and stats["rebuilds"] == 0, stats
+    assert stats["fallbacks"] > 0 and stats["compilations"] == 0, stats
+
+
+def test_signed_model_loads_where_its_key_is_trusted(
+        serving_host: pathlib.Path, op_library: pathlib.Path, served: dict,
+        tmp_path: pathlib.Path) -> None:
+    """Another host's secret cannot vouch for the model's artifacts; the vendor's
+    Ed25519 signature does, so they load as they are: nothing compiled or rebuilt."""
+    result = _serve_as_another_host(serving_host, op_library, served, served["model"], tmp_path,
+                                    DISC_TF_TRUSTED_KEYS=str(served["vendor"]),
+                                    DISC_TF_STRICT="1")
+    stats = result["stats"]
+    assert stats["compilations"] == 0 and stats["rebuilds"] == 0, stats
+    assert stats["untrusted"] == 0 and stats["fallbacks"] == 0, stats
+    assert stats["clusters"] >= 1, stats
