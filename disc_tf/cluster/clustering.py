@@ -387,7 +387,7 @@ def find_clusters(
         if (
             len(roots) == 1
             and None not in roots
-            and not node.control_inputs
+            and view.only_source_controls(name)
             and name not in control_consumers
             and name not in protected
         ):

@@ -76,6 +76,24 @@ class GraphView:
                 result.setdefault(t.name, []).append((node.name, i))
         return result
 
+    def only_source_controls(self, name: str) -> bool:
+        """Whether every control input of ``name`` is a NoOp that reads only nodes
+        with no inputs (as the ``input_control_node`` TF gives each Const of an
+        inlined function, after the variable handles): nothing in a cluster can be
+        upstream of it, so the node may be copied or moved into a cluster, which
+        inherits the edge."""
+        def is_source(n: str) -> bool:
+            node = self.nodes.get(n)
+            return node is not None and not node.inputs and not node.control_inputs
+
+        for c in self.nodes[name].control_inputs:
+            src = self.nodes.get(c)
+            if src is None or src.op != "NoOp" or not all(
+                    is_source(producer(t.name)) for t in src.inputs) or not all(
+                    is_source(d) for d in src.control_inputs):
+                return False
+        return True
+
     def control_consumers(self) -> dict[str, list[str]]:
         """Node name -> nodes that have a control edge from it."""
         result: dict[str, list[str]] = {}

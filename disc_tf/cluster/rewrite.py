@@ -93,7 +93,7 @@ def extract_cluster(
         for t in view.nodes[n].inputs:
             src = view.nodes.get(producer(t.name))
             if (src is not None and src.op == "Const" and src.name not in members
-                    and src.name not in copied and not src.control_inputs
+                    and src.name not in copied and view.only_source_controls(src.name)
                     and why_not_compilable(src) is None):
                 copied.append(src.name)
     copied += chain

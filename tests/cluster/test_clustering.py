@@ -444,3 +444,29 @@ def test_a_lone_op_joins_a_cluster_reading_the_same_input():
     # ids * 2 feeds the output, which waits for the Assert: joining the check's cluster
     # would make a cycle, so it stays a cluster too small
     assert result.reasons["mul"].startswith("cluster too small"), result.reasons
+
+
+def test_constants_under_an_inlined_functions_control_node_join_the_cluster() -> None:
+    """A Session inlines a function and gives each of its Consts a control input from a
+    NoOp that reads only the variable handles: such Consts (here a reduction's axis) still
+    join the cluster, which inherits the edge; a Const under any other control does not."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, None], name="x")
+        v = tf.Variable(np.ones(3, np.float32), name="v")
+        with tf.control_dependencies([v.handle.op]):
+            gate = tf.no_op(name="input_control_node")
+        with tf.control_dependencies([gate]):
+            axis = tf.constant(1, name="axis")
+        y = tf.tanh(x * 2.0, name="y")
+        tf.reduce_sum(y * y, axis=axis, name="s")
+        with tf.control_dependencies([y.op]):
+            tf.constant(2, name="late")
+    gd = g.as_graph_def()
+    new, report = optimize_tf1(gd, frozenset({"x", "s", "late"}))
+    [cluster] = report.compiled
+    assert "axis" in {n for n, _ in cluster.ops}
+    [disc] = _disc_nodes(new)
+    assert "^input_control_node" in disc.input
+    view = graph_view.view_of_graph_def(gd, gd.library)
+    assert view.only_source_controls("axis") and not view.only_source_controls("late")

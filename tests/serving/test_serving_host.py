@@ -150,10 +150,6 @@ def test_graph_pass_compiles_an_unoptimized_model_in_a_subprocess(
 
 
 @pytest.mark.slow  # ~25 s: two compiler subprocesses (restore graph, serving graph)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a session graph inlines the signature's function and gives each of its Consts a "
-    "control input from the call's input_control_node; disc_tf keeps such Consts out of "
-    "clusters, so reduction axes are not constants and the cluster does not compile"))
 def test_graph_pass_compiles_reductions_of_a_session_function(
         serving_host: pathlib.Path, op_library: pathlib.Path, tmp_path: pathlib.Path) -> None:
     result = _enable(serving_host, op_library, tmp_path, ServingModel(reductions=True))
