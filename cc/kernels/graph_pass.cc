@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,17 @@ bool IsStructural(const Node* n) {
          op == "PlaceholderWithDefault" || op == "NoOp" || op == "Const" ||
          op == "Identity" || op == "IdentityN" || op == "_DeviceArg" ||
          op == "_DeviceRetval";
+}
+
+// Ops no cluster takes: checkpoint and variable plumbing. A graph of nothing
+// else (the restore and save graphs every SavedModel load runs) is not worth a
+// compiler call, which in a host without Python is a process start.
+bool NeverClustered(const Node* n) {
+  static const auto* ops = new std::set<std::string>{
+      "RestoreV2", "SaveV2", "MergeV2Checkpoints", "ShardedFilename", "StringJoin",
+      "StaticRegexFullMatch", "VarHandleOp", "AssignVariableOp", "VarIsInitializedOp",
+      "DestroyResourceOp", "ReadVariableOp"};
+  return ops->count(n->type_string()) != 0;
 }
 
 bool IsBoundary(const Node* n) {
@@ -167,7 +179,7 @@ class DiscClusterPass : public GraphOptimizationPass {
     for (Node* n : graph->op_nodes()) {
       if (n->type_string() == kDiscOp) return;  // already optimized
       if (absl::StartsWith(n->type_string(), kFallbackPrefix)) return;
-      if (!IsStructural(n)) ++compute_ops;
+      if (!IsStructural(n) && !NeverClustered(n)) ++compute_ops;
       if (IsBoundary(n)) {
         protected_names.push_back(n->name());
         if (n->type_string() == "_Retval" || n->type_string() == "_Send" ||
