@@ -8,7 +8,9 @@ still answer as TF does: rebuilt on this host, or TF's own ops.
 
 Each case runs in a fresh process that stands for another host: its own empty
 artifact cache and its own user secret, so that only Ed25519 signatures by keys
-it trusts can vouch for what the model carries.
+it trusts can vouch for what the model carries. The default suite runs one case
+of each kind (rebuild, fallback policy, forced fallback, graph pass, signed);
+``-m slow`` adds the other keys, policies and the background rebuild.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def _run(models: dict[str, pathlib.Path], model: str, loaders: str = LOADERS,
 # ---- the attack, under every policy and loader
 
 
-@pytest.mark.parametrize("keys", ["none", "vendor"])
+@pytest.mark.parametrize("keys", ["none", pytest.param("vendor", marks=pytest.mark.slow)])
 def test_planted_artifact_is_rebuilt_not_loaded(models, keys):
     """Default policy: the cluster is compiled here and runs compiled (strict: no
     call may run TF's ops), the planted code never runs."""
@@ -191,6 +193,7 @@ def test_planted_artifact_is_rebuilt_not_loaded(models, keys):
     assert "compiling the cluster on this host instead" in r["stderr"]
 
 
+@pytest.mark.slow  # a fresh process of ~15 s; the default suite keeps one of each kind
 def test_planted_artifact_signed_by_an_untrusted_key(models):
     r = _run(models, "planted_signed", DISC_TF_STRICT="1",
              DISC_TF_TRUSTED_KEYS=str(models["vendor"]))
@@ -198,6 +201,7 @@ def test_planted_artifact_signed_by_an_untrusted_key(models):
     assert "is not trusted here" in r["stderr"]
 
 
+@pytest.mark.slow  # a fresh process of ~15 s; the default suite keeps one of each kind
 def test_planted_artifact_under_the_rebuild_policy(models):
     r = _run(models, "planted_signed", DISC_TF_STRICT="1", DISC_TF_ARTIFACTS="rebuild",
              DISC_TF_TRUSTED_KEYS=f"{models['vendor']}:{models['attacker']}")
@@ -222,6 +226,7 @@ def test_planted_artifact_with_the_graph_pass_on(models):
     assert r["stats"]["rebuilds"] >= 1 and r["stats"]["fallbacks"] == 0, r["stats"]
 
 
+@pytest.mark.slow  # a fresh process of ~15 s; the default suite keeps one of each kind
 def test_planted_artifact_rebuilt_in_the_background(models):
     r = _run(models, "planted", "async", DISC_TF_COMPILE_MODE="async", DISC_TF_STRICT="0")
     assert r["first"]["rebuilds"] == 1 and r["first"]["untrusted"] == 1, r["first"]
@@ -238,6 +243,7 @@ def test_signed_model_loads_with_zero_compiles_where_its_key_is_trusted(models):
     assert s["clusters"] >= 1 and s["fallbacks"] == 0, s
 
 
+@pytest.mark.slow  # a fresh process of ~15 s; the default suite keeps one of each kind
 def test_signed_model_is_rebuilt_where_its_key_is_not_trusted(models):
     r = _run(models, "signed", DISC_TF_STRICT="1")
     assert r["stats"]["untrusted"] >= 1 and r["stats"]["rebuilds"] >= 1, r["stats"]
