@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
+from disc_tf.codegen.cpu_gemm import CONV_WINDOWS_SUPPORT
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (
@@ -385,6 +386,9 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
     out.append("namespace {")
     for p in [plan] + ([plan.speculative] if plan.speculative else []):
         out.extend(_const_data(b) for b in p.buffers.values() if b.role == "const")
+    if any(k.kind == "library" and k.ops[0].op == "conv_rows"
+           for p in [plan] + ([plan.speculative] if plan.speculative else []) for k in p.kernels):
+        out.append(CONV_WINDOWS_SUPPORT)
     out.append("}  // namespace")
     out.append("")
     out.append("// ---- the kernel units this runner launches")

@@ -2,7 +2,8 @@
 stored, transposed ones read in place (``sgemm_strided``); with a fused consumer
 run on each block of C (``sgemm_epilogue``, see ``fusion/epilogue.py``), and a
 GEMM chained on its rows (``sgemm_rows``); several reading one A as one launch
-(``sgemm_shared_a``)."""
+(``sgemm_shared_a``); convolutions as GEMMs over the input's overlapping windows,
+without an im2col buffer."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     (op,) = k.ops
     if op.op == "conv_taps":
         return conv_taps_launch(em, buffer_ptr, epilogue)
+    if op.op == "conv_rows":
+        return conv_rows_launch(em, buffer_ptr, epilogue)
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue, chain)
     lhs, rhs = (em.buf(a) for a in k.inputs)
@@ -235,6 +238,21 @@ def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     return conv_per_tap_launch(em, buffer_ptr)
 
 
+def _conv_heading(em: KernelEmitter, buffer_ptr: dict[str, str],
+                  epilogue: KernelEmitter | None, how: str, where: str,
+                  rows: str) -> tuple[str, list[str], str, str, int]:
+    """A convolution launch's title comment (the conv done ``how``, the epilogue on
+    each ``where``), and its epilogue's closure lines, function, closure argument and
+    full-rows flag (``rows`` of C per product; null and none without one)."""
+    k, op = em.k, em.k.ops[0]
+    title = f"  {{  // {k.name}: {comment(op.tf_node)} as {how} (no im2col buffer)"
+    if epilogue is None:
+        return title, [], "nullptr", "nullptr", 0
+    title += f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each {where}"
+    epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, rows, "co")
+    return title, epi, fn, closure, int(k.epilogue_full_rows)
+
+
 def _conv_dims(em: KernelEmitter) -> tuple[Buffer, Buffer, str, dict, list[str]]:
     """A conv_taps kernel's input, filter, output name and attrs, and the host lines
     naming its sizes (batch, width, ci, co, ow, pad)."""
@@ -261,17 +279,11 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     One GEMM of the whole depth reads B once and writes each block of C once,
     where one GEMM per tap adds into all of C kw times, so a consumer can run on
     each finished block of C (``epilogue``)."""
-    k, op = em.k, em.k.ops[0]
     x, w, out_name, a, dims = _conv_dims(em)
     xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
-    title = (f"  {{  // {k.name}: {comment(op.tf_node)} as one GEMM over overlapping windows"
-             " of the input (no im2col buffer)")
-    fn, closure, full_rows, epi = "nullptr", "nullptr", 0, []
-    if epilogue is not None:
-        title += (f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each "
-                  "block")
-        epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "ow", "co")
-        full_rows = int(k.epilogue_full_rows)
+    title, epi, fn, closure, full_rows = _conv_heading(
+        em, buffer_ptr, epilogue, "one GEMM over overlapping windows of the input", "block",
+        "ow")
     return [
         title,
         *dims,
@@ -342,3 +354,183 @@ def conv_per_tap_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[s
         "    }",
         "  }",
     ]
+
+
+#: conv_rows gathers im2col patches and runs one GEMM over all of the filter
+#: (bench/conv_paths.py, "windows" against "im2col", AVX-512) where the GEMMs per
+#: filter row lose: below this many output columns a product of them has too few rows
+#: to reuse a filter row that is not in cache, and ...
+PATCH_MAX_COLUMNS = 24
+#: ... a filter row of at least this many floats (256 KiB) is not (0.87x at 14
+#: columns and 768 x 256 floats a row; 1.15x and more from 28 columns or 48 KiB rows),
+PATCH_MIN_ROW_FLOATS = 65536
+#: or each GEMM would be shallower than this (kw * ci): a 3x3 stem over RGB, depth 9,
+#: lost as three GEMMs (0.83x) and ties gathered (1.06x); the 7x7 stem's 21 wins (1.5x).
+PATCH_MAX_DEPTH = 16
+
+
+def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                     epilogue: KernelEmitter | None = None) -> list[str]:
+    """A convolution (groups 1, NHWC, filter [kh, kw, ci, co]) without an im2col
+    buffer: one GEMM per filter row i. Output row r of image b, as a product of the
+    GEMM, is C[b, r] (ow x co) += A (ow x kw * ci) * w[i] (kw * ci x co), where row c
+    of A is the kw * ci floats of input row r * sh + i * dh from column c * sw: the
+    windows of consecutive outputs overlap, sw * ci floats apart (lda), so A is the
+    input itself, read in place. Dilated along W, a window is not contiguous: one GEMM
+    per tap (i, j) then, with depth ci. Padding, or windows past the input, read a
+    copy of x with the zero rows and columns around it. The first GEMM writes C, the
+    others add to it, and the last one runs the ``epilogue`` on each block it
+    finishes. Narrow outputs with big filter rows, and shallow filter rows, gather the
+    patches instead (see ``PATCH_MAX_COLUMNS``) and run one GEMM over all of the
+    filter."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    a = op.attrs
+    x, w = (em.buf(acc) for acc in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    kh, kw = a["kh"], a["kw"]
+    per_tap = dw != 1 and kw > 1
+    count = kh * kw if per_tap else kh
+    title, epi, fn, closure, full_rows = _conv_heading(
+        em, buffer_ptr, epilogue,
+        f"{count} GEMM{'s' if count > 1 else ''} over overlapping windows of the input rows",
+        "block of the last", "product_rows")
+    return [
+        title,
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, height = {sym(x.dims[1], plan)}, "
+        f"width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t oh = {sym(out.dims[1], plan)}, ow = {sym(out.dims[2], plan)};",
+        f"    const int64_t kh = {kh}, kw = {kw};",
+        "    ConvWindows win{};",
+        f"    win.x = {xp};",
+        "    win.height = height; win.width = width; win.ci = ci; win.oh = oh; win.ow = ow;",
+        f"    win.pad_top = {sym(a['pad_top'], plan)}; win.pad_left = {sym(a['pad_left'], plan)};",
+        f"    win.sh = {sh}; win.sw = {sw}; win.dh = {dh}; win.dw = {dw}; win.kh = kh; win.kw = kw;",
+        f"    win.taps = {'kw' if per_tap else '1'};  // GEMMs per filter row",
+        "    win.groups = kh * win.taps;  // GEMMs, each adding to C",
+        f"    win.depth = {'ci' if per_tap else 'kw * ci'};  // of each GEMM",
+        "    // input rows and columns the windows span",
+        "    win.rows = (oh - 1) * win.sh + (kh - 1) * win.dh + 1;",
+        "    win.cols = (ow - 1) * win.sw + (kw - 1) * win.dw + 1;",
+        f"    const bool patches = (ow < {PATCH_MAX_COLUMNS} && kw * ci * co >= "
+        f"{PATCH_MIN_ROW_FLOATS}) || kw * ci < {PATCH_MAX_DEPTH};",
+        "    const int64_t product_rows = patches ? batch * oh * ow : ow;  // rows of C per product",
+        *epi,
+        "    if (batch > 0 && oh > 0 && ow > 0 && co > 0 && patches) {",
+        "      // one GEMM over the gathered windows, all of the filter at once",
+        "      win.patches = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ow * "
+        "kh * kw * ci * sizeof(float)));",
+        "      if (!win.patches && ci != 0) return 1;",
+        "      ral->parallel_for(ral, batch * oh, 1.0 * ow * kh * kw * ci + 1.0, "
+        "&ConvWindows::gather_rows, &win);",
+        "      ral->sgemm_epilogue(ral, 1, 1, batch * oh * ow, co, kh * kw * ci, win.patches, "
+        "kh * kw * ci, 0, 0, 0,",
+        f"                          {wp}, co, 0, 0, 0, {cp}, co, 0, 0, {fn}, {closure}, "
+        f"{full_rows}, 0);",
+        "      ral->free_temp(ral, win.patches);",
+        "    } else if (batch > 0 && oh > 0 && ow > 0 && co > 0) {",
+        "      win.image = win.x;",
+        "      win.row_pitch = width * ci;",
+        "      win.image_pitch = height * width * ci;",
+        "      if (win.pad_top != 0 || win.pad_left != 0 || win.rows > height || win.cols > width) {",
+        "        // windows reach into the padding: copy x with its zero border",
+        "        win.padded = static_cast<float*>(ral->alloc_temp(ral, batch * win.rows * win.cols"
+        " * ci * sizeof(float)));",
+        "        if (!win.padded && ci != 0) return 1;",
+        "        ral->parallel_for(ral, batch * win.rows, 1.0 * win.cols * ci + 1.0, "
+        "&ConvWindows::pad_rows, &win);",
+        "        win.image = win.padded;",
+        "        win.row_pitch = win.cols * ci;",
+        "        win.image_pitch = win.rows * win.cols * ci;",
+        "      }",
+        "      for (int64_t g = 0; g < win.groups; ++g) {",
+        "        const int64_t i = g / win.taps, j = g % win.taps;  // its first filter tap",
+        "        const bool last = g == win.groups - 1;",
+        "        ral->sgemm_epilogue(ral, batch, oh, ow, co, win.depth,",
+        "                            win.image + i * win.dh * win.row_pitch + j * win.dw * ci, "
+        "win.sw * ci,",
+        "                            win.image_pitch, win.sh * win.row_pitch, 0,",
+        f"                            {wp} + (i * kw + j) * ci * co, co, 0, 0, 0,",
+        f"                            {cp}, co, oh * ow * co, ow * co,",
+        f"                            last ? {fn} : nullptr, last ? {closure} : nullptr, "
+        f"{full_rows}, g > 0);",
+        "      }",
+        "      if (win.padded) ral->free_temp(ral, win.padded);",
+        "    }",
+        "  }",
+    ]
+
+
+#: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, and
+#: the parallel copies made of it (a padded input, gathered patches).
+CONV_WINDOWS_SUPPORT = r"""
+#ifndef DISC_CONV_WINDOWS
+#define DISC_CONV_WINDOWS
+struct ConvWindows {
+  const float* x = nullptr;        // the input, [batch, height, width, ci]
+  float* padded = nullptr;         // x between zero rows and columns, or null
+  float* patches = nullptr;        // gathered windows [batch * oh * ow, kh * kw * ci], or null
+                                   // (read from x, without a padded copy)
+  const float* image = nullptr;    // what the GEMMs read: x or padded
+  int64_t row_pitch = 0, image_pitch = 0;
+  int64_t height = 0, width = 0, ci = 0, oh = 0, ow = 0, pad_top = 0, pad_left = 0;
+  int64_t sh = 1, sw = 1, dh = 1, dw = 1, kh = 1, kw = 1, rows = 0, cols = 0;
+  int64_t taps = 1, groups = 1, depth = 0;  // GEMMs per filter row, in all; depth of each
+
+  // Rows [begin, end) of the padded input, row u = image * rows + r.
+  static void pad_rows(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t n = u / w.rows, row = u % w.rows - w.pad_top;
+      float* dst = w.padded + u * w.cols * w.ci;
+      for (int64_t q = 0; q < w.cols; ++q, dst += w.ci) {
+        const int64_t col = q - w.pad_left;
+        if (row < 0 || row >= w.height || col < 0 || col >= w.width) {
+          __builtin_memset(dst, 0, w.ci * sizeof(float));
+        } else {
+          __builtin_memcpy(dst, w.x + ((n * w.height + row) * w.width + col) * w.ci,
+                           w.ci * sizeof(float));
+        }
+      }
+    }
+  }
+
+  // The windows of output rows [begin, end), row u = image * oh + r: each output
+  // pixel's kh * kw * ci floats in the filter's order, zeros where they fall in the
+  // padding.
+  static void gather_rows(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t n = u / w.oh, r = u % w.oh;
+      float* dst = w.patches + u * w.ow * w.kh * w.kw * w.ci;
+      for (int64_t c = 0; c < w.ow; ++c) {
+        for (int64_t i = 0; i < w.kh; ++i) {
+          const int64_t row = r * w.sh + i * w.dh - w.pad_top;
+          const int64_t col0 = c * w.sw - w.pad_left;
+          if (w.dw == 1 && row >= 0 && row < w.height && col0 >= 0 && col0 + w.kw <= w.width) {
+            // the filter row's window lies in the input: kw * ci consecutive floats
+            const float* src = w.x + ((n * w.height + row) * w.width + col0) * w.ci;
+            __builtin_memcpy(dst, src, w.kw * w.ci * sizeof(float));
+            dst += w.kw * w.ci;
+            continue;
+          }
+          for (int64_t j = 0; j < w.kw; ++j, dst += w.ci) {
+            const int64_t col = c * w.sw + j * w.dw - w.pad_left;
+            if (row < 0 || row >= w.height || col < 0 || col >= w.width) {
+              __builtin_memset(dst, 0, w.ci * sizeof(float));
+            } else {
+              __builtin_memcpy(dst, w.x + ((n * w.height + row) * w.width + col) * w.ci,
+                               w.ci * sizeof(float));
+            }
+          }
+        }
+      }
+    }
+  }
+};
+#endif  // DISC_CONV_WINDOWS
+"""

@@ -45,9 +45,10 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     taken: set[str] = set()
     for li, lib in enumerate(order):
         if lib.kind != "library" or not (
-                lib.ops[0].op == "dot_general"
+                lib.ops[0].op in ("dot_general", "conv_rows")
                 or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1)):
             continue  # a dilated conv_taps adds into C once per tap: no block is final
+            # (conv_rows runs the epilogue with its last GEMM, which finishes each block)
         (_, c_name), = lib.outputs
         c = buffers[c_name]
         for ei in range(li + 1, len(order)):

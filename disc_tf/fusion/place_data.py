@@ -123,9 +123,12 @@ class DataKernelPlacement:
         # One row in and out: a height of 1 with no padding above or below it.
         one_row = kh == 1 and const(xd[1]) == 1 and const(info.pads[0]) == 0 \
             and const(info.pads[1]) == 0
-        if self.options.conv_taps and not direct and one_row and info.strides == [1, 1] \
-                and elem == "f32" and self.access.elem(x) == "f32":
-            self._place_conv_taps(op, info, kw)
+        if self.options.conv_taps and not direct and elem == "f32" \
+                and self.access.elem(x) == "f32" and self.access.elem(w) == "f32":
+            if one_row and info.strides == [1, 1]:
+                self._place_conv_taps(op, info, kw)
+            else:
+                self._place_conv_rows(op, info, kh, kw)
             return
         if direct:
             base, dims, _ = self.access.resolve(x)
@@ -162,15 +165,32 @@ class DataKernelPlacement:
         kw x the input): codegen makes it one GEMM over the input's overlapping windows,
         or with dilation ``kw`` GEMMs, one per filter tap, each adding x shifted by the
         tap to the result. The library kernel's op is ``conv_taps``."""
+        self._place_conv_library(op, "conv_taps", {
+            "kw": kw, "dilation": info.dilations[1], "pad_left": info.pads[2]})
+
+    def _place_conv_rows(self, op: DOp, info, kh: int, kw: int) -> None:
+        """A convolution without an im2col buffer (it was kh * kw x the output's
+        pixels times the input channels): codegen makes it one GEMM per filter row
+        (per filter tap when dilated along W), each over the overlapping windows of
+        the (padded) input rows that the row reaches, adding into the result; the
+        last one writes each block of C final. The library kernel's op is
+        ``conv_rows``."""
+        self._place_conv_library(op, "conv_rows", {
+            "kh": kh, "kw": kw, "strides": list(info.strides),
+            "dilations": list(info.dilations), "pad_top": info.pads[0],
+            "pad_left": info.pads[2]})
+
+    def _place_conv_library(self, op: DOp, name: str, attrs: dict) -> None:
+        """The convolution ``op`` as a library kernel of op ``name`` reading its input
+        and filter as dense buffers."""
         x, w = op.operands[0], op.operands[1]
         result = op.results[0]
         elem = op.result_types[0][0]
         target = self._new_kernel("library", self.a.shape_class(result))
         refs = [("in", self._dense_input(target, v)) for v in (x, w)]
         self.kernels[target].ops.append(KernelOp(
-            value=result, op="conv_taps", operands=refs, elem=elem,
-            operand_elems=[elem, elem], tf_node=op.tf_node,
-            attrs={"kw": kw, "dilation": info.dilations[1], "pad_left": info.pads[2]}))
+            value=result, op=name, operands=refs, elem=elem,
+            operand_elems=[elem, elem], tf_node=op.tf_node, attrs=attrs))
         self.kernel_of[result] = target
 
     def place_library(self, op: DOp) -> None:

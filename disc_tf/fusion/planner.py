@@ -62,8 +62,9 @@ class PlanOptions:
     gemm_chains: bool = True
     #: consecutive GEMMs reading one A run as one launch (Q, K, V projections)
     shared_a_gemms: bool = True
-    #: a stride-1 Conv1D is one library kernel (one GEMM over the input's overlapping
-    #: windows, or one per filter tap when dilated) rather than im2col + GEMM
+    #: an f32 convolution is one library kernel of GEMMs over the input's overlapping
+    #: windows rather than im2col + GEMM: a stride-1 Conv1D ``conv_taps`` (one GEMM, or
+    #: one per filter tap when dilated), any other ``conv_rows`` (one GEMM per filter row)
     conv_taps: bool = True
     #: a concatenation is read in place by the loop kernel of its consumers
     concat_maps: bool = True

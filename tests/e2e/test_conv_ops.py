@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
-from tests.harness import assert_same, compiled, random_value
+from tests.harness import assert_ops_compiled, assert_same, compiled, random_value
 from tests.stage_helpers import dyn
 
 F32 = tf.float32
@@ -142,6 +142,91 @@ def test_conv1d_runs_without_an_im2col_buffer(name):
     assert disc_tf.stats()["fallbacks"] == 0
 
 
+CONV2D_ROWS = {  # filter (kh, kw, ci, co), strides, padding, dilations
+    "k3_same": ((3, 3, 8, 12), [1, 1], "SAME", [1, 1]),
+    "k3_valid_stride2": ((3, 3, 8, 12), [2, 2], "VALID", [1, 1]),
+    "k2x4_same_strides_2_1": ((2, 4, 5, 70), [2, 1], "SAME", [1, 1]),
+    "k3_same_dilated_h": ((3, 3, 8, 12), [1, 1], "SAME", [2, 1]),
+    "k3_same_dilated_hw": ((3, 2, 8, 12), [1, 1], "SAME", [2, 3]),
+    "k1_stride2": ((1, 1, 16, 12), [2, 2], "VALID", [1, 1]),
+    "k5_explicit": ((5, 3, 8, 12), [1, 2], [[0, 0], [2, 1], [0, 3], [0, 0]], [1, 1]),
+    "conv1d_stride2": ((1, 3, 8, 12), [1, 2], "SAME", [1, 1]),
+    # gathered patches and one GEMM: shallow filter rows (an RGB stem), and big filter
+    # rows at outputs narrower than PATCH_MAX_COLUMNS
+    "k3_stem_rgb_stride2": ((3, 3, 3, 16), [2, 2], "SAME", [1, 1]),
+    "k3_big_rows": ((3, 3, 128, 176), [1, 1], "SAME", [1, 1]),
+    "k3_big_rows_dilated_w": ((3, 2, 128, 260), [2, 1], "SAME", [1, 2]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV2D_ROWS))
+def test_conv2d_runs_without_an_im2col_buffer(name):
+    """No im2col buffer: one GEMM per filter row (per tap when dilated along W) over
+    the (padded) input rows' overlapping windows, each adding to the result; the bias
+    and ReLU run on each block of the last one. Batch > 1, windows past the input,
+    one-pixel images, 70 output channels (partial panels); shallow filter rows, and big
+    ones at outputs narrower than ``PATCH_MAX_COLUMNS``, as one GEMM over gathered
+    patches."""
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    filt, strides, padding, dilations = CONV2D_ROWS[name]
+    rng = np.random.default_rng(len(name))
+    w = rng.normal(size=filt).astype(np.float32)
+    b = rng.normal(size=filt[3]).astype(np.float32)
+
+    def fn(x):
+        return tf.nn.relu(tf.nn.conv2d(x, w, strides, padding, dilations=dilations) + b)
+
+    spec = tf.TensorSpec([None, None, None, filt[2]], F32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert lib.ops[0].op == "conv_rows" and lib.epilogue is not None, plan.describe()
+    assert not any(op.op == "im2col" for k in plan.kernels for op in k.ops), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"Conv2D"})
+    disc_tf.reset_stats()
+    reach = [(k - 1) * d + 1 for k, d in zip(filt[:2], dilations)]
+    shapes = [(2, 9, 11), (1, 17, 6), (3, reach[0], reach[1]), (1, 40, 33)]
+    if padding == "SAME":
+        shapes.append((2, 1, 1))
+    for n, h, wd in shapes:
+        x = rng.normal(size=(n, h, wd, filt[2])).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_conv2d_with_a_layer_norm_on_each_block_of_rows():
+    """A layer norm over the output channels on each whole-row block of the last
+    filter row's GEMM (the earlier ones only add into C)."""
+    rng = np.random.default_rng(23)
+    w = rng.normal(size=(3, 3, 6, 40)).astype(np.float32) / 4
+
+    def fn(x):
+        h = tf.nn.conv2d(x, w, 1, "SAME")
+        mean = tf.reduce_mean(h, -1, keepdims=True)
+        var = tf.reduce_mean(tf.math.squared_difference(h, mean), -1, keepdims=True)
+        return (h - mean) * tf.math.rsqrt(var + 1e-5)
+
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    spec = tf.TensorSpec([None, None, None, 6], F32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert lib.ops[0].op == "conv_rows", plan.describe()
+    assert lib.epilogue is not None and lib.epilogue_full_rows, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"Conv2D", "Mean", "Rsqrt"})
+    disc_tf.reset_stats()
+    for shape in [(2, 7, 9), (1, 1, 1), (3, 20, 4)]:
+        x = rng.normal(size=shape + (6,)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
 def test_conv1d_with_a_layer_norm_on_each_block_of_rows():
     """A layer norm over the output channels as the windowed GEMM's epilogue (whole
     rows of C per block), with batch > 1 and widths narrower than the filter."""
@@ -196,7 +281,6 @@ def test_filters_computed_from_variables_compile():
     """Weight normalisation and a folded per-channel scale: the filters are computed
     in the cluster from variables, with static shapes, and the convolutions accept
     them (a Keras model with weight norm or folded batch norm)."""
-    from tests.harness import assert_ops_compiled
 
     rng = np.random.default_rng(21)
     w = tf.Variable(rng.standard_normal((3, 3, 4, 8)).astype(np.float32))
@@ -226,7 +310,6 @@ def test_depthwise_over_many_channels_matches_tf(channels, multiplier, strides, 
     """MobileNet-sized depthwise convolutions: channel runs in blocks, taps skipped at
     the borders, a depth multiplier, strides. (TF runs a dilated depthwise_conv2d as
     SpaceToBatchND around a plain one.)"""
-    from tests.harness import assert_ops_compiled
 
     def fn(x, w):
         return tf.nn.relu6(tf.nn.depthwise_conv2d(x, w, strides, padding, dilations=dilations))
@@ -262,8 +345,9 @@ def test_zero_padding_then_a_convolution_is_read_in_place(op):
     jitted = compiled(tf_fn)
     (cluster,) = jitted.report.compiled
     assert "Pad" in [op_type for _, op_type in cluster.ops]
-    # the depthwise conv and its +1.0; im2col, the GEMM and its epilogue: no pad kernel
-    assert cluster.kernels == (2 if op == "depthwise" else 3), cluster
+    # the depthwise conv and its +1.0; the GEMMs over the windows and their epilogue:
+    # no pad kernel
+    assert cluster.kernels == 2, cluster
     rng = np.random.default_rng(5)
     w = rng.normal(size=(3, 3, channels, outputs)).astype(np.float32)
     for shape in [(2, 9, 7), (1, 4, 4), (3, 16, 11)]:  # TF misreports windows past the input
