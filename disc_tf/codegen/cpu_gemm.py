@@ -44,7 +44,7 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
         f"                         {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
         f"{g['tb']},",
-        f"                         {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]});",
+        f"                         {buffer_ptr[out_name]}, {g['ldc']}, {sc[0]}, {sc[1]});",
         "    }",
         "  }",
     ]
@@ -73,8 +73,18 @@ def _gemm_operands(em: KernelEmitter) -> dict:
     if "strided" in op.attrs:
         f = op.attrs["strided"]
         g = strided_gemm_exprs(f, lhs, rhs, plan)
+        sc, ldc = ["inner * m * n", "m * n"], "n"
+        if "c_layout" in op.attrs:  # C written where its transposing reader wants it
+            layout = op.attrs["c_layout"]
+            out = plan.buffers[k.outputs[0][1]]
+
+            def stride(d: int) -> str:
+                return product(out.dims[d + 1:], plan)
+
+            sc = [stride(d) for d in layout["batch"]] + ["0"] * (2 - len(layout["batch"]))
+            ldc = stride(layout["m"])
         return {**g, "ta": int(f["transpose_a"]), "tb": int(f["transpose_b"]),
-                "sc": ["inner * m * n", "m * n"]}
+                "sc": sc, "ldc": ldc}
     form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
     if form is None:
         raise ValueError(f"{k.name}: dot_general {op.attrs} is not a GEMM")
@@ -89,7 +99,8 @@ def _gemm_operands(em: KernelEmitter) -> dict:
                       f"    const int64_t kk = {of(lhs, form.k)};"],
             "n": n, "sa": [of(lhs, form.stride_a), "0"], "sb": [of(rhs, form.stride_b), "0"],
             "lda": of(lhs, form.lda), "ldb": of(rhs, form.ldb),
-            "ta": int(form.transpose_a), "tb": int(form.transpose_b), "sc": ["m * n", "0"]}
+            "ta": int(form.transpose_a), "tb": int(form.transpose_b), "sc": ["m * n", "0"],
+            "ldc": "n"}
 
 
 def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
@@ -107,6 +118,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     if chain is not None:
         title += f", then {chain.k.name} ({comment(chain.k.ops[0].tf_node)}) on its rows"
     g = _gemm_operands(em)
+    assert g["ldc"] == "n", f"{k.name}: a GEMM with an epilogue writes C row-major"
     lines = [title, *g["lines"]]
     epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
     lines += epi
@@ -199,14 +211,14 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "      int64_t ldb, sb_outer, sb_inner;",
         "      int tb;",
         "      float* c;",
-        "      int64_t sc_outer, sc_inner;",
+        "      int64_t ldc, sc_outer, sc_inner;",
         "      // Rows [i0, i1) of product q of C2, from `depth` columns of A2.",
         "      void rows(int64_t q, int64_t i0, int64_t i1, int64_t depth) const {",
         "        const int64_t qo = q / inner, qi = q % inner;  // the same product of C",
         "        ral->sgemm_rows(ral, i1 - i0, n, depth,",
         "                        a + qo * sa_outer + qi * sa_inner + i0 * lda, lda, 0,",
         "                        b + qo * sb_outer + qi * sb_inner, ldb, tb,",
-        "                        c + qo * sc_outer + qi * sc_inner + i0 * n, n, 0);",
+        "                        c + qo * sc_outer + qi * sc_inner + i0 * ldc, ldc, 0);",
         "      }",
         "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
         "int64_t j1) {",
@@ -221,7 +233,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         f"      chain = Chain{{ral, {epilogue_fn}, {epilogue_closure}, inner, n, kk,",
         f"                    {buffer_ptr[lhs.name]}, {g['lda']}, {sa[0]}, {sa[1]},",
         f"                    {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, {g['tb']},",
-        f"                    {buffer_ptr[out_name]}, {sc[0]}, {sc[1]}}};",
+        f"                    {buffer_ptr[out_name]}, {g['ldc']}, {sc[0]}, {sc[1]}}};",
         "    }",
     ], "&Chain::run", "&chain"
 

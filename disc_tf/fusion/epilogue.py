@@ -49,6 +49,8 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
                 or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1)):
             continue  # a dilated conv_taps adds into C once per tap: no block is final
             # (conv_rows runs the epilogue with its last GEMM, which finishes each block)
+        if "c_layout" in lib.ops[0].attrs:
+            continue  # C is not row-major where the epilogue would read it
         (_, c_name), = lib.outputs
         c = buffers[c_name]
         for ei in range(li + 1, len(order)):

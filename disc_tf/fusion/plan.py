@@ -324,6 +324,11 @@ class FusionPlan:
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
             lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
+            layout = k.ops[0].attrs.get("c_layout") if k.kind == "library" else None
+            if layout:
+                lines.append(f"  layout: C written into {k.outputs[0][1]} as "
+                             f"{layout['tf_node']} laid it out (products along its dims "
+                             f"{layout['batch']}, rows along dim {layout['m']})")
             if k.epilogue:
                 lines.append(f"  epilogue: {k.epilogue} runs on each block of the GEMM's result")
             if k.shares_a:

@@ -23,6 +23,7 @@ import logging
 from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.epilogue import plan_chains, plan_epilogues, plan_shared_a
+from disc_tf.fusion.gemm_layout import plan_result_layouts
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import (
@@ -68,12 +69,16 @@ class PlanOptions:
     conv_taps: bool = True
     #: a concatenation is read in place by the loop kernel of its consumers
     concat_maps: bool = True
+    #: a GEMM writes its result in the layout of the transposing copy that reads it
+    #: (attention's context as [batch, seq, heads, dim]), and the copy goes
+    gemm_layouts: bool = True
 
     @classmethod
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
-                   shared_a_gemms=False, conv_taps=False, concat_maps=False)
+                   shared_a_gemms=False, conv_taps=False, concat_maps=False,
+                   gemm_layouts=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -525,13 +530,17 @@ class _Planner(DataKernelPlacement):
             if k is not None:
                 self.kernels[k].outputs.append((value, buf))
         order = [k for k in launch_order(self.kernels, self.deps, self.prefix) if k.outputs]
-        for i, kernel in enumerate(order):  # numbered again without the unread ones
-            kernel.name = f"{self.prefix}kernel{i}"
-        plan_reuse(order, self.buffers, self.a.symbols)
         find = self.a.symbols.find
 
         def same_dim(a: int, b: int) -> bool:
             return find(a) == find(b)
+
+        if self.options.gemm_layouts:
+            results = {f"result{i}" for i in range(len(self.func.returns))}
+            order = plan_result_layouts(order, self.buffers, results, same_dim)
+        for i, kernel in enumerate(order):  # numbered again without the unread ones
+            kernel.name = f"{self.prefix}kernel{i}"
+        plan_reuse(order, self.buffers, self.a.symbols)
 
         if self.options.gemm_epilogues:
             plan_epilogues(order, self.buffers, same_dim, self.a.symbols.constant_value)

@@ -72,6 +72,8 @@ def test_bert_encoder_layer_has_at_most_12_non_gemm_kernels():
     assert gemms == 8  # q, k, v, scores, context, output, FFN in, FFN out
     assert len(kinds) - gemms <= 12, plan.describe()
     assert kinds.count("stitch") == 3  # softmax and two layer norms, one kernel each
+    # the context GEMM writes [b, s, h, d] itself: no transposing copy after it
+    assert sum("c_layout" in k.ops[0].attrs for k in plan.kernels if k.kind == "library") == 1
 
     tf_fn = tf.function(_bert_layer, input_signature=sig)
     jitted = compiled(tf_fn)

@@ -164,11 +164,68 @@ def bert_attention(x):
     return tf.transpose(tf.matmul(p, v), [0, 2, 1, 3])
 
 
+def _layouts(plan) -> dict[str, dict]:
+    return {k.name: k.ops[0].attrs["c_layout"] for k in plan.kernels
+            if k.kind == "library" and "c_layout" in k.ops[0].attrs}
+
+
 def test_attention_on_heads_read_in_place():
+    """... and P · V (chained) writes the context as [batch, seq, heads, dim] itself: no
+    transposing copy after it."""
     spec = tf.TensorSpec([None, None, 4, 16], F32)
     plan = _plan(bert_attention, spec)
     assert len(_chains(plan)) == 1, plan.describe()
+    assert list(_layouts(plan).values()) == [
+        {"batch": [0, 2], "m": 1, "tf_node": "Identity"}], plan.describe()
+    assert [k.kind for k in plan.kernels] == ["loop", "library", "stitch", "library"]
     _check(bert_attention, [spec], lambda r: [(2, r, 4, 16)], seed=8)
+
+
+WO = np.random.default_rng(15).standard_normal((64, 24)).astype(np.float32) / 8
+
+
+def bert_attention_output(x):
+    """The context transposed to [batch, seq, heads, dim], viewed as [batch, seq,
+    heads * dim] and projected: the projection reads the layout P · V wrote."""
+    ctx = bert_attention(x)
+    shape = tf.shape(x)
+    return tf.matmul(tf.reshape(ctx, [shape[0], shape[1], 64]), WO) + 0.5
+
+
+def test_attention_output_projection_reads_the_context_where_it_was_written():
+    spec = tf.TensorSpec([None, None, 4, 16], F32)
+    plan = _plan(bert_attention_output, spec)
+    assert len(_layouts(plan)) == 1, plan.describe()
+    _check(bert_attention_output, [spec], lambda r: [(r % 3 + 1, r, 4, 16)], seed=16)
+
+
+def _transposed_and_scaled(c):
+    return tf.transpose(c, [1, 0, 2]), c * 2.0
+
+
+LAYOUTS = {  # (function, specs, shapes of rows, expected layout or None)
+    "batch_to_middle": (lambda a, b: tf.transpose(tf.matmul(a, b), [1, 0, 2]),
+                        [dyn(3), dyn(3)], lambda r: [(3, r, 8), (3, 8, 5)],
+                        {"batch": [1], "m": 0}),
+    "heads_plain": (lambda a, b: tf.transpose(tf.matmul(a, b), [0, 2, 1, 3]),
+                    [dyn(4), dyn(4)], lambda r: [(2, 3, r, 8), (2, 3, 8, 6)],
+                    {"batch": [0, 2], "m": 1}),
+    "columns_moved": (lambda a, b: tf.transpose(tf.matmul(a, b), [0, 2, 1]),
+                      [dyn(3), dyn(3)], lambda r: [(3, r, 8), (3, 8, 5)], None),
+    "result_read_twice": (lambda a, b: _transposed_and_scaled(tf.matmul(a, b)),
+                          [dyn(3), dyn(3)], lambda r: [(3, r, 8), (3, 8, 5)], None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_a_gemm_writes_the_layout_of_its_transposing_reader(name):
+    """A GEMM whose result only a transposing copy reads writes that copy's layout,
+    when its rows stay rows there; otherwise the copy stays (n moved, C read twice)."""
+    fn, specs, shapes, expected = LAYOUTS[name]
+    plan = _plan(fn, *specs)
+    got = [{k: v for k, v in lay.items() if k != "tf_node"} for lay in _layouts(plan).values()]
+    assert got == ([expected] if expected else []), plan.describe()
+    _check(fn, specs, shapes, seed=len(name))
 
 
 def attention_and_probs(x):
