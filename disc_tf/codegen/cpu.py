@@ -383,11 +383,11 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
     for u in units:
         kernels += [u.code, ""]
     out = _prologue(title + ["// The host runner."])
+    plans = [plan] + ([plan.speculative] if plan.speculative else [])
     out.append("namespace {")
-    for p in [plan] + ([plan.speculative] if plan.speculative else []):
+    for p in plans:
         out.extend(_const_data(b) for b in p.buffers.values() if b.role == "const")
-    if any(k.kind == "library" and k.ops[0].op == "conv_rows"
-           for p in [plan] + ([plan.speculative] if plan.speculative else []) for k in p.kernels):
+    if any(k.kind == "library" and k.ops[0].op == "conv_rows" for p in plans for k in p.kernels):
         out.append(CONV_WINDOWS_SUPPORT)
     out.append("}  // namespace")
     out.append("")
@@ -405,7 +405,6 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
     signature_checks(plan, input_names, out)
     out.append("  // ---- shape computation and checks")
     host_checks(plan, out)
-    plans = [plan] + ([plan.speculative] if plan.speculative else [])
     size_checks(plans, out)
     out.append("  // ---- buffers")
     for b, owner in {b.name: (b, q) for q in plans for b in q.buffers.values()}.values():

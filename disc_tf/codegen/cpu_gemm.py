@@ -493,21 +493,22 @@ struct ConvWindows {
   int64_t sh = 1, sw = 1, dh = 1, dw = 1, kh = 1, kw = 1, rows = 0, cols = 0;
   int64_t taps = 1, groups = 1, depth = 0;  // GEMMs per filter row, in all; depth of each
 
+  // The ci floats of pixel (row, col) of image n of x into dst, zeros outside x.
+  void copy_pixel(float* dst, int64_t n, int64_t row, int64_t col) const {
+    if (row < 0 || row >= height || col < 0 || col >= width) {
+      __builtin_memset(dst, 0, ci * sizeof(float));
+    } else {
+      __builtin_memcpy(dst, x + ((n * height + row) * width + col) * ci, ci * sizeof(float));
+    }
+  }
+
   // Rows [begin, end) of the padded input, row u = image * rows + r.
   static void pad_rows(void* p, int64_t begin, int64_t end) {
     const ConvWindows& w = *static_cast<const ConvWindows*>(p);
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / w.rows, row = u % w.rows - w.pad_top;
       float* dst = w.padded + u * w.cols * w.ci;
-      for (int64_t q = 0; q < w.cols; ++q, dst += w.ci) {
-        const int64_t col = q - w.pad_left;
-        if (row < 0 || row >= w.height || col < 0 || col >= w.width) {
-          __builtin_memset(dst, 0, w.ci * sizeof(float));
-        } else {
-          __builtin_memcpy(dst, w.x + ((n * w.height + row) * w.width + col) * w.ci,
-                           w.ci * sizeof(float));
-        }
-      }
+      for (int64_t q = 0; q < w.cols; ++q, dst += w.ci) w.copy_pixel(dst, n, row, q - w.pad_left);
     }
   }
 
@@ -530,15 +531,7 @@ struct ConvWindows {
             dst += w.kw * w.ci;
             continue;
           }
-          for (int64_t j = 0; j < w.kw; ++j, dst += w.ci) {
-            const int64_t col = c * w.sw + j * w.dw - w.pad_left;
-            if (row < 0 || row >= w.height || col < 0 || col >= w.width) {
-              __builtin_memset(dst, 0, w.ci * sizeof(float));
-            } else {
-              __builtin_memcpy(dst, w.x + ((n * w.height + row) * w.width + col) * w.ci,
-                               w.ci * sizeof(float));
-            }
-          }
+          for (int64_t j = 0; j < w.kw; ++j, dst += w.ci) w.copy_pixel(dst, n, row, col0 + j * w.dw);
         }
       }
     }

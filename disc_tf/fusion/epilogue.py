@@ -44,11 +44,12 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     first_write = _first_writes(order, buffers)
     taken: set[str] = set()
     for li, lib in enumerate(order):
+        # A dilated conv_taps adds into C once per tap: no block is final. (conv_rows
+        # runs the epilogue with its last GEMM, which finishes each block.)
         if lib.kind != "library" or not (
                 lib.ops[0].op in ("dot_general", "conv_rows")
                 or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1)):
-            continue  # a dilated conv_taps adds into C once per tap: no block is final
-            # (conv_rows runs the epilogue with its last GEMM, which finishes each block)
+            continue
         if "c_layout" in lib.ops[0].attrs:
             continue  # C is not row-major where the epilogue would read it
         (_, c_name), = lib.outputs
