@@ -387,8 +387,21 @@ inline bool InstallFpeTrap() {
 
 // Runs `body(closure)` as every thread of a grid x block launch. Returns false
 // with *error set for an invalid configuration, a deadlock or a division by zero.
-inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*body)(void*),
-                void* closure, std::string* error) {
+//
+// Where to define it: inline here by default (this header is all a unit needs).
+// The cuda-emu build instead compiles it (with the scheduler it calls) once, in
+// emu_runtime.cc, which defines DISC_EMU_RUN_LINKAGE empty, and gives the device
+// units DISC_EMU_RUN_EXTERN, so that they only declare it: each artifact still
+// links its own copy, and no device unit compiles the scheduler again.
+#ifndef DISC_EMU_RUN_LINKAGE
+#define DISC_EMU_RUN_LINKAGE inline
+#endif
+#if defined(DISC_EMU_RUN_EXTERN)
+bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*body)(void*),
+         void* closure, std::string* error);
+#else
+DISC_EMU_RUN_LINKAGE bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes,
+                              void (*body)(void*), void* closure, std::string* error) {
   if (grid < 1 || block < 1 || block > kMaxBlock) {
     *error = "invalid launch configuration: grid " + std::to_string(grid) + ", block " +
              std::to_string(block) + " (block must be in [1, 1024], grid at least 1)";
@@ -447,6 +460,7 @@ inline bool Run(uint32_t grid, uint32_t block, uint32_t shared_bytes, void (*bod
   g_block = outer;
   return ok;
 }
+#endif  // DISC_EMU_RUN_EXTERN
 
 // A kernel bound to its argument struct (the one kernelParams pointer the
 // generated host runner passes).

@@ -36,6 +36,11 @@ def plan_result_layouts(order: list[Kernel], buffers: dict[str, Buffer],
     """``order`` without the copy kernels whose GEMM now writes their output in its
     layout (sets ``c_layout``, and ``strided`` where the GEMM had no such form, on
     each such GEMM's op; drops its old result buffer)."""
+    # Built once, before any merge, and not updated by one. After a merge the map is
+    # stale only for the copy's output O, which it still gives to the (dropped) copy
+    # kernel rather than to the GEMM now writing it. That is safe: a later copy reading
+    # O then finds a "loop" writer and is not merged, which is what we want, as a GEMM
+    # writes one layout only. C, the buffer the GEMM gave up, had no other reader.
     writer = {b: k for k in order for _, b in k.outputs}
     readers: dict[str, list[Kernel]] = {}
     for k in order:

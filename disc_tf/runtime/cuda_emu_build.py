@@ -9,17 +9,31 @@ entry point (``disc_entry``). The result is a CPU artifact the CPU
 ``DiscCluster`` kernel loads and runs: the whole GPU code path -- plan, device
 code, host runner, launch configuration, the cuBLAS call mapping -- without a
 GPU. It is for testing that path, not for speed.
+
+Most of a unit's compile used to be what every unit shares: parsing the emulator
+and the C++ library headers, and compiling the emulator's launch loop. Each
+process therefore prepares them once (``prebuilt_dir``): the device unit's
+``cuda_emulator.h`` and the host unit's ``emu_host_prelude.h`` precompiled with
+their units' flags, and ``emu_runtime.cc`` (the launch loop) compiled to an object
+that every artifact links, its device unit only declaring it. They are kept in the
+artifact cache (authenticated like kernel objects) and copied into a directory
+private to the process. Where they cannot be made, units parse the headers and
+define the launch loop themselves, as before; the artifact behaves the same.
 """
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import hashlib
+import logging
 import pathlib
 import shutil
 import subprocess
 import tempfile
+import threading
 
-from disc_tf.runtime import compiler, native
+from disc_tf.runtime import cache, compiler, native
 from disc_tf.runtime.compiler import Artifact, CompileError
 from disc_tf.sources import Sources
 
@@ -29,6 +43,15 @@ FLAGS = ["-std=c++20", "-O1", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contr
          "-fno-exceptions", "-fno-rtti", "-pthread", "-Wno-unknown-pragmas",
          "-Wno-attributes", "-Wno-psabi"]
 LINK_FLAGS = ["-shared", "-pthread", "-Wl,-z,defs"]
+#: Flags of the device unit beyond FLAGS where the launch loop is linked prebuilt.
+DEVICE_FLAGS = ["-fvisibility=hidden", "-DDISC_EMU_RUN_EXTERN"]
+#: What each process prepares once: output name -> (source in cc/cuda_emu, flags
+#: beyond FLAGS, compile as a header). The .gch flags are those of the unit using it.
+PREBUILT = {"cuda_emulator.h.gch": ("cuda_emulator.h", DEVICE_FLAGS, True),
+            "emu_host_prelude.h.gch": ("emu_host_prelude.h", [], True),
+            "emu_runtime.o": ("emu_runtime.cc", ["-fvisibility=hidden"], False)}
+
+log = logging.getLogger("disc_tf.runtime")
 
 
 def _source_dir() -> pathlib.Path:
@@ -48,8 +71,16 @@ def header_dirs() -> dict[str, pathlib.Path]:
 def _headers() -> list[pathlib.Path]:
     d = header_dirs()
     return [d["emu"] / "cuda_emulator.h", d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
-            d["ral_cuda"] / "cublas_gemm.h", d["ral_src"] / "disc_ral_cuda.h",
-            d["ral"] / "disc_ral.h"]
+            d["emu"] / "emu_host_prelude.h", d["emu"] / "emu_runtime.cc",
+            d["ral_cuda"] / "cublas_gemm.h",
+            d["ral_cuda"] / "ral_forward.h", d["ral_src"] / "disc_ral_cuda.h",
+            d["ral"] / "disc_ral.h", *sorted(d["emu_include"].glob("*.h"))]
+
+
+def _includes() -> list[str]:
+    d = header_dirs()
+    return [f"-I{d['emu_include']}", f"-I{d['emu']}", f"-I{d['ral_cuda']}",
+            f"-I{d['ral']}", f"-I{d['ral_src']}"]
 
 
 def device_unit(sources: Sources) -> str:
@@ -102,25 +133,96 @@ def cache_key(sources: Sources) -> str:
     return h.hexdigest()
 
 
+_prebuilt_lock = threading.Lock()
+#: Key of the sources and toolchain -> this process's directory of prebuilt outputs
+#: (None: they could not be made; units are compiled without them).
+_prebuilt: dict[str, pathlib.Path | None] = {}
+
+
+def _prebuilt_key(output: str) -> str:
+    source, extra, _ = PREBUILT[output]
+    h = hashlib.sha256(b"cuda-emu prebuilt")
+    for part in [output.encode(), source.encode(), *(p.read_bytes() for p in _headers()),
+                 " ".join(FLAGS + extra).encode(), compiler.cxx().encode(),
+                 compiler.compiler_version().encode()]:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def _prebuild(output: str, out_dir: pathlib.Path) -> None:
+    """Writes ``out_dir/output``: from the artifact cache, else compiled (under the
+    key's lock, so processes starting together compile it once) and stored there."""
+    source, extra, header = PREBUILT[output]
+    key = _prebuilt_key(output)
+    hit = cache.lookup(key, repair=False, suffix=cache.OBJECT)
+    if hit is None:
+        with cache.key_lock(key, compiler.compile_timeout()) as locked:
+            hit = cache.lookup(key, repair=locked, suffix=cache.OBJECT)
+            if hit is None:
+                cmd = [compiler.resolve(compiler.cxx()), *FLAGS, *extra, *_includes(),
+                       *(["-x", "c++-header"] if header else ["-c"]),
+                       str(out_dir / source), "-o", str(out_dir / output)]
+                data = compiler.run_for_output(cmd, out_dir / output, output)
+                try:
+                    cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
+                                            "num_kernels": 0, "name": output,
+                                            "kind": "cuda-emu prebuilt"}, suffix=cache.OBJECT)
+                except OSError as e:
+                    log.warning("cuda-emu: %s not stored in the cache (%s)", output, e)
+                return
+    (out_dir / output).write_bytes(hit[0])
+
+
+def prebuilt_dir() -> pathlib.Path | None:
+    """This process's directory (private, removed at exit) of the ``PREBUILT``
+    outputs and their sources; made on first use. None if they cannot all be made
+    (a warning says why; units are then compiled without them)."""
+    key = "".join(_prebuilt_key(o) for o in PREBUILT)
+    with _prebuilt_lock:
+        if key in _prebuilt:
+            return _prebuilt[key]
+        out: pathlib.Path | None = pathlib.Path(tempfile.mkdtemp(prefix="disc_tf_emu_prebuilt_"))
+        atexit.register(shutil.rmtree, out, True)
+        try:
+            for source, _, _ in PREBUILT.values():
+                shutil.copyfile(header_dirs()["emu"] / source, out / source)
+            with concurrent.futures.ThreadPoolExecutor(len(PREBUILT)) as pool:
+                for done in [pool.submit(_prebuild, o, out) for o in PREBUILT]:
+                    done.result()
+        except (CompileError, OSError) as e:
+            log.warning("cuda-emu: no prebuilt headers and launch loop (%s); each unit "
+                        "compiles them", e)
+            shutil.rmtree(out, ignore_errors=True)
+            out = None
+        _prebuilt[key] = out
+        return out
+
+
 def _compile(sources: Sources, name: str) -> bytes:
     cxx = shutil.which(compiler.cxx())
     if cxx is None:
         raise CompileError(f"C++ compiler {compiler.cxx()!r} not found")
-    d = header_dirs()
-    includes = [f"-I{d['emu_include']}", f"-I{d['emu']}", f"-I{d['ral_cuda']}",
-                f"-I{d['ral']}", f"-I{d['ral_src']}"]
+    includes = _includes()
+    pre = prebuilt_dir()
+    if pre is not None:  # the precompiled headers first, the launch loop linked
+        device_flags = [*DEVICE_FLAGS, "-include", str(pre / "cuda_emulator.h")]
+        host_flags = ["-include", str(pre / "emu_host_prelude.h")]
+        linked = [str(pre / "emu_runtime.o")]
+    else:
+        device_flags, host_flags, linked = ["-fvisibility=hidden", "-include",
+                                            "cuda_emulator.h"], [], []
     timeout = compiler.compile_timeout()
     with tempfile.TemporaryDirectory(prefix="disc_tf_cuda_emu_") as tmp_name:
         tmp = pathlib.Path(tmp_name)
         (tmp / "device.cc").write_text(device_unit(sources))
         (tmp / "host.cc").write_text(host_unit(sources))
-        cmds = [[cxx, *FLAGS, "-fvisibility=hidden", "-include", "cuda_emulator.h",
-                 *includes, "-c", str(tmp / "device.cc"),
+        cmds = [[cxx, *FLAGS, *device_flags, *includes, "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
-                [cxx, *FLAGS, *includes, "-c", str(tmp / "host.cc"), "-o", str(tmp / "host.o")]]
+                [cxx, *FLAGS, *host_flags, *includes, "-c", str(tmp / "host.cc"),
+                 "-o", str(tmp / "host.o")]]
         for unit in sources.units:  # a loop's step runners, one translation unit each
             (tmp / f"{unit.name}.cc").write_text(unit.text)
-            cmds.append([cxx, *FLAGS, *includes, "-c", str(tmp / f"{unit.name}.cc"),
+            cmds.append([cxx, *FLAGS, *host_flags, *includes, "-c", str(tmp / f"{unit.name}.cc"),
                          "-o", str(tmp / f"{unit.name}.o")])
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for c in cmds]
@@ -136,7 +238,7 @@ def _compile(sources: Sources, name: str) -> bytes:
                                    f"building cluster {name} for cuda-emu:\n{err[-4000:]}")
         out = tmp / f"{name}.so"
         objects = ["device.o", "host.o", *(f"{u.name}.o" for u in sources.units)]
-        link = [cxx, *LINK_FLAGS, *(str(tmp / o) for o in objects), "-o", str(out)]
+        link = [cxx, *LINK_FLAGS, *(str(tmp / o) for o in objects), *linked, "-o", str(out)]
         proc = compiler.run(link, timeout)
         if proc.returncode != 0:
             raise CompileError(f"{' '.join(link)} failed (exit {proc.returncode}):\n"

@@ -143,3 +143,60 @@ def test_empty_rows_reduce_to_the_initial_value(shape):
     _, jitted = emulated("row_sum")
     x = np.ones(shape, np.float32)
     np.testing.assert_array_equal(jitted(x).numpy(), x.sum(axis=-1))
+
+
+def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
+    """Jits softmax for cuda-emu into an empty cache, checks it against TF at two
+    shapes, and returns the compiler commands of its build."""
+    from disc_tf.runtime import cuda_emu_build
+
+    monkeypatch.setenv("DISC_TF_CACHE_DIR", str(tmp_path / "cache"))
+    commands: list[list[str]] = []
+    popen = cuda_emu_build.subprocess.Popen
+
+    def recording(cmd, *args, **kwargs):
+        commands.append(list(cmd))
+        return popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(cuda_emu_build.subprocess, "Popen", recording)
+    fn = lambda x: tf.nn.softmax(x * 3.0)  # noqa: E731 - not the cached CASES graph
+    jitted = disc_tf.jit(tf.function(fn, input_signature=[dyn(2)]), min_cluster_size=1,
+                         strict=True, target="cuda-emu")
+    assert jitted.report.compiled and not tf_ops_left(jitted), jitted.report
+    rng = np.random.default_rng(21)
+    for shape in [(3, 70), (5, 1030)]:
+        x = rand(rng, *shape)
+        np.testing.assert_allclose(jitted(x).numpy(), fn(tf.constant(x)).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    return [c for c in commands if "-c" in c]
+
+
+def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypatch, tmp_path):
+    """Each process prepares once what every unit shares (the precompiled headers, the
+    launch loop's object); the device unit then only declares the launch loop."""
+    from disc_tf.runtime import cuda_emu_build
+
+    pre = cuda_emu_build.prebuilt_dir()
+    assert pre is not None and cuda_emu_build.prebuilt_dir() == pre
+    assert all((pre / name).stat().st_size > 0 for name in cuda_emu_build.PREBUILT)
+    device, host = _softmax_build_commands(monkeypatch, tmp_path)[:2]
+    assert "-DDISC_EMU_RUN_EXTERN" in device
+    assert device[device.index("-include") + 1] == str(pre / "cuda_emulator.h")
+    assert host[host.index("-include") + 1] == str(pre / "emu_host_prelude.h")
+
+
+def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path, caplog):
+    """Where the shared parts cannot be made, each unit parses the headers and defines
+    the launch loop itself (a warning says so), and the artifact computes the same."""
+    from disc_tf.errors import CompileError
+    from disc_tf.runtime import cuda_emu_build
+
+    def broken(output, out_dir):
+        raise CompileError(f"cannot build {output}")
+
+    monkeypatch.setattr(cuda_emu_build, "_prebuilt", {})
+    monkeypatch.setattr(cuda_emu_build, "_prebuild", broken)
+    with caplog.at_level("WARNING", logger="disc_tf.runtime"):
+        device = _softmax_build_commands(monkeypatch, tmp_path)[0]
+    assert "no prebuilt headers and launch loop" in caplog.text
+    assert "-DDISC_EMU_RUN_EXTERN" not in device and "cuda_emulator.h" in device
