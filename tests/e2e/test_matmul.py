@@ -171,6 +171,7 @@ print("OK")
 """
 
 
+@pytest.mark.cpu_backend  # the RAL's CPU GEMM blocks; cuda-emu runs GEMMs in its cuBLAS
 @pytest.mark.parametrize("isa", ["baseline", "avx2"])
 def test_gemm_isa_paths(isa, tmp_path):
     """The RAL's GEMM dispatch: the Eigen fallback and the AVX2 block agree with TF."""
@@ -213,6 +214,7 @@ print("OK")
 """
 
 
+@pytest.mark.cpu_backend  # the RAL's CPU GEMM blocks; cuda-emu runs GEMMs in its cuBLAS
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_streamed_few_row_gemm(isa, tmp_path):
     """Blocks of few rows stream B unpacked (RAL GEMM block); results agree with TF,

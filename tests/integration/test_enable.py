@@ -228,6 +228,8 @@ def test_async_mode_serves_tf_ops_first_then_the_compiled_cluster(tmp_path):
     assert disc["pending_calls"] >= 1, disc["log"]
 
 
+# Slow suite: async mode is in the default run with a tf.function, a TF1 session sync.
+@pytest.mark.slow
 @pytest.mark.fallback
 def test_async_mode_tf1_session(tmp_path):
     check_async(tmp_path, script=ASYNC_TF1_SCRIPT)

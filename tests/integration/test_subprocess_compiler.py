@@ -37,11 +37,15 @@ def test_sync_tf_function_compiles_in_the_child(tmp_path):
     assert stats["compilations"] == 0 and stats["cache_hits"] == 0, stats
 
 
+# Slow suite (as the async case below): the default run keeps the tf.function case and
+# the child's failures; test_enable runs a TF1 session and async mode in process.
+@pytest.mark.slow
 def test_sync_tf1_session_compiles_in_the_child(tmp_path):
     stats = check_enabled(TF1_SCRIPT, tmp_path, _env())
     assert stats["compilations"] == 0, stats
 
 
+@pytest.mark.slow
 @pytest.mark.fallback
 def test_async_serves_tf_ops_until_the_child_publishes(tmp_path):
     disc = check_async(tmp_path, _env())
