@@ -65,9 +65,14 @@ if ((DRY)); then  # what the steps use must exist in this checkout
   for flag in "${BENCH_FLAGS[@]}" --note; do
     [[ "$flag" != --* ]] || grep -q -- "$flag" <<<"$help" || { echo "bench.run lacks $flag" >&2; exit 1; }
   done
-  "$PY" -c "from bench.workloads import WORKLOADS; missing = set('$WORKLOADS'.split(',')) - set(WORKLOADS); assert not missing, missing"
-  "$PY" -c "from disc_tf.runtime import native_build as b; assert callable(b.main) and callable(b.cuda_include_dir)"
-  "$PY" -c "from disc_tf.runtime.target import TARGETS; assert 'cuda' in TARGETS"
+  "$PY" -c "
+from bench.workloads import WORKLOADS  # one process for the three checks: each imports TF
+from disc_tf.runtime import native_build as b
+from disc_tf.runtime.target import TARGETS
+missing = set('$WORKLOADS'.split(',')) - set(WORKLOADS)
+assert not missing, missing
+assert callable(b.main) and callable(b.cuda_include_dir)
+assert 'cuda' in TARGETS"
   for pin in "${PINS[@]}" "tensorflow-cpu==$TF_VERSION"; do  # the project's own pins
     grep -q "\"$pin\"" pyproject.toml || { echo "pyproject.toml does not pin $pin" >&2; exit 1; }
   done
