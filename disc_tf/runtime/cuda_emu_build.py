@@ -139,21 +139,27 @@ _prebuilt_lock = threading.Lock()
 _prebuilt: dict[str, pathlib.Path | None] = {}
 
 
-def _prebuilt_key(output: str) -> str:
-    source, extra, _ = PREBUILT[output]
-    h = hashlib.sha256(b"cuda-emu prebuilt")
-    for part in [output.encode(), source.encode(), *(p.read_bytes() for p in _headers()),
-                 " ".join(FLAGS + extra).encode(), compiler.cxx().encode(),
-                 compiler.compiler_version().encode()]:
-        h.update(hashlib.sha256(part).digest())
-    return h.hexdigest()
+def _prebuilt_keys() -> dict[str, str]:
+    """Cache key of each ``PREBUILT`` output: its source, every emulator and RAL header
+    (read once for all), its flags and the compiler."""
+    headers = hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).digest()
+                                      for p in _headers())).digest()
+    toolchain = [compiler.cxx().encode(), compiler.compiler_version().encode()]
+    keys = {}
+    for output, (source, extra, _) in PREBUILT.items():
+        h = hashlib.sha256(b"cuda-emu prebuilt")
+        for part in [output.encode(), source.encode(), headers,
+                     " ".join(FLAGS + extra).encode(), *toolchain]:
+            h.update(hashlib.sha256(part).digest())
+        keys[output] = h.hexdigest()
+    return keys
 
 
-def _prebuild(output: str, out_dir: pathlib.Path) -> None:
-    """Writes ``out_dir/output``: from the artifact cache, else compiled (under the
-    key's lock, so processes starting together compile it once) and stored there."""
+def _prebuild(output: str, key: str, out_dir: pathlib.Path) -> None:
+    """Writes ``out_dir/output`` (cache key ``key``): from the artifact cache, else
+    compiled (under the key's lock, so processes starting together compile it once)
+    and stored there."""
     source, extra, header = PREBUILT[output]
-    key = _prebuilt_key(output)
     hit = cache.lookup(key, repair=False, suffix=cache.OBJECT)
     if hit is None:
         with cache.key_lock(key, compiler.compile_timeout()) as locked:
@@ -177,7 +183,8 @@ def prebuilt_dir() -> pathlib.Path | None:
     """This process's directory (private, removed at exit) of the ``PREBUILT``
     outputs and their sources; made on first use. None if they cannot all be made
     (a warning says why; units are then compiled without them)."""
-    key = "".join(_prebuilt_key(o) for o in PREBUILT)
+    keys = _prebuilt_keys()
+    key = "".join(keys.values())
     with _prebuilt_lock:
         if key in _prebuilt:
             return _prebuilt[key]
@@ -187,7 +194,7 @@ def prebuilt_dir() -> pathlib.Path | None:
             for source, _, _ in PREBUILT.values():
                 shutil.copyfile(header_dirs()["emu"] / source, out / source)
             with concurrent.futures.ThreadPoolExecutor(len(PREBUILT)) as pool:
-                for done in [pool.submit(_prebuild, o, out) for o in PREBUILT]:
+                for done in [pool.submit(_prebuild, o, k, out) for o, k in keys.items()]:
                     done.result()
         except (CompileError, OSError) as e:
             log.warning("cuda-emu: no prebuilt headers and launch loop (%s); each unit "

