@@ -8,7 +8,8 @@
 //   in order, so a temp freed after its last reader's launch is safe;
 // * GEMMs go through the same row-major -> cuBLAS mapping as on a GPU
 //   (cublas_gemm.h), into the cuBLAS stand-in (cublas_emu.h).
-// Included once, at the end of the host translation unit.
+// Included once: at the end of the host translation unit, or (prebuilt) alone
+// in emu_host_runtime.cc.
 #ifndef DISC_CUDA_EMU_RAL_H_
 #define DISC_CUDA_EMU_RAL_H_
 
@@ -21,6 +22,8 @@ extern "C" int32_t disc_emu_launch(int32_t function, uint32_t grid, uint32_t blo
                                    uint64_t error_size);
 // The address of the device global `name` (a constant tensor), or NULL.
 extern "C" void* disc_emu_global(const char* name);
+// From the host runner: runs the cluster once over `ral`.
+extern "C" int32_t disc_cuda_entry(disc_ral_cuda* ral);
 
 namespace disc_emu_host {
 

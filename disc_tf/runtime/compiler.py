@@ -24,7 +24,8 @@ from collections.abc import Callable
 from disc_tf.errors import CompileError
 from disc_tf.runtime import cache, elf_check, native, remote_cache
 
-__all__ = ["Artifact", "CompileError", "build", "cache_key", "cached_build", "compile_timeout",
+__all__ = ["Artifact", "CompileError", "build", "cache_key", "cached_build", "cached_object",
+           "compile_timeout",
            "compiler_version", "cxx", "resolve", "run", "run_for_output"]
 
 log = logging.getLogger("disc_tf.runtime")
@@ -220,6 +221,36 @@ def _remote_hit(key: str, name: str, target: str,
     native.load().py.add_stat("cache_hits", 1)
     log.info("cluster %s: %s artifact %s from the remote cache", name, target, key[:12])
     return Artifact(data, info["sha256"], info["num_kernels"], key, True, 0.0)
+
+
+def cached_object(key: str, name: str, kind: str, make: Callable[[], bytes],
+                  problem: Callable[[bytes], str | None] | None = None) -> tuple[bytes, bool]:
+    """(bytes of a build part under ``key``, whether this call made them): a sound
+    entry of the artifact cache (not refused by ``problem``), else ``make()``'s bytes,
+    made under the key's lock (processes starting together make them once) and stored
+    as an authenticated object entry. A store that fails only warns."""
+
+    def hit(repair: bool) -> bytes | None:
+        found = cache.lookup(key, repair=repair, suffix=cache.OBJECT)
+        if found is None or (problem is not None and problem(found[0]) is not None):
+            return None
+        return found[0]
+
+    data = hit(repair=False)
+    if data is not None:
+        return data, False
+    with cache.key_lock(key, compile_timeout()) as locked:
+        data = hit(repair=locked)
+        if data is not None:
+            return data, False
+        data = make()
+        try:
+            cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
+                                    "num_kernels": 0, "name": name, "kind": kind},
+                        suffix=cache.OBJECT)
+        except OSError as e:
+            log.warning("%s %s: not stored in the cache (%s)", kind, name, e)
+    return data, True
 
 
 def cached_build(key: str, name: str, num_kernels: int, target: str,

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from disc_tf.errors import CompileError
-from disc_tf.runtime import cache, compiler, elf_check, isa, native
+from disc_tf.runtime import compiler, elf_check, isa, native
 from disc_tf.sources import Sources, SourceUnit
 
 log = logging.getLogger("disc_tf.runtime")
@@ -104,13 +104,6 @@ def _compile(text: str, name: str, out_dir: pathlib.Path,
     return data
 
 
-def _object_hit(key: str, repair: bool) -> bytes | None:
-    hit = cache.lookup(key, repair=repair, suffix=cache.OBJECT)
-    if hit is None or elf_check.object_problem(hit[0]) is not None:
-        return None
-    return hit[0]
-
-
 def _timed_compile(text: str, name: str, out_dir: pathlib.Path,
                    flags: list[str]) -> tuple[bytes, float]:
     start = time.perf_counter()
@@ -123,22 +116,16 @@ def _cached_object(unit: SourceUnit, out_dir: pathlib.Path,
     """(object of ``unit`` for ``levels``, compiler seconds or None if it came from
     the kernel cache). A miss is compiled and stored under the key's lock, so
     processes starting together compile it once."""
-    key = object_key(unit, levels)
-    data = _object_hit(key, repair=False)
-    if data is not None:
-        return data, None
-    with cache.key_lock(key, compiler.compile_timeout()) as locked:
-        data = _object_hit(key, repair=locked)
-        if data is not None:
-            return data, None
-        data, seconds = _timed_compile(unit.text, unit.name, out_dir, unit_flags(levels))
-        try:
-            cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
-                                    "num_kernels": 0, "name": unit.name,
-                                    "kind": "kernel object"}, suffix=cache.OBJECT)
-        except OSError as e:
-            log.warning("kernel %s: object not stored in the cache (%s)", unit.name, e)
-    return data, seconds
+    seconds: list[float] = []
+
+    def make() -> bytes:
+        data, took = _timed_compile(unit.text, unit.name, out_dir, unit_flags(levels))
+        seconds.append(took)
+        return data
+
+    data, _ = compiler.cached_object(object_key(unit, levels), unit.name, "kernel object", make,
+                                     problem=elf_check.object_problem)
+    return data, (seconds[0] if seconds else None)
 
 
 def compile_and_link(sources: Sources, name: str, counts: UnitCounts,

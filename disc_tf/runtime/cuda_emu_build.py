@@ -33,23 +33,30 @@ import subprocess
 import tempfile
 import threading
 
-from disc_tf.runtime import cache, compiler, native
+from disc_tf.runtime import compiler, elf_check, native
 from disc_tf.runtime.compiler import Artifact, CompileError
 from disc_tf.sources import Sources
 
 TARGET = "cuda-emu"
-#: Flags of both translation units (the CPU backend's numerics: no contraction).
-FLAGS = ["-std=c++20", "-O1", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
+#: Flags of both translation units: the CPU backend's numerics (no contraction), and
+#: nvcc's language level (C++17: code the GPU build would reject fails here too; its
+#: headers also parse faster than C++20's).
+FLAGS = ["-std=c++17", "-O1", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
          "-fno-exceptions", "-fno-rtti", "-pthread", "-Wno-unknown-pragmas",
          "-Wno-attributes", "-Wno-psabi"]
 LINK_FLAGS = ["-shared", "-pthread", "-Wl,-z,defs"]
+#: The device unit's symbols stay in the artifact (each has its own emulator).
+HIDDEN = ["-fvisibility=hidden"]
 #: Flags of the device unit beyond FLAGS where the launch loop is linked prebuilt.
-DEVICE_FLAGS = ["-fvisibility=hidden", "-DDISC_EMU_RUN_EXTERN"]
+DEVICE_FLAGS = [*HIDDEN, "-DDISC_EMU_RUN_EXTERN"]
 #: What each process prepares once: output name -> (source in cc/cuda_emu, flags
 #: beyond FLAGS, compile as a header). The .gch flags are those of the unit using it.
 PREBUILT = {"cuda_emulator.h.gch": ("cuda_emulator.h", DEVICE_FLAGS, True),
             "emu_host_prelude.h.gch": ("emu_host_prelude.h", [], True),
-            "emu_runtime.o": ("emu_runtime.cc", ["-fvisibility=hidden"], False)}
+            "emu_runtime.o": ("emu_runtime.cc", HIDDEN, False),
+            "emu_host_runtime.o": ("emu_host_runtime.cc", [], False)}
+#: The prebuilt objects every artifact links, in link order.
+PREBUILT_OBJECTS = ["emu_host_runtime.o", "emu_runtime.o"]
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -72,6 +79,7 @@ def _headers() -> list[pathlib.Path]:
     d = header_dirs()
     return [d["emu"] / "cuda_emulator.h", d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
             d["emu"] / "emu_host_prelude.h", d["emu"] / "emu_runtime.cc",
+            d["emu"] / "emu_host_runtime.cc",
             d["ral_cuda"] / "cublas_gemm.h",
             d["ral_cuda"] / "ral_forward.h", d["ral_src"] / "disc_ral_cuda.h",
             d["ral"] / "disc_ral.h", *sorted(d["emu_include"].glob("*.h"))]
@@ -114,8 +122,11 @@ def device_unit(sources: Sources) -> str:
     ])
 
 
-def host_unit(sources: Sources) -> str:
-    """The host translation unit: the runner as generated, then the emulated RAL."""
+def host_unit(sources: Sources, ral_linked: bool = False) -> str:
+    """The host translation unit: the runner as generated, then the emulated RAL
+    (unless ``ral_linked``: the prebuilt ``emu_host_runtime.o`` brings it)."""
+    if ral_linked:
+        return sources.host
     return sources.host + '\n#include "emu_ral.h"  // cuda-emu: disc_entry over the emulator\n'
 
 
@@ -160,23 +171,16 @@ def _prebuild(output: str, key: str, out_dir: pathlib.Path) -> None:
     compiled (under the key's lock, so processes starting together compile it once)
     and stored there."""
     source, extra, header = PREBUILT[output]
-    hit = cache.lookup(key, repair=False, suffix=cache.OBJECT)
-    if hit is None:
-        with cache.key_lock(key, compiler.compile_timeout()) as locked:
-            hit = cache.lookup(key, repair=locked, suffix=cache.OBJECT)
-            if hit is None:
-                cmd = [compiler.resolve(compiler.cxx()), *FLAGS, *extra, *_includes(),
-                       *(["-x", "c++-header"] if header else ["-c"]),
-                       str(out_dir / source), "-o", str(out_dir / output)]
-                data = compiler.run_for_output(cmd, out_dir / output, output)
-                try:
-                    cache.store(key, data, {"sha256": hashlib.sha256(data).hexdigest(),
-                                            "num_kernels": 0, "name": output,
-                                            "kind": "cuda-emu prebuilt"}, suffix=cache.OBJECT)
-                except OSError as e:
-                    log.warning("cuda-emu: %s not stored in the cache (%s)", output, e)
-                return
-    (out_dir / output).write_bytes(hit[0])
+    where = out_dir if header else out_dir / "src"
+    cmd = [compiler.resolve(compiler.cxx()), *FLAGS, *extra, *_includes(),
+           *(["-x", "c++-header"] if header else ["-c"]),
+           str(where / source), "-o", str(out_dir / output)]
+    data, made = compiler.cached_object(
+        key, output, "cuda-emu prebuilt",
+        lambda: compiler.run_for_output(cmd, out_dir / output, output),
+        problem=None if header else elf_check.object_problem)
+    if not made:
+        (out_dir / output).write_bytes(data)
 
 
 def prebuilt_dir() -> pathlib.Path | None:
@@ -191,8 +195,12 @@ def prebuilt_dir() -> pathlib.Path | None:
         out: pathlib.Path | None = pathlib.Path(tempfile.mkdtemp(prefix="disc_tf_emu_prebuilt_"))
         atexit.register(shutil.rmtree, out, True)
         try:
-            for source, _, _ in PREBUILT.values():
-                shutil.copyfile(header_dirs()["emu"] / source, out / source)
+            # Headers to precompile next to their .gch; the objects' sources in src/, so
+            # their includes never find a .gch made with another unit's flags.
+            (out / "src").mkdir()
+            for source, _, header in PREBUILT.values():
+                shutil.copyfile(header_dirs()["emu"] / source,
+                                (out if header else out / "src") / source)
             with concurrent.futures.ThreadPoolExecutor(len(PREBUILT)) as pool:
                 for done in [pool.submit(_prebuild, o, k, out) for o, k in keys.items()]:
                     done.result()
@@ -214,15 +222,14 @@ def _compile(sources: Sources, name: str) -> bytes:
     if pre is not None:  # the precompiled headers first, the launch loop linked
         device_flags = [*DEVICE_FLAGS, "-include", str(pre / "cuda_emulator.h")]
         host_flags = ["-include", str(pre / "emu_host_prelude.h")]
-        linked = [str(pre / "emu_runtime.o")]
+        linked = [str(pre / o) for o in PREBUILT_OBJECTS]
     else:
-        device_flags, host_flags, linked = ["-fvisibility=hidden", "-include",
-                                            "cuda_emulator.h"], [], []
+        device_flags, host_flags, linked = [*HIDDEN, "-include", "cuda_emulator.h"], [], []
     timeout = compiler.compile_timeout()
     with tempfile.TemporaryDirectory(prefix="disc_tf_cuda_emu_") as tmp_name:
         tmp = pathlib.Path(tmp_name)
         (tmp / "device.cc").write_text(device_unit(sources))
-        (tmp / "host.cc").write_text(host_unit(sources))
+        (tmp / "host.cc").write_text(host_unit(sources, ral_linked=pre is not None))
         cmds = [[cxx, *FLAGS, *device_flags, *includes, "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
                 [cxx, *FLAGS, *host_flags, *includes, "-c", str(tmp / "host.cc"),

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from disc_tf.sources import Sources
 from tests.harness import tf_ops_left
 from tests.stage_helpers import dyn
 
@@ -147,7 +148,7 @@ def test_empty_rows_reduce_to_the_initial_value(shape):
 
 def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
     """Jits softmax for cuda-emu into an empty cache, checks it against TF at two
-    shapes, and returns the compiler commands of its build."""
+    shapes, and returns the compiler commands of its build (the units', then the link)."""
     from disc_tf.runtime import cuda_emu_build
 
     monkeypatch.setenv("DISC_TF_CACHE_DIR", str(tmp_path / "cache"))
@@ -158,7 +159,7 @@ def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
         commands.append(list(cmd))
         return popen(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(cuda_emu_build.subprocess, "Popen", recording)
+    monkeypatch.setattr(cuda_emu_build.subprocess, "Popen", recording)  # the link's too
     fn = lambda x: tf.nn.softmax(x * 3.0)  # noqa: E731 - not the cached CASES graph
     jitted = disc_tf.jit(tf.function(fn, input_signature=[dyn(2)]), min_cluster_size=1,
                          strict=True, target="cuda-emu")
@@ -168,7 +169,7 @@ def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
         x = rand(rng, *shape)
         np.testing.assert_allclose(jitted(x).numpy(), fn(tf.constant(x)).numpy(),
                                    rtol=1e-5, atol=1e-6)
-    return [c for c in commands if "-c" in c]
+    return [c for c in commands if "-c" in c] + [c for c in commands if "-shared" in c]
 
 
 def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypatch, tmp_path):
@@ -179,10 +180,15 @@ def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypa
     pre = cuda_emu_build.prebuilt_dir()
     assert pre is not None and cuda_emu_build.prebuilt_dir() == pre
     assert all((pre / name).stat().st_size > 0 for name in cuda_emu_build.PREBUILT)
-    device, host = _softmax_build_commands(monkeypatch, tmp_path)[:2]
+    device, host, link = _softmax_build_commands(monkeypatch, tmp_path)
     assert "-DDISC_EMU_RUN_EXTERN" in device
     assert device[device.index("-include") + 1] == str(pre / "cuda_emulator.h")
     assert host[host.index("-include") + 1] == str(pre / "emu_host_prelude.h")
+    # the launch loop and the emulated RAL come linked, not compiled in the units
+    assert {str(pre / o) for o in ("emu_runtime.o", "emu_host_runtime.o")} <= set(link)
+    runner = Sources("cuda", device="", host="// the host runner\n")
+    assert cuda_emu_build.host_unit(runner, ral_linked=True) == runner.host
+    assert '#include "emu_ral.h"' in cuda_emu_build.host_unit(runner)
 
 
 def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path, caplog):
@@ -197,6 +203,7 @@ def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path
     monkeypatch.setattr(cuda_emu_build, "_prebuilt", {})
     monkeypatch.setattr(cuda_emu_build, "_prebuild", broken)
     with caplog.at_level("WARNING", logger="disc_tf.runtime"):
-        device = _softmax_build_commands(monkeypatch, tmp_path)[0]
+        device, _, link = _softmax_build_commands(monkeypatch, tmp_path)
     assert "no prebuilt headers and launch loop" in caplog.text
     assert "-DDISC_EMU_RUN_EXTERN" not in device and "cuda_emulator.h" in device
+    assert not any(o.endswith("_runtime.o") for o in link)

@@ -24,6 +24,7 @@ from tests.integration.test_enable import (
     TF2_SCRIPT,
     check_async,
     check_enabled,
+    plain_run,
     run_script,
 )
 
@@ -53,9 +54,9 @@ def test_async_serves_tf_ops_until_the_child_publishes(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> dict:
+def plain() -> dict:
     """TF2_SCRIPT without disc_tf."""
-    return run_script(TF2_SCRIPT, tmp_path_factory.mktemp("plain"), enabled=False)
+    return plain_run(TF2_SCRIPT)
 
 
 def _fails_cleanly(tmp_path: pathlib.Path, plain: dict, env: dict[str, str],

@@ -9,6 +9,7 @@ import pathlib
 import stat
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
@@ -134,24 +135,37 @@ def test_enable_compiles_synchronously_in_strict_mode(monkeypatch):
 # ---- self-test: forcing a fallback makes every e2e test file fail
 
 E2E_FILES = sorted(p.name for p in (REPO / "tests" / "e2e").glob("test_*.py"))
+#: the files the default run tries; the slow suite tries every e2e file
+DEFAULT_FILES = ["test_elementwise_ops.py", "test_saved_model.py"]
 
 
-def _first_strict_test(path: pathlib.Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", "-m", "not slow and not fallback", str(path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
-    ids = [line for line in proc.stdout.splitlines() if "::" in line]
-    assert ids, proc.stdout[-2000:]
-    return ids[0]
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=() if n in ("test_elementwise_ops.py", "test_saved_model.py")
-                 else pytest.mark.slow) for n in E2E_FILES])
-def test_forcing_a_fallback_fails_the_file(name, tmp_path):
-    test_id = _first_strict_test(REPO / "tests" / "e2e" / name)
+def _failures_with_fallback_forced(files: list[str], tmp_path: pathlib.Path) -> dict[str, str]:
+    """{file: failure text} of the first strict test of each of ``files``, all run in one
+    pytest process with every cluster forced to fall back; a passing test maps to ''."""
+    report = tmp_path / "report.xml"
     env = dict(os.environ, DISC_TF_FORCE_FALLBACK="1", DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           test_id], env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
-    assert proc.returncode != 0, f"{test_id} passed with every cluster running TF ops"
-    assert "strict mode" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "tests.first_test_per_file", "-m", "not slow and not fallback",
+         f"--junitxml={report}", *(str(REPO / "tests" / "e2e" / f) for f in files)],
+        env=env, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert report.exists(), (proc.stdout + proc.stderr)[-3000:]
+    results: dict[str, str] = {}
+    for case in ET.parse(report).iter("testcase"):
+        parts = case.get("classname", "").split(".")  # tests.e2e.<module>[.<class>]
+        name = next((f for f in files if f.removesuffix(".py") in parts), case.get("name"))
+        problems = [e for e in case if e.tag in ("failure", "error")]
+        results[name] = "".join(
+            (e.get("message") or "") + (e.text or "") for e in problems)
+    return results
+
+
+@pytest.mark.parametrize("files", [
+    pytest.param(DEFAULT_FILES, id="default"),
+    pytest.param(E2E_FILES, id="every_e2e_file", marks=pytest.mark.slow)])
+def test_forcing_a_fallback_fails_each_file(files, tmp_path):
+    results = _failures_with_fallback_forced(files, tmp_path)
+    assert sorted(results) == sorted(files), results
+    for name, failure in results.items():
+        assert failure, f"{name}: its first test passed with every cluster running TF ops"
+        assert "strict mode" in failure, (name, failure[-3000:])
