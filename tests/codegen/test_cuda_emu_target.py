@@ -186,6 +186,7 @@ def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypa
     assert host[host.index("-include") + 1] == str(pre / "emu_host_prelude.h")
     # the launch loop and the emulated RAL come linked, not compiled in the units
     assert {str(pre / o) for o in ("emu_runtime.o", "emu_host_runtime.o")} <= set(link)
+    assert link[1:1 + len(cuda_emu_build.link_flags())] == cuda_emu_build.link_flags()
     runner = Sources("cuda", device="", host="// the host runner\n")
     assert cuda_emu_build.host_unit(runner, ral_linked=True) == runner.host
     assert '#include "emu_ral.h"' in cuda_emu_build.host_unit(runner)
