@@ -13,7 +13,17 @@
 #ifndef DISC_CUDA_EMU_RAL_H_
 #define DISC_CUDA_EMU_RAL_H_
 
-#include "emu_host_prelude.h"  // std, the cuBLAS stand-in and mapping, the RAL
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "cublas_emu.h"
+#include "cublas_gemm.h"
+#include "disc_ral_cuda.h"
+#include "ral_forward.h"
 
 // From the device translation unit: runs function `function` of the artifact
 // (kFunctions order); 0, or non-zero with the reason in error[0..error_size).

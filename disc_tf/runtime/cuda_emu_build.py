@@ -11,11 +11,12 @@ code, host runner, launch configuration, the cuBLAS call mapping -- without a
 GPU. It is for testing that path, not for speed.
 
 Most of a unit's compile used to be what every unit shares: parsing the emulator
-and the C++ library headers, and compiling the emulator's launch loop. Each
-process therefore prepares them once (``prebuilt_dir``): the device unit's
-``cuda_emulator.h`` and the host unit's ``emu_host_prelude.h`` precompiled with
-their units' flags, and ``emu_runtime.cc`` (the launch loop) compiled to an object
-that every artifact links, its device unit only declaring it. They are kept in the
+and the C++ library headers, and compiling the emulator's launch loop and RAL.
+Each process therefore prepares them once (``prebuilt_dir``): the device unit's
+``cuda_emulator.h`` precompiled with its flags, and two objects that every artifact
+links: ``emu_runtime.cc`` (the launch loop; the device unit only declares it) and
+``emu_host_runtime.cc`` (``emu_ral.h``), so the host unit is the host runner as
+generated, which includes only C headers and the RAL's. They are kept in the
 artifact cache (authenticated like kernel objects) and copied into a directory
 private to the process. Where they cannot be made, units parse the headers and
 define the launch loop themselves, as before; the artifact behaves the same.
@@ -61,7 +62,6 @@ DEVICE_FLAGS = [*HIDDEN, "-DDISC_EMU_RUN_EXTERN"]
 #: What each process prepares once: output name -> (source in cc/cuda_emu, flags
 #: beyond FLAGS, compile as a header). The .gch flags are those of the unit using it.
 PREBUILT = {"cuda_emulator.h.gch": ("cuda_emulator.h", DEVICE_FLAGS, True),
-            "emu_host_prelude.h.gch": ("emu_host_prelude.h", [], True),
             "emu_runtime.o": ("emu_runtime.cc", HIDDEN, False),
             "emu_host_runtime.o": ("emu_host_runtime.cc", [], False)}
 #: The prebuilt objects every artifact links, in link order.
@@ -87,7 +87,7 @@ def header_dirs() -> dict[str, pathlib.Path]:
 def _headers() -> list[pathlib.Path]:
     d = header_dirs()
     return [d["emu"] / "cuda_emulator.h", d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
-            d["emu"] / "emu_host_prelude.h", d["emu"] / "emu_runtime.cc",
+            d["emu"] / "emu_runtime.cc",
             d["emu"] / "emu_host_runtime.cc",
             d["ral_cuda"] / "cublas_gemm.h",
             d["ral_cuda"] / "ral_forward.h", d["ral_src"] / "disc_ral_cuda.h",
@@ -228,12 +228,11 @@ def _compile(sources: Sources, name: str) -> bytes:
         raise CompileError(f"C++ compiler {compiler.cxx()!r} not found")
     includes = _includes()
     pre = prebuilt_dir()
-    if pre is not None:  # the precompiled headers first, the launch loop linked
+    if pre is not None:  # the precompiled emulator first; launch loop and RAL linked
         device_flags = [*DEVICE_FLAGS, "-include", str(pre / "cuda_emulator.h")]
-        host_flags = ["-include", str(pre / "emu_host_prelude.h")]
         linked = [str(pre / o) for o in PREBUILT_OBJECTS]
     else:
-        device_flags, host_flags, linked = [*HIDDEN, "-include", "cuda_emulator.h"], [], []
+        device_flags, linked = [*HIDDEN, "-include", "cuda_emulator.h"], []
     timeout = compiler.compile_timeout()
     with tempfile.TemporaryDirectory(prefix="disc_tf_cuda_emu_") as tmp_name:
         tmp = pathlib.Path(tmp_name)
@@ -241,11 +240,11 @@ def _compile(sources: Sources, name: str) -> bytes:
         (tmp / "host.cc").write_text(host_unit(sources, ral_linked=pre is not None))
         cmds = [[cxx, *FLAGS, *device_flags, *includes, "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
-                [cxx, *FLAGS, *host_flags, *includes, "-c", str(tmp / "host.cc"),
+                [cxx, *FLAGS, *includes, "-c", str(tmp / "host.cc"),
                  "-o", str(tmp / "host.o")]]
         for unit in sources.units:  # a loop's step runners, one translation unit each
             (tmp / f"{unit.name}.cc").write_text(unit.text)
-            cmds.append([cxx, *FLAGS, *host_flags, *includes, "-c", str(tmp / f"{unit.name}.cc"),
+            cmds.append([cxx, *FLAGS, *includes, "-c", str(tmp / f"{unit.name}.cc"),
                          "-o", str(tmp / f"{unit.name}.o")])
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for c in cmds]
