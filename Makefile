@@ -20,11 +20,6 @@ native: $(STAMP)
 demo: install
 	$(VPY) -m disc_tf.demo
 
-# Python's bytecode cache stays on for every recipe (an environment may turn it off):
-# otherwise each test worker re-rewrites the asserts of all test modules when it collects
-# (16.5 s against 11.5 s per collection on 2 cores), as does each pytest subprocess.
-unexport PYTHONDONTWRITEBYTECODE
-
 # One pytest worker per core (at most 4); a test file stays on one worker, so its
 # module fixtures are built once. Workers share the artifact cache and its key.
 PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
