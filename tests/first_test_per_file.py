@@ -3,17 +3,19 @@ test of each file: the strict-mode self-test runs one test per e2e file in one p
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 
 @pytest.hookimpl(trylast=True)  # after ``-m`` has deselected what it deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselects every item but the first of its file."""
-    seen: set[str] = set()
+    seen: set[pathlib.Path] = set()
     kept, dropped = [], []
     for item in items:
-        (dropped if item.path.name in seen else kept).append(item)
-        seen.add(item.path.name)
+        (dropped if item.path in seen else kept).append(item)
+        seen.add(item.path)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -64,8 +64,8 @@ DEVICE_FLAGS = [*HIDDEN, "-DDISC_EMU_RUN_EXTERN"]
 PREBUILT = {"cuda_emulator.h.gch": ("cuda_emulator.h", DEVICE_FLAGS, True),
             "emu_runtime.o": ("emu_runtime.cc", HIDDEN, False),
             "emu_host_runtime.o": ("emu_host_runtime.cc", [], False)}
-#: The prebuilt objects every artifact links, in link order.
-PREBUILT_OBJECTS = ["emu_host_runtime.o", "emu_runtime.o"]
+#: The prebuilt objects every artifact links (the outputs not compiled as headers).
+PREBUILT_OBJECTS = [o for o, (_, _, header) in PREBUILT.items() if not header]
 
 log = logging.getLogger("disc_tf.runtime")
 

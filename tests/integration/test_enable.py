@@ -9,10 +9,12 @@ calls with the original ops while a background thread compiles.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import pathlib
+import shutil
 import site
 import subprocess
 import sys
@@ -188,7 +190,9 @@ def _same_outputs(disc: dict, plain: dict) -> None:
 def plain_run(script: str) -> dict:
     """``script`` run without the variable: the reference outputs. Memoized per test process
     (the outputs are TF's own; tests of one script share one run of it)."""
-    return run_script(script, pathlib.Path(tempfile.mkdtemp(prefix="plain_")), enabled=False)
+    workdir = tempfile.mkdtemp(prefix="plain_")
+    atexit.register(shutil.rmtree, workdir, True)
+    return run_script(script, pathlib.Path(workdir), enabled=False)
 
 
 def check_enabled(script: str, tmp_path: pathlib.Path, extra_env: dict[str, str] | None = None) -> dict:
