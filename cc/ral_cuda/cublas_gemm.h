@@ -11,6 +11,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
 
 #include "disc_ral_cuda.h"
 

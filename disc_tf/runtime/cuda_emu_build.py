@@ -10,16 +10,17 @@ entry point (``disc_entry``). The result is a CPU artifact the CPU
 code, host runner, launch configuration, the cuBLAS call mapping -- without a
 GPU. It is for testing that path, not for speed.
 
-Most of a unit's compile used to be what every unit shares: parsing the emulator
-and the C++ library headers, and compiling the emulator's launch loop and RAL.
-Each process therefore prepares them once (``prebuilt_dir``): the device unit's
-``cuda_emulator.h`` precompiled with its flags, and two objects that every artifact
-links: ``emu_runtime.cc`` (the launch loop; the device unit only declares it) and
-``emu_host_runtime.cc`` (``emu_ral.h``), so the host unit is the host runner as
-generated, which includes only C headers and the RAL's. They are kept in the
-artifact cache (authenticated like kernel objects) and copied into a directory
-private to the process. Where they cannot be made, units parse the headers and
-define the launch loop themselves, as before; the artifact behaves the same.
+Most of a unit's compile used to be what every unit shares: parsing the C++
+library headers, and compiling the emulator's launch loop and RAL. So the device
+unit sees C headers only: ``cuda_emulator.h`` is the device API, and the emulator's
+``device_include/math.h`` stands in for ``<math.h>`` (as CUDA's does on a GPU);
+and each process prepares once (``prebuilt_dir``) the two objects that every
+artifact links: ``emu_runtime.cc`` (the launch loop) and ``emu_host_runtime.cc``
+(``emu_ral.h``), so the host unit is the host runner as generated, which includes
+only C headers and the RAL's. They are kept in the artifact cache (authenticated
+like kernel objects) and copied into a directory private to the process. Where
+they cannot be made, each build compiles them with its units; the artifact
+behaves the same.
 """
 
 from __future__ import annotations
@@ -55,17 +56,14 @@ def link_flags() -> list[str]:
     four small objects, which gold links in a quarter of the default linker's 0.12 s."""
     return [*LINK_FLAGS, "-fuse-ld=gold"] if shutil.which("ld.gold") else list(LINK_FLAGS)
 
-#: The device unit's symbols stay in the artifact (each has its own emulator).
+#: The emulator's symbols stay in the artifact (each has its own emulator).
 HIDDEN = ["-fvisibility=hidden"]
-#: Flags of the device unit beyond FLAGS where the launch loop is linked prebuilt.
-DEVICE_FLAGS = [*HIDDEN, "-DDISC_EMU_RUN_EXTERN"]
-#: What each process prepares once: output name -> (source in cc/cuda_emu, flags
-#: beyond FLAGS, compile as a header). The .gch flags are those of the unit using it.
-PREBUILT = {"cuda_emulator.h.gch": ("cuda_emulator.h", DEVICE_FLAGS, True),
-            "emu_runtime.o": ("emu_runtime.cc", HIDDEN, False),
-            "emu_host_runtime.o": ("emu_host_runtime.cc", [], False)}
-#: The prebuilt objects every artifact links (the outputs not compiled as headers).
-PREBUILT_OBJECTS = [o for o, (_, _, header) in PREBUILT.items() if not header]
+#: Flags of the device unit beyond FLAGS and the include path: the emulator first.
+DEVICE_FLAGS = [*HIDDEN, "-include", "cuda_emulator.h"]
+#: The objects every artifact links, prepared once per process: output name ->
+#: (source in cc/cuda_emu, flags beyond FLAGS).
+PREBUILT = {"emu_runtime.o": ("emu_runtime.cc", HIDDEN),
+            "emu_host_runtime.o": ("emu_host_runtime.cc", [])}
 
 log = logging.getLogger("disc_tf.runtime")
 
@@ -78,6 +76,7 @@ def header_dirs() -> dict[str, pathlib.Path]:
     """The directories the two translation units include from."""
     cc = _source_dir()
     dirs = {"emu": cc / "cuda_emu", "emu_include": cc / "cuda_emu" / "include",
+            "emu_device_include": cc / "cuda_emu" / "device_include",
             "ral_cuda": cc / "ral_cuda", "ral": native.ral_include_dir(), "ral_src": cc / "ral"}
     if not (dirs["emu"] / "cuda_emulator.h").is_file():
         raise CompileError(f"the CUDA emulator's headers are not in {dirs['emu']}")
@@ -87,7 +86,7 @@ def header_dirs() -> dict[str, pathlib.Path]:
 def _headers() -> list[pathlib.Path]:
     d = header_dirs()
     return [d["emu"] / "cuda_emulator.h", d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
-            d["emu"] / "emu_runtime.cc",
+            d["emu"] / "emu_runtime.cc", d["emu_device_include"] / "math.h",
             d["emu"] / "emu_host_runtime.cc",
             d["ral_cuda"] / "cublas_gemm.h",
             d["ral_cuda"] / "ral_forward.h", d["ral_src"] / "disc_ral_cuda.h",
@@ -100,12 +99,17 @@ def _includes() -> list[str]:
             f"-I{d['ral']}", f"-I{d['ral_src']}"]
 
 
+def device_includes() -> list[str]:
+    """The device unit's include path: the emulator's ``<math.h>`` first."""
+    return [f"-I{header_dirs()['emu_device_include']}", *_includes()]
+
+
 def device_unit(sources: Sources) -> str:
     """The device translation unit: the kernels as generated, then the dispatch
     the emulated RAL calls (launch index -> kernel) and the device globals."""
     cases = [f"    case {i}: ok = disc_emu::Launch(&{name}, grid, block, shared_bytes, params, "
-             f"&why); break;" for i, name in enumerate(sources.functions)]
-    globals_ = [f'  if (!std::strcmp(name, "{g}")) return (void*){g};'
+             f"error, error_size); break;" for i, name in enumerate(sources.functions)]
+    globals_ = [f'  if (!strcmp(name, "{g}")) return (void*){g};'
                 for g in sources.device_globals]
     return "\n".join([
         sources.device,
@@ -114,13 +118,11 @@ def device_unit(sources: Sources) -> str:
         'extern "C" __attribute__((visibility("hidden"))) int32_t disc_emu_launch(',
         "    int32_t function, uint32_t grid, uint32_t block, uint32_t shared_bytes,",
         "    void** params, char* error, uint64_t error_size) {",
-        "  std::string why;",
         "  bool ok = false;",
         "  switch (function) {",
         *cases,
-        '    default: why = "no device function " + std::to_string(function);',
+        '    default: snprintf(error, error_size, "no device function %d", (int)function);',
         "  }",
-        '  if (!ok) std::snprintf(error, error_size, "%s", why.c_str());',
         "  return ok ? 0 : 1;",
         "}",
         'extern "C" __attribute__((visibility("hidden"))) void* disc_emu_global(const char* name) {',
@@ -166,7 +168,7 @@ def _prebuilt_keys() -> dict[str, str]:
                                       for p in _headers())).digest()
     toolchain = [compiler.cxx().encode(), compiler.compiler_version().encode()]
     keys = {}
-    for output, (source, extra, _) in PREBUILT.items():
+    for output, (source, extra) in PREBUILT.items():
         h = hashlib.sha256(b"cuda-emu prebuilt")
         for part in [output.encode(), source.encode(), headers,
                      " ".join(FLAGS + extra).encode(), *toolchain]:
@@ -175,27 +177,30 @@ def _prebuilt_keys() -> dict[str, str]:
     return keys
 
 
+def _runtime_command(output: str, out: pathlib.Path) -> list[str]:
+    """The compiler command of ``PREBUILT[output]``, writing ``out``."""
+    source, extra = PREBUILT[output]
+    return [compiler.resolve(compiler.cxx()), *FLAGS, *extra, *_includes(), "-c",
+            str(header_dirs()["emu"] / source), "-o", str(out)]
+
+
 def _prebuild(output: str, key: str, out_dir: pathlib.Path) -> None:
     """Writes ``out_dir/output`` (cache key ``key``): from the artifact cache, else
     compiled (under the key's lock, so processes starting together compile it once)
     and stored there."""
-    source, extra, header = PREBUILT[output]
-    where = out_dir if header else out_dir / "src"
-    cmd = [compiler.resolve(compiler.cxx()), *FLAGS, *extra, *_includes(),
-           *(["-x", "c++-header"] if header else ["-c"]),
-           str(where / source), "-o", str(out_dir / output)]
     data, made = compiler.cached_object(
         key, output, "cuda-emu prebuilt",
-        lambda: compiler.run_for_output(cmd, out_dir / output, output),
-        problem=None if header else elf_check.object_problem)
+        lambda: compiler.run_for_output(_runtime_command(output, out_dir / output),
+                                        out_dir / output, output),
+        problem=elf_check.object_problem)
     if not made:
         (out_dir / output).write_bytes(data)
 
 
 def prebuilt_dir() -> pathlib.Path | None:
     """This process's directory (private, removed at exit) of the ``PREBUILT``
-    outputs and their sources; made on first use. None if they cannot all be made
-    (a warning says why; units are then compiled without them)."""
+    objects; made on first use. None if they cannot all be made (a warning says
+    why; each build then compiles them with its units)."""
     keys = _prebuilt_keys()
     key = "".join(keys.values())
     with _prebuilt_lock:
@@ -204,17 +209,11 @@ def prebuilt_dir() -> pathlib.Path | None:
         out: pathlib.Path | None = pathlib.Path(tempfile.mkdtemp(prefix="disc_tf_emu_prebuilt_"))
         atexit.register(shutil.rmtree, out, True)
         try:
-            # Headers to precompile next to their .gch; the objects' sources in src/, so
-            # their includes never find a .gch made with another unit's flags.
-            (out / "src").mkdir()
-            for source, _, header in PREBUILT.values():
-                shutil.copyfile(header_dirs()["emu"] / source,
-                                (out if header else out / "src") / source)
             with concurrent.futures.ThreadPoolExecutor(len(PREBUILT)) as pool:
                 for done in [pool.submit(_prebuild, o, k, out) for o, k in keys.items()]:
                     done.result()
         except (CompileError, OSError) as e:
-            log.warning("cuda-emu: no prebuilt headers and launch loop (%s); each unit "
+            log.warning("cuda-emu: no prebuilt launch loop and RAL (%s); each build "
                         "compiles them", e)
             shutil.rmtree(out, ignore_errors=True)
             out = None
@@ -228,24 +227,26 @@ def _compile(sources: Sources, name: str) -> bytes:
         raise CompileError(f"C++ compiler {compiler.cxx()!r} not found")
     includes = _includes()
     pre = prebuilt_dir()
-    if pre is not None:  # the precompiled emulator first; launch loop and RAL linked
-        device_flags = [*DEVICE_FLAGS, "-include", str(pre / "cuda_emulator.h")]
-        linked = [str(pre / o) for o in PREBUILT_OBJECTS]
-    else:
-        device_flags, linked = [*HIDDEN, "-include", "cuda_emulator.h"], []
     timeout = compiler.compile_timeout()
     with tempfile.TemporaryDirectory(prefix="disc_tf_cuda_emu_") as tmp_name:
         tmp = pathlib.Path(tmp_name)
         (tmp / "device.cc").write_text(device_unit(sources))
         (tmp / "host.cc").write_text(host_unit(sources, ral_linked=pre is not None))
-        cmds = [[cxx, *FLAGS, *device_flags, *includes, "-c", str(tmp / "device.cc"),
+        cmds = [[cxx, *FLAGS, *DEVICE_FLAGS, *device_includes(), "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
                 [cxx, *FLAGS, *includes, "-c", str(tmp / "host.cc"),
                  "-o", str(tmp / "host.o")]]
+        objects = ["device.o", "host.o"]
         for unit in sources.units:  # a loop's step runners, one translation unit each
             (tmp / f"{unit.name}.cc").write_text(unit.text)
             cmds.append([cxx, *FLAGS, *includes, "-c", str(tmp / f"{unit.name}.cc"),
                          "-o", str(tmp / f"{unit.name}.o")])
+            objects.append(f"{unit.name}.o")
+        if pre is not None:  # the launch loop and the RAL: linked prebuilt
+            linked = [str(pre / o) for o in PREBUILT]
+        else:  # compiled here (the RAL is in the host unit)
+            cmds.append(_runtime_command("emu_runtime.o", tmp / "emu_runtime.o"))
+            linked = [str(tmp / "emu_runtime.o")]
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for c in cmds]
         for cmd, proc in zip(cmds, procs):
@@ -259,7 +260,6 @@ def _compile(sources: Sources, name: str) -> bytes:
                 raise CompileError(f"{' '.join(cmd)} failed (exit {proc.returncode}) "
                                    f"building cluster {name} for cuda-emu:\n{err[-4000:]}")
         out = tmp / f"{name}.so"
-        objects = ["device.o", "host.o", *(f"{u.name}.o" for u in sources.units)]
         link = [cxx, *link_flags(), *(str(tmp / o) for o in objects), *linked, "-o", str(out)]
         proc = compiler.run(link, timeout)
         if proc.returncode != 0:

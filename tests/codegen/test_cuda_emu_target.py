@@ -6,6 +6,9 @@ output), and matches TensorFlow."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -157,6 +160,9 @@ def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
 
     def recording(cmd, *args, **kwargs):
         commands.append(list(cmd))
+        for arg in cmd:  # the device unit, kept for a look at what it includes
+            if arg.endswith("/device.cc"):
+                shutil.copyfile(arg, tmp_path / "device_unit.cc")
         return popen(cmd, *args, **kwargs)
 
     monkeypatch.setattr(cuda_emu_build.subprocess, "Popen", recording)  # the link's too
@@ -172,17 +178,19 @@ def _softmax_build_commands(monkeypatch, tmp_path) -> list[list[str]]:
     return [c for c in commands if "-c" in c] + [c for c in commands if "-shared" in c]
 
 
-def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypatch, tmp_path):
-    """Each process prepares once what every unit shares (the precompiled emulator, the
-    launch loop's object); the device unit then only declares the launch loop."""
+def test_units_see_c_headers_only_and_link_the_prebuilt_launch_loop(monkeypatch, tmp_path):
+    """Each process prepares once what every artifact links (the launch loop, the
+    emulated RAL); the device unit parses the emulator's device API and its own
+    <math.h> before the system headers, and neither unit reads a C++ library header."""
     from disc_tf.runtime import cuda_emu_build
 
     pre = cuda_emu_build.prebuilt_dir()
     assert pre is not None and cuda_emu_build.prebuilt_dir() == pre
     assert all((pre / name).stat().st_size > 0 for name in cuda_emu_build.PREBUILT)
     device, host, link = _softmax_build_commands(monkeypatch, tmp_path)
-    assert "-DDISC_EMU_RUN_EXTERN" in device
-    assert device[device.index("-include") + 1] == str(pre / "cuda_emulator.h")
+    assert device[device.index("-include") + 1] == "cuda_emulator.h"
+    includes = [a for a in device if a.startswith("-I")]
+    assert includes[0] == f"-I{cuda_emu_build.header_dirs()['emu_device_include']}"
     assert "-include" not in host  # the runner as generated: C and RAL headers only
     # the launch loop and the emulated RAL come linked, not compiled in the units
     assert {str(pre / o) for o in ("emu_runtime.o", "emu_host_runtime.o")} <= set(link)
@@ -190,11 +198,17 @@ def test_units_start_from_the_prebuilt_headers_and_link_the_launch_loop(monkeypa
     runner = Sources("cuda", device="", host="// the host runner\n")
     assert cuda_emu_build.host_unit(runner, ral_linked=True) == runner.host
     assert '#include "emu_ral.h"' in cuda_emu_build.host_unit(runner)
+    # the headers the device unit reads: none of the C++ library's
+    deps = subprocess.run([*device[:device.index("-c")], "-M", str(tmp_path / "device_unit.cc")],
+                          capture_output=True, text=True, check=True).stdout
+    assert "device_include/math.h" in deps and "cuda_fp16.h" in deps, deps
+    assert "/c++/" not in deps, deps
 
 
 def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path, caplog):
-    """Where the shared parts cannot be made, each unit parses the headers and defines
-    the launch loop itself (a warning says so), and the artifact computes the same."""
+    """Where the shared parts cannot be made, each build compiles the launch loop with
+    its units and the RAL in its host unit (a warning says so); the artifact computes
+    the same."""
     from disc_tf.errors import CompileError
     from disc_tf.runtime import cuda_emu_build
 
@@ -204,7 +218,8 @@ def test_units_without_the_prebuilt_parts_compute_the_same(monkeypatch, tmp_path
     monkeypatch.setattr(cuda_emu_build, "_prebuilt", {})
     monkeypatch.setattr(cuda_emu_build, "_prebuild", broken)
     with caplog.at_level("WARNING", logger="disc_tf.runtime"):
-        device, _, link = _softmax_build_commands(monkeypatch, tmp_path)
-    assert "no prebuilt headers and launch loop" in caplog.text
-    assert "-DDISC_EMU_RUN_EXTERN" not in device and "cuda_emulator.h" in device
-    assert not any(o.endswith("_runtime.o") for o in link)
+        commands = _softmax_build_commands(monkeypatch, tmp_path)
+    assert "no prebuilt launch loop and RAL" in caplog.text
+    units, link = commands[:-1], commands[-1]
+    assert any(c[c.index("-c") + 1].endswith("emu_runtime.cc") for c in units)
+    assert not any(o.endswith("emu_host_runtime.o") for o in link)

@@ -19,11 +19,11 @@ HERE = __import__("pathlib").Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory) -> ctypes.CDLL:
     so = tmp_path_factory.mktemp("emu") / "selftest.so"
-    d = cuda_emu_build.header_dirs()
-    subprocess.run(["g++", *cuda_emu_build.FLAGS, "-shared", "-include", "cuda_emulator.h",
-                    f"-I{d['emu_include']}", f"-I{d['emu']}", f"-I{d['ral_cuda']}",
-                    f"-I{d['ral']}", f"-I{d['ral_src']}", str(HERE / "emu_selftest.cc"),
-                    "-o", str(so)], check=True)
+    pre = cuda_emu_build.prebuilt_dir()
+    assert pre is not None
+    subprocess.run(["g++", *cuda_emu_build.FLAGS, "-include", "cuda_emulator.h", "-shared",
+                    *cuda_emu_build.device_includes(), str(HERE / "emu_selftest.cc"),
+                    str(pre / "emu_runtime.o"), "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
     i32, i64, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
     lib.emu_row_major_gemm.argtypes = [i32, i64, i64, i64, i64, ptr, i64, i64, i32, ptr, i64,
