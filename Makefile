@@ -6,10 +6,14 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: install native demo test test-cuda-emu test-all test-models bench bench-deps lint clean bazel-build
 
-$(STAMP): pyproject.toml setup.py
+# matplotlib (the bench plot's test) goes outside site-packages: tests/requirements-plot.txt.
+PLOT_LIB := $(VENV)/plot-lib
+
+$(STAMP): pyproject.toml setup.py tests/requirements-plot.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet --no-deps --upgrade --target $(PLOT_LIB) -r tests/requirements-plot.txt
 	touch $(STAMP)
 
 install: $(STAMP) native

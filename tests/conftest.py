@@ -5,17 +5,29 @@ TF's own answer. Tests that exercise a fallback say so with ``@pytest.mark.fallb
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 import pytest
 
+
+def _session_dir(prefix: str) -> str:
+    """A directory for the whole session (the test workers inherit its path), removed
+    when the process that made it exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 if "DISC_TF_CACHE_DIR" not in os.environ:
-    os.environ["DISC_TF_CACHE_DIR"] = tempfile.mkdtemp(prefix="disc_tf_test_cache_")
+    os.environ["DISC_TF_CACHE_DIR"] = _session_dir("disc_tf_test_cache_")
 # The cache's HMAC key: one for the session and its subprocesses, whatever HOME is.
-os.environ.setdefault("DISC_TF_CACHE_KEY_FILE",
-                      os.path.join(tempfile.mkdtemp(prefix="disc_tf_test_key_"), "cache.key"))
+if "DISC_TF_CACHE_KEY_FILE" not in os.environ:
+    os.environ["DISC_TF_CACHE_KEY_FILE"] = os.path.join(_session_dir("disc_tf_test_key_"),
+                                                        "cache.key")
 os.environ.setdefault("DISC_TF_STRICT", "1")
 
 
