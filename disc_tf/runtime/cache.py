@@ -32,6 +32,7 @@ compiles in both. Remote entries are authenticated with a fleet secret instead.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -42,6 +43,7 @@ import logging
 import os
 import pathlib
 import re
+import shutil
 import stat
 import tempfile
 import threading
@@ -97,6 +99,7 @@ def cache_dir() -> pathlib.Path:
         private = _private.get(root)
         if private is None:
             private = _private[root] = pathlib.Path(tempfile.mkdtemp(prefix="disc_tf_cache_"))
+            atexit.register(shutil.rmtree, private, True)  # no other process can use it
             log.warning("artifact cache %s %s; using the private directory %s instead",
                         root, problem, private)
     return private

@@ -70,6 +70,18 @@ def test_a_cache_others_can_write_is_refused_for_a_private_one(root, caplog):
     assert any(used.glob("*/*.so"))
 
 
+def test_the_private_cache_is_removed_when_the_process_exits(root, monkeypatch):
+    """No other process can use it, so it does not outlive this one in the temp dir."""
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o777)
+    monkeypatch.setattr(cache, "_private", {})
+    at_exit = []
+    monkeypatch.setattr(cache.atexit, "register", lambda *a: at_exit.append(a))
+    used = cache.cache_dir()
+    assert used != root and at_exit == [(shutil.rmtree, used, True)]
+    shutil.rmtree(used)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
 def test_a_cache_owned_by_someone_else_is_refused(root, caplog):
     root.mkdir(mode=0o700)
