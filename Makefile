@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml setup.py tests/requirements-plot.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip uninstall --quiet --yes matplotlib  # a venv from before plot-lib
 	$(VPY) -m pip install --quiet --no-deps --upgrade --target $(PLOT_LIB) -r tests/requirements-plot.txt
 	touch $(STAMP)
 
@@ -49,7 +50,7 @@ test-models: install
 	$(VPY) -m pip install --quiet -r tests/models/requirements.txt
 	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m slow tests/models
 
-# Bench peers: matplotlib in the main venv, ONNX Runtime + tf2onnx in their own venv.
+# Bench peers: ONNX Runtime + tf2onnx in their own venv (the plot's matplotlib: plot-lib).
 ORT_VENV  := bench/.venv-ort
 ORT_STAMP := $(ORT_VENV)/.installed
 

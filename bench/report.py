@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 from typing import Any
 
 from bench import rounds
@@ -287,11 +288,19 @@ def markdown_report(results: dict[str, Any], plot_name: str | None = None) -> st
     return "\n".join(out) + "\n"
 
 
+#: Where ``make install`` puts matplotlib: outside site-packages, where Keras would
+#: import it with every TensorFlow (``tests/requirements-plot.txt``).
+PLOT_LIB = pathlib.Path(sys.prefix) / "plot-lib"
+
+
 def plot(results: dict[str, Any], path: pathlib.Path) -> bool:
     """Speedup over TF (hot pass; first pass, log scale) per workload and peer.
 
-    Returns False without matplotlib.
+    matplotlib comes from site-packages, else from ``PLOT_LIB``. Returns False without it.
     """
+    if importlib.util.find_spec("matplotlib") is None and PLOT_LIB.is_dir():
+        sys.path.append(str(PLOT_LIB))
+        importlib.invalidate_caches()
     if importlib.util.find_spec("matplotlib") is None:
         return False
     import matplotlib

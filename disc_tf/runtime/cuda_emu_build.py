@@ -58,8 +58,6 @@ def link_flags() -> list[str]:
 
 #: The emulator's symbols stay in the artifact (each has its own emulator).
 HIDDEN = ["-fvisibility=hidden"]
-#: Flags of the device unit beyond FLAGS and the include path: the emulator first.
-DEVICE_FLAGS = [*HIDDEN, "-include", "cuda_emulator.h"]
 #: The objects every artifact links, prepared once per process: output name ->
 #: (source in cc/cuda_emu, flags beyond FLAGS).
 PREBUILT = {"emu_runtime.o": ("emu_runtime.cc", HIDDEN),
@@ -97,6 +95,12 @@ def _includes() -> list[str]:
     d = header_dirs()
     return [f"-I{d['emu_include']}", f"-I{d['emu']}", f"-I{d['ral_cuda']}",
             f"-I{d['ral']}", f"-I{d['ral_src']}"]
+
+
+def device_flags() -> list[str]:
+    """Flags of the device unit beyond FLAGS and its include path: the emulator included
+    first, by absolute path (a bare name would be looked up in the working directory)."""
+    return [*HIDDEN, "-include", str(header_dirs()["emu"] / "cuda_emulator.h")]
 
 
 def device_includes() -> list[str]:
@@ -142,13 +146,17 @@ def host_unit(sources: Sources, ral_linked: bool = False) -> str:
 
 
 def cache_key(sources: Sources) -> str:
-    """Key of a cuda-emu artifact: both sources, the emulator and RAL headers, the
+    """Key of a cuda-emu artifact: both translation units as compiled (the sources with
+    the dispatch and RAL around them), the loop units, the emulator and RAL headers, the
     flags, the compiler and the target."""
     h = hashlib.sha256()
-    parts = [sources.text.encode(), *(u.text.encode() for u in sources.units),
+    parts = [sources.text.encode(), device_unit(sources).encode(),
+             host_unit(sources, ral_linked=True).encode(),
+             *(u.text.encode() for u in sources.units),
              "\n".join(sources.functions).encode(),
              "\n".join(sources.device_globals).encode(),
-             *(p.read_bytes() for p in _headers()), " ".join(FLAGS + link_flags()).encode(),
+             *(p.read_bytes() for p in _headers()),
+             " ".join(FLAGS + HIDDEN + ["-include", "cuda_emulator.h"] + link_flags()).encode(),
              compiler.cxx().encode(), compiler.compiler_version().encode(), TARGET.encode()]
     for part in parts:
         h.update(hashlib.sha256(part).digest())
@@ -232,7 +240,7 @@ def _compile(sources: Sources, name: str) -> bytes:
         tmp = pathlib.Path(tmp_name)
         (tmp / "device.cc").write_text(device_unit(sources))
         (tmp / "host.cc").write_text(host_unit(sources, ral_linked=pre is not None))
-        cmds = [[cxx, *FLAGS, *DEVICE_FLAGS, *device_includes(), "-c", str(tmp / "device.cc"),
+        cmds = [[cxx, *FLAGS, *device_flags(), *device_includes(), "-c", str(tmp / "device.cc"),
                  "-o", str(tmp / "device.o")],
                 [cxx, *FLAGS, *includes, "-c", str(tmp / "host.cc"),
                  "-o", str(tmp / "host.o")]]

@@ -188,7 +188,8 @@ def test_units_see_c_headers_only_and_link_the_prebuilt_launch_loop(monkeypatch,
     assert pre is not None and cuda_emu_build.prebuilt_dir() == pre
     assert all((pre / name).stat().st_size > 0 for name in cuda_emu_build.PREBUILT)
     device, host, link = _softmax_build_commands(monkeypatch, tmp_path)
-    assert device[device.index("-include") + 1] == "cuda_emulator.h"
+    emulator = cuda_emu_build.header_dirs()["emu"] / "cuda_emulator.h"
+    assert device[device.index("-include") + 1] == str(emulator)  # not the working dir's
     includes = [a for a in device if a.startswith("-I")]
     assert includes[0] == f"-I{cuda_emu_build.header_dirs()['emu_device_include']}"
     assert "-include" not in host  # the runner as generated: C and RAL headers only

@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from disc_tf.runtime import cuda_emu_build
+from disc_tf.runtime import compiler, cuda_emu_build
 
 HERE = __import__("pathlib").Path(__file__).resolve().parent
 
@@ -21,7 +21,9 @@ def emu(tmp_path_factory) -> ctypes.CDLL:
     so = tmp_path_factory.mktemp("emu") / "selftest.so"
     pre = cuda_emu_build.prebuilt_dir()
     assert pre is not None
-    subprocess.run(["g++", *cuda_emu_build.FLAGS, "-include", "cuda_emulator.h", "-shared",
+    emulator = cuda_emu_build.header_dirs()["emu"] / "cuda_emulator.h"
+    subprocess.run([compiler.resolve(compiler.cxx()), *cuda_emu_build.FLAGS,
+                    "-include", str(emulator), "-shared",
                     *cuda_emu_build.device_includes(), str(HERE / "emu_selftest.cc"),
                     str(pre / "emu_runtime.o"), "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))

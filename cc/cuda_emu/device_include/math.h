@@ -3,7 +3,9 @@
 // a device unit's compile. libm's functions, declared as glibc declares them (the
 // compiler knows them by name, as it knows the __builtin_* that <cmath>'s float
 // overloads call, so the code is the same); float overloads of the double names,
-// as CUDA's math headers give device code; the classification functions for
+// as CUDA's math headers give device code, and mixed arguments of the two-argument
+// functions (float and int, float and double) computed in double, as <cmath>
+// promotes them; the classification functions for
 // float and double over the compiler's type-generic builtins, as <cmath>'s.
 #ifndef DISC_EMU_DEVICE_MATH_H_
 #define DISC_EMU_DEVICE_MATH_H_
@@ -12,10 +14,14 @@
   extern "C" double name(double) noexcept;    \
   extern "C" float name##f(float) noexcept;   \
   inline float name(float x) { return name##f(x); }
-#define DISC_EMU_MATH_BINARY(name)                    \
-  extern "C" double name(double, double) noexcept;    \
-  extern "C" float name##f(float, float) noexcept;    \
-  inline float name(float x, float y) { return name##f(x, y); }
+#define DISC_EMU_MATH_BINARY(name)                                        \
+  extern "C" double name(double, double) noexcept;                        \
+  extern "C" float name##f(float, float) noexcept;                        \
+  inline float name(float x, float y) { return name##f(x, y); }           \
+  template <typename A, typename B>                                       \
+  inline double name(A x, B y) {                                          \
+    return name(static_cast<double>(x), static_cast<double>(y));          \
+  }
 
 DISC_EMU_MATH_UNARY(exp)
 DISC_EMU_MATH_UNARY(exp2)
