@@ -58,6 +58,8 @@ def link_flags() -> list[str]:
 
 #: The emulator's symbols stay in the artifact (each has its own emulator).
 HIDDEN = ["-fvisibility=hidden"]
+#: The emulator's device API, included first in the device unit.
+EMULATOR_HEADER = "cuda_emulator.h"
 #: The objects every artifact links, prepared once per process: output name ->
 #: (source in cc/cuda_emu, flags beyond FLAGS).
 PREBUILT = {"emu_runtime.o": ("emu_runtime.cc", HIDDEN),
@@ -76,14 +78,14 @@ def header_dirs() -> dict[str, pathlib.Path]:
     dirs = {"emu": cc / "cuda_emu", "emu_include": cc / "cuda_emu" / "include",
             "emu_device_include": cc / "cuda_emu" / "device_include",
             "ral_cuda": cc / "ral_cuda", "ral": native.ral_include_dir(), "ral_src": cc / "ral"}
-    if not (dirs["emu"] / "cuda_emulator.h").is_file():
+    if not (dirs["emu"] / EMULATOR_HEADER).is_file():
         raise CompileError(f"the CUDA emulator's headers are not in {dirs['emu']}")
     return dirs
 
 
 def _headers() -> list[pathlib.Path]:
     d = header_dirs()
-    return [d["emu"] / "cuda_emulator.h", d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
+    return [d["emu"] / EMULATOR_HEADER, d["emu"] / "cublas_emu.h", d["emu"] / "emu_ral.h",
             d["emu"] / "emu_runtime.cc", d["emu_device_include"] / "math.h",
             d["emu"] / "emu_host_runtime.cc",
             d["ral_cuda"] / "cublas_gemm.h",
@@ -100,7 +102,7 @@ def _includes() -> list[str]:
 def device_flags() -> list[str]:
     """Flags of the device unit beyond FLAGS and its include path: the emulator included
     first, by absolute path (a bare name would be looked up in the working directory)."""
-    return [*HIDDEN, "-include", str(header_dirs()["emu"] / "cuda_emulator.h")]
+    return [*HIDDEN, "-include", str(header_dirs()["emu"] / EMULATOR_HEADER)]
 
 
 def device_includes() -> list[str]:
@@ -147,16 +149,13 @@ def host_unit(sources: Sources, ral_linked: bool = False) -> str:
 
 def cache_key(sources: Sources) -> str:
     """Key of a cuda-emu artifact: both translation units as compiled (the sources with
-    the dispatch and RAL around them), the loop units, the emulator and RAL headers, the
-    flags, the compiler and the target."""
+    the dispatch around them: the functions and device globals), the loop units, the
+    emulator and RAL headers, the flags, the compiler and the target."""
     h = hashlib.sha256()
-    parts = [sources.text.encode(), device_unit(sources).encode(),
-             host_unit(sources, ral_linked=True).encode(),
+    parts = [device_unit(sources).encode(), host_unit(sources, ral_linked=True).encode(),
              *(u.text.encode() for u in sources.units),
-             "\n".join(sources.functions).encode(),
-             "\n".join(sources.device_globals).encode(),
              *(p.read_bytes() for p in _headers()),
-             " ".join(FLAGS + HIDDEN + ["-include", "cuda_emulator.h"] + link_flags()).encode(),
+             " ".join(FLAGS + HIDDEN + ["-include", EMULATOR_HEADER] + link_flags()).encode(),
              compiler.cxx().encode(), compiler.compiler_version().encode(), TARGET.encode()]
     for part in parts:
         h.update(hashlib.sha256(part).digest())
