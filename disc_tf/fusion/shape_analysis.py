@@ -16,7 +16,7 @@ import dataclasses
 import math
 
 from disc_tf.fusion.dhlo_reader import DFunc
-from disc_tf.fusion.symbols import HostScalar, ShapeCheck, ShapeError, SymbolTable, SymDef
+from disc_tf.fusion.symbols import AffineForms, HostScalar, ShapeCheck, ShapeError, SymbolTable, SymDef
 from disc_tf.ops import elementwise
 
 
@@ -135,6 +135,7 @@ def analyze(func: DFunc) -> ShapeAnalysis:
         return expr_syms[key]
 
     arith_syms: dict[tuple, int] = {}
+    affine = AffineForms(syms)
     convs: dict[str, ConvInfo] = {}
     predicates: dict[str, tuple[str, str, str]] = {}  # i1 value -> (predicate, a, b)
     required: set[tuple] = set()  # (predicate, a, b) classes of "require" checks made
@@ -152,12 +153,17 @@ def analyze(func: DFunc) -> ShapeAnalysis:
             folded_value = _fold(op_name, values)
             if folded_value is not None:
                 return syms.const(folded_value)
+        form = affine.of(op_name, parts)
+        if form is not None and (same := affine.existing(form)) is not None:
+            return same
         simpler = _simplify(syms, op_name, parts, values)
         if simpler is not None:
             return simpler
         key = (op_name, tuple(syms.find(p) for p in parts))
         if key not in arith_syms:
             arith_syms[key] = syms.new(SymDef("arith", components=parts, op=op_name))
+            if form is not None:
+                affine.record(arith_syms[key], form)
         return arith_syms[key]
 
     def nonnegative(out: list[int], tf_node: str) -> None:

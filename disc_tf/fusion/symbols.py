@@ -179,3 +179,70 @@ class HostScalar:
         parts = [str(self.factor)] if self.factor != 1 or not self.symbols else []
         text = " * ".join(parts + [f"s{s}" for s in self.symbols])
         return f"({text}) / {self.divisor}" if self.divisor != 1 else text
+
+
+#: An affine form: ((symbol, coefficient), ...) sorted by symbol, and a constant.
+Affine = tuple[tuple[tuple[int, int], ...], int]
+
+
+class AffineForms:
+    """Sums, differences and constant multiples of symbols as affine forms, so that
+    two computations of one dim share a symbol: SAME padding of a 1x1 window computes
+    ``max((d - 1) + 1 - d, 0)``, which is the constant 0, and its output dim
+    ``d + 0 + 0``, which is ``d`` (its GEMM then spans the whole image, and what reads
+    it is proven the same shape). Forms are taken over class representatives when a
+    symbol is made; an equality proven later can only add matches, never undo one."""
+
+    def __init__(self, syms: SymbolTable) -> None:
+        self.syms = syms
+        self._form: dict[int, Affine] = {}
+        self._symbol: dict[Affine, int] = {}
+
+    def form(self, sym: int) -> Affine:
+        """The affine form of ``sym``: its own, a constant, or the symbol itself."""
+        value = self.syms.constant_value(sym)
+        if value is not None:
+            return (), value
+        for s in (sym, self.syms.find(sym)):
+            if s in self._form:
+                return self._form[s]
+        sym = self.syms.find(sym)
+        d = self.syms.defs[sym]
+        if d.kind == "expr" and d.scalar.divisor == 1 and len(d.scalar.symbols) == 1:
+            return ((self.syms.find(d.scalar.symbols[0]), d.scalar.factor),), 0
+        return ((sym, 1),), 0
+
+    @staticmethod
+    def combine(a: Affine, b: Affine, scale_b: int) -> Affine:
+        """``a + scale_b * b``."""
+        terms = dict(a[0])
+        for s, c in b[0]:
+            terms[s] = terms.get(s, 0) + scale_b * c
+        return tuple(sorted((s, c) for s, c in terms.items() if c != 0)), a[1] + scale_b * b[1]
+
+    def of(self, op: str, parts: list[int]) -> Affine | None:
+        """The form of ``op(parts)`` where it is affine (addi, subi, muli by a constant)."""
+        if len(parts) != 2 or op not in ("addi", "subi", "muli"):
+            return None
+        fa, fb = (self.form(p) for p in parts)
+        if op == "muli":
+            if not fb[0]:
+                return self.combine(((), 0), fa, fb[1])
+            if not fa[0]:
+                return self.combine(((), 0), fb, fa[1])
+            return None
+        return self.combine(fa, fb, 1 if op == "addi" else -1)
+
+    def existing(self, form: Affine) -> int | None:
+        """A symbol of ``form`` already made: a constant, a lone symbol, or a sum."""
+        terms, const = form
+        if not terms:
+            return self.syms.const(const)
+        if const == 0 and len(terms) == 1 and terms[0][1] == 1:
+            return terms[0][0]
+        return self._symbol.get(form)
+
+    def record(self, sym: int, form: Affine) -> None:
+        """``sym`` (just made) computes ``form``."""
+        self._form[sym] = form
+        self._symbol.setdefault(form, sym)
