@@ -285,6 +285,8 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.extend(e.library_launch(
                 ptr, epilogue=emitters[index[k.epilogue]] if k.epilogue else None,
                 shares=[emitters[index[name]] for name in k.shares_a]))
+        elif k.epilogue and k.kind == "index":  # a depthwise convolution's
+            out.extend(e.launch(ptr, epilogue=emitters[index[k.epilogue]]))
         elif k.epilogue:
             out.extend(e.library_launch(ptr, epilogue=emitters[index[k.epilogue]],
                                         chain=emitters[index[k.chain]] if k.chain else None))

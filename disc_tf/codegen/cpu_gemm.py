@@ -50,7 +50,7 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     ]
 
 
-def _epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
+def epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
                       cols: str) -> tuple[list[str], str, str]:
     """Host lines building ``epilogue``'s args and the closure ``epi`` a GEMM hands it
     (``rows`` rows of C per product, ``cols`` columns), and the function and closure
@@ -120,7 +120,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     g = _gemm_operands(em)
     assert g["ldc"] == "n", f"{k.name}: a GEMM with an epilogue writes C row-major"
     lines = [title, *g["lines"]]
-    epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
+    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
     lines += epi
     if chain is not None:
         chain_lines, fn, closure = _chain_closure(chain, buffer_ptr, fn, closure)
@@ -173,7 +173,7 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     ]
     fn, closure = "nullptr", "nullptr"
     if epilogue is not None:
-        epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, "m", "n")
+        epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
         lines += epi
     lines += [
         "    if (outer > 0 && m > 0) {",
@@ -261,7 +261,7 @@ def _conv_heading(em: KernelEmitter, buffer_ptr: dict[str, str],
     if epilogue is None:
         return title, [], "nullptr", "nullptr", 0
     title += f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each {where}"
-    epi, fn, closure = _epilogue_closure(epilogue, buffer_ptr, rows, "co")
+    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, rows, "co")
     return title, epi, fn, closure, int(k.epilogue_full_rows)
 
 

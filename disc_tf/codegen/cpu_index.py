@@ -10,13 +10,41 @@ TF's InvalidArgument after the launch.
 
 from __future__ import annotations
 
+from disc_tf.codegen.cpu_gemm import epilogue_closure
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
 from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, rounds_once, sym
-from disc_tf.fusion.plan import FusionPlan, Kernel
+from disc_tf.fusion.plan import FusionPlan, Kernel, depthwise_f32
 
 #: Output channels a depthwise convolution task accumulates at once (in registers).
 _CHANNEL_BLOCK = 64
+
+
+#: A depthwise convolution's block of ``8 * NV`` channels of one output pixel: the
+#: sums over the window taps it is given (``kys`` x ``kxs``, input and filter steps
+#: between them) in registers, in the generic kernel's order of terms.
+DEPTHWISE_BLOCK = r"""#ifndef DISC_DEPTHWISE_BLOCK
+#define DISC_DEPTHWISE_BLOCK
+template <int NV>
+static inline __attribute__((always_inline)) void disc_depthwise_block(
+    const float* x, int64_t x_ky, int64_t x_kx, const float* f, int64_t f_ky, int64_t f_kx,
+    int64_t kys, int64_t kxs, float* out) {
+  disc_f32x8 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = disc_f32x8{};
+  for (int64_t ky = 0; ky < kys; ++ky) {
+    for (int64_t kx = 0; kx < kxs; ++kx) {
+      const float* r = x + ky * x_ky + kx * x_kx;
+      const float* w = f + ky * f_ky + kx * f_kx;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] += disc_load8(r + 8 * v) * disc_load8(w + 8 * v);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) __builtin_memcpy(out + 8 * v, &acc[v], sizeof acc[v]);
+}
+#endif  // DISC_DEPTHWISE_BLOCK
+"""
 
 
 class IndexKernelEmitter(KernelEmitter):
@@ -31,6 +59,12 @@ class IndexKernelEmitter(KernelEmitter):
             if key in self.op.attrs:
                 self.offsets[key] = len(self.params)
                 self.params.extend(self.op.attrs[key])
+
+    @property
+    def _fast_depthwise(self) -> bool:
+        """A depthwise convolution of f32 (``_grouped_conv_source``'s register blocks),
+        which can run an epilogue (``fusion/epilogue.py``)."""
+        return self.op.op == "grouped_conv" and depthwise_f32(self.k, self.plan.buffers)
 
     def _p(self, key: str, d: int) -> str:
         return f"a.p[{self.offsets[key] + d}]"
@@ -53,6 +87,10 @@ class IndexKernelEmitter(KernelEmitter):
         for i, h in enumerate(self.host_scalars):
             lines.append(f"  double h{i};  // {h}, computed by the host")
         lines.append("  int64_t* bad;  // an out-of-range index, if one is seen")
+        if self._fast_depthwise:
+            lines.append("  // the kernel run on each task's pixels once they are written, or null")
+            lines.append("  void (*epilogue)(void*, int64_t, int64_t, int64_t, int64_t, int64_t);")
+            lines.append("  void* closure;")
         lines.append("};")
         return "\n".join(lines)
 
@@ -305,10 +343,90 @@ class IndexKernelEmitter(KernelEmitter):
         return self._unit(f"im2col patches of {comment(op.tf_node)}", lines)
 
     def _grouped_conv_source(self) -> str:
-        """A depthwise convolution (feature groups of one input channel, ``M`` outputs
-        each), one task per output pixel: for each window tap inside the input, the
-        pixel's channels multiply the tap's weights as contiguous runs (vectorised),
-        accumulated over the taps in blocks of ``_CHANNEL_BLOCK`` channels."""
+        """A depthwise convolution, one task per output pixel (tasks in a row of the
+        output step through it without dividing). f32 with one output per input
+        channel keeps each block of channels in vector registers (``DEPTHWISE_BLOCK``)
+        over the window taps inside the input, a range found once per pixel; the sums
+        are those of the generic kernel, term for term. Other types and channel
+        multipliers take ``_grouped_conv_generic``."""
+        op = self.op
+        if not self._fast_depthwise:
+            return self._grouped_conv_generic()
+        attrs = op.attrs
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        kh, kw = attrs["kh"], attrs["kw"]
+        block = _CHANNEL_BLOCK
+        vectors = block // 8
+        cases = [f"        case {v}: disc_depthwise_block<{v}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, "
+                 f"kys, kxs, w + c0); break;" for v in range(vectors - 1, 0, -1)]
+        lines = [
+            DEPTHWISE_BLOCK,
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            "  const int64_t channels = a.dims[3], out_h = a.dims[1], out_w = a.dims[2];",
+            "  const int64_t in_h = a.in0_dims[1], in_w = a.in0_dims[2];",
+            f"  const int64_t multiplier = a.in1_dims[3] / {attrs['groups']};  // outputs per input channel",
+            "  // input and filter steps between window taps",
+            f"  const int64_t x_ky = {dh} * a.in0_strides[1], x_kx = {dw} * a.in0_strides[2];",
+            "  const int64_t f_ky = a.in1_strides[0], f_kx = a.in1_strides[1];",
+            "  int64_t ow = begin % out_w, oh = begin / out_w % out_h, n = begin / (out_w * out_h);",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    float* __restrict w = a.out0 + row * channels;",
+            f"    const int64_t ih0 = oh * {sh} - {self._p('low', 0)};",
+            f"    const int64_t iw0 = ow * {sw} - {self._p('low', 1)};",
+            "    // the taps whose input pixel lies inside the input: [ky0, ky1) x [kx0, kx1)",
+            f"    int64_t ky0 = 0, ky1 = {kh}, kx0 = 0, kx1 = {kw};",
+            f"    while (ky0 < ky1 && ih0 + ky0 * {dh} < 0) ++ky0;",
+            f"    while (ky1 > ky0 && ih0 + (ky1 - 1) * {dh} >= in_h) --ky1;",
+            f"    while (kx0 < kx1 && iw0 + kx0 * {dw} < 0) ++kx0;",
+            f"    while (kx1 > kx0 && iw0 + (kx1 - 1) * {dw} >= in_w) --kx1;",
+            "    const int64_t kys = ky1 - ky0, kxs = kys > 0 ? kx1 - kx0 : 0;",
+            "    const float* x = a.in0 + n * a.in0_strides[0];",
+            "    if (kxs > 0) {",
+            f"      x += (ih0 + ky0 * {dh}) * a.in0_strides[1] + (iw0 + kx0 * {dw}) * a.in0_strides[2];",
+            "    }",
+            "    const float* f = a.in1 + ky0 * f_ky + kx0 * f_kx;",
+            "    int64_t c0 = 0;",
+            "    if (multiplier == 1) {",
+            f"      for (; c0 + {block} <= channels; c0 += {block}) {{",
+            f"        disc_depthwise_block<{vectors}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, kys, kxs,",
+            "                                        w + c0);",
+            "      }",
+            "      switch ((channels - c0) / 8) {",
+            *cases,
+            "        default: break;",
+            "      }",
+            "      c0 += (channels - c0) / 8 * 8;",
+            "    }",
+            "    for (; c0 < channels; ++c0) {  // the last channels, or every one with a multiplier",
+            "      const int64_t ci = multiplier == 1 ? c0 : c0 / multiplier;",
+            "      float acc = 0;",
+            "      for (int64_t ky = 0; ky < kys; ++ky) {",
+            "        for (int64_t kx = 0; kx < kxs; ++kx) {",
+            "          acc += x[ky * x_ky + kx * x_kx + ci] * f[ky * f_ky + kx * f_kx + c0];",
+            "        }",
+            "      }",
+            "      w[c0] = acc;",
+            "    }",
+            "    if (++ow == out_w) {",
+            "      ow = 0;",
+            "      if (++oh == out_h) {",
+            "        oh = 0;",
+            "        ++n;",
+            "      }",
+            "    }",
+            "  }",
+            "  if (a.epilogue != nullptr) a.epilogue(a.closure, 0, begin, end, 0, channels);",
+            "}",
+        ]
+        return self._unit(f"depthwise convolution {comment(op.tf_node)}", lines)
+
+    def _grouped_conv_generic(self) -> str:
+        """A depthwise convolution of any element type (feature groups of one input
+        channel, ``M`` outputs each), one task per output pixel: for each window tap
+        inside the input, the pixel's channels multiply the tap's weights as
+        contiguous runs (vectorised), accumulated over the taps in blocks of
+        ``_CHANNEL_BLOCK`` channels."""
         k, op = self.k, self.op
         attrs = op.attrs
         (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
@@ -416,7 +534,19 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
         return lines
 
-    def launch(self, buffer_ptr: dict[str, str]) -> list[str]:
+    def launch(self, buffer_ptr: dict[str, str],
+               epilogue: KernelEmitter | None = None) -> list[str]:
+        """Host lines launching the kernel; a depthwise convolution with an
+        ``epilogue`` runs it on each task's pixels (its args in an enclosing block)."""
+        if epilogue is not None:
+            title = (f"  {{  // {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on "
+                     f"the pixels of each task of {self.k.name}")
+            epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "1",
+                                                sym(self.k.dims[-1], self.plan))
+            inner = self.launch(buffer_ptr)
+            at = inner.index("    int64_t bad = INT64_MIN;")
+            inner[at:at] = [f"    k.epilogue = &{fn};", f"    k.closure = {closure};"]
+            return [title, *epi, *inner, "  }"]
         plan, k, r = self.plan, self.k, self.rank
         lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};",
                  "    int64_t bad = INT64_MIN;", "    k.bad = &bad;", *self.fill_args(buffer_ptr)]

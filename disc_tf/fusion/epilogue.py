@@ -1,4 +1,5 @@
-"""GEMM epilogues: a kernel reading a GEMM's result runs inside the GEMM.
+"""GEMM epilogues: a kernel reading a GEMM's result runs inside the GEMM (or inside
+a depthwise convolution, on the pixels of each of its tasks).
 
 The RAL computes a GEMM as blocks of C, one task each; with an epilogue it runs
 the consumer kernel on each block right after computing it, on the same thread,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.plan import Buffer, Kernel, gemm_form, memory_of, root_of
+from disc_tf.fusion.plan import Buffer, Kernel, depthwise_f32, gemm_form, memory_of, root_of
 
 #: Kernels that can run on a block of C: loop kernels on any block, stitch kernels
 #: (a row-wise reduction and its consumers: layer norm, softmax) on blocks of whole
@@ -46,9 +47,11 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     for li, lib in enumerate(order):
         # A dilated conv_taps adds into C once per tap: no block is final. (conv_rows
         # runs the epilogue with its last GEMM, which finishes each block.)
-        if lib.kind != "library" or not (
+        # A depthwise convolution (f32) runs a loop kernel on each task's pixels.
+        depthwise = depthwise_f32(lib, buffers)
+        if not depthwise and (lib.kind != "library" or not (
                 lib.ops[0].op in ("dot_general", "conv_rows")
-                or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1)):
+                or (lib.ops[0].op == "conv_taps" and lib.ops[0].attrs["dilation"] == 1))):
             continue
         if "c_layout" in lib.ops[0].attrs:
             continue  # C is not row-major where the epilogue would read it
@@ -69,6 +72,8 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             split_rows = not same_dim(seen.dims[-1], c.dims[-1])
             n, w = constant(c.dims[-1]), constant(seen.dims[-1])
             if split_rows and not (n and w and n % w == 0):
+                continue
+            if depthwise and (split_rows or e.kind != "loop"):
                 continue
             if not _ready_before(e, c_name, li, first_write, root):
                 continue

@@ -251,6 +251,15 @@ def strided_gemm(dot_dims: dict, lhs_perm: list[int], rhs_perm: list[int]) -> di
             "k_rhs": kr, "n": n, "transpose_a": m == last_l, "transpose_b": kr == last_r}
 
 
+def depthwise_f32(kernel: Kernel, buffers: dict[str, Buffer]) -> bool:
+    """True if ``kernel`` is a depthwise convolution of f32 input, filter and result
+    (the CPU's register-blocked kernel, which can run a GEMM-style epilogue)."""
+    if kernel.kind != "index" or len(kernel.ops) != 1 or kernel.ops[0].op != "grouped_conv":
+        return False
+    names = [a.buffer for a in kernel.inputs] + [b for _, b in kernel.outputs]
+    return kernel.ops[0].elem == "f32" and all(buffers[n].elem == "f32" for n in names)
+
+
 def root_of(buffers: dict[str, Buffer], name: str) -> str:
     """The buffer that owns the memory of ``name``: views and aliases followed."""
     while buffers[name].alias_of is not None:
@@ -330,7 +339,9 @@ class FusionPlan:
                              f"{layout['tf_node']} laid it out (products along its dims "
                              f"{layout['batch']}, rows along dim {layout['m']})")
             if k.epilogue:
-                lines.append(f"  epilogue: {k.epilogue} runs on each block of the GEMM's result")
+                where = ("the pixels of each task" if k.kind == "index"
+                         else "each block of the GEMM's result")
+                lines.append(f"  epilogue: {k.epilogue} runs on {where}")
             if k.shares_a:
                 lines.append(f"  shares A: {', '.join(k.shares_a)} run in this launch, on "
                              "the same row blocks")

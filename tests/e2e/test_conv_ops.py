@@ -327,6 +327,69 @@ def test_depthwise_over_many_channels_matches_tf(channels, multiplier, strides, 
                                    atol=1e-4)
 
 
+def test_a_1x1_same_conv_is_one_gemm_over_every_pixel():
+    """SAME padding of a 1x1 window is computed as max((d - 1) + 1 - d, 0): the shape
+    analysis sees it is 0 and the output d + 0 + 0 is d, so the conv is one GEMM over
+    every pixel (no GEMM per image row) and its output has its input's dims."""
+    rng = np.random.default_rng(11)
+    w = rng.normal(size=(1, 1, 16, 24)).astype(np.float32)
+
+    def fn(x):
+        return tf.nn.relu6(tf.nn.conv2d(x, w, 1, "SAME") + 0.5)
+
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    spec = tf.TensorSpec([None, None, None, 16], F32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    (lib,) = [k for k in plan.kernels if k.kind == "library"]
+    assert lib.ops[0].op == "dot_general", plan.describe()
+    (_, out), = lib.outputs
+    assert plan.buffers[out].dims[:3] == plan.buffers["arg0"].dims[:3], plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"Conv2D", "Relu6"})
+    for shape in [(2, 9, 7), (1, 1, 1), (3, 17, 12)]:
+        x = rng.normal(size=shape + (16,)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels,multiplier,strides", [
+    (37, 1, 2),  # four register blocks of 8 channels, then five one at a time
+    (96, 1, 1),  # a block of 64 and one of 32 (MobileNetV2's first expansion)
+    (6, 2, 1),  # two outputs per input channel: every channel one at a time
+])
+def test_depthwise_runs_its_batch_norm_on_each_task(channels, multiplier, strides):
+    """MobileNet's depthwise conv, batch norm and ReLU6: on the CPU the batch norm runs
+    inside the depthwise kernel, on each task's pixels once they are written (an
+    epilogue, as a GEMM's), not as a second pass over the conv's result."""
+    rng = np.random.default_rng(channels)
+    outputs = channels * multiplier
+    scale = rng.uniform(0.5, 1.5, outputs).astype(np.float32)
+    shift = rng.normal(size=outputs).astype(np.float32)
+
+    def fn(x, w):
+        h = tf.nn.depthwise_conv2d(x, w, [1, strides, strides, 1], "SAME")
+        return tf.nn.relu6(h * scale + shift)
+
+    specs = [tf.TensorSpec([None, None, None, channels], F32),
+             tf.TensorSpec([3, 3, channels, multiplier], F32)]
+    from disc_tf import pipeline
+    from tests.stage_helpers import cluster_of
+
+    plan = pipeline.front_end(cluster_of(fn, *specs)).plan
+    (conv,) = [k for k in plan.kernels if k.ops[0].op == "grouped_conv"]
+    assert conv.epilogue is not None, plan.describe()
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"DepthwiseConv2dNative", "Relu6"})
+    w = rng.normal(size=(3, 3, channels, multiplier)).astype(np.float32)
+    for shape in [(2, 9, 7), (1, 1, 1), (3, 17, 12)]:
+        x = rng.normal(size=shape + (channels,)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, w).numpy(), tf_fn(x, w).numpy(), rtol=1e-4,
+                                   atol=1e-4)
+
+
 @pytest.mark.parametrize("op", ["depthwise", "conv"])
 def test_zero_padding_then_a_convolution_is_read_in_place(op):
     """Keras ZeroPadding2D before a stride-2 convolution (MobileNetV2, ResNet): the
