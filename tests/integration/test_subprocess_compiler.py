@@ -97,8 +97,11 @@ def test_child_cleans_up_when_the_host_exits_first(tmp_path):
     """Async: the host ends while the child compiles; the child must not leak."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    slow_cxx = tmp_path / "slow-g++"  # the host is surely gone when g++ is done
-    slow_cxx.write_text('#!/bin/sh\nsleep 5\nexec g++ "$@"\n')
+    # The first g++ call waits: the host is surely gone when it is done (the calls
+    # after it need not wait too).
+    slow_cxx = tmp_path / "slow-g++"
+    slow_cxx.write_text(f'#!/bin/sh\nmkdir "{tmp_path / "waited"}" 2>/dev/null && sleep 5\n'
+                        'exec g++ "$@"\n')
     slow_cxx.chmod(slow_cxx.stat().st_mode | stat.S_IXUSR)
     env = {k: v for k, v in os.environ.items() if k != "DISC_TF_COMPILE_MODE"}
     env.update(_env(), TF_DISC_ENABLE="1", TMPDIR=str(tmp), TF_CPP_MIN_LOG_LEVEL="2",
