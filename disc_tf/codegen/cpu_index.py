@@ -20,28 +20,37 @@ from disc_tf.fusion.plan import FusionPlan, Kernel, depthwise_f32
 _CHANNEL_BLOCK = 64
 
 
-#: A depthwise convolution's block of ``8 * NV`` channels of one output pixel: the
-#: sums over the window taps it is given (``kys`` x ``kxs``, input and filter steps
-#: between them) in registers, in the generic kernel's order of terms.
+#: A depthwise convolution's block of ``V`` x ``NV`` channels of one output pixel
+#: (V = ``disc_f32x16`` or ``disc_f32x8``): the sums over the window taps it is given
+#: (``kys`` x ``kxs``, input and filter steps between them) in registers, in the
+#: generic kernel's order of terms. Sixteen lanes are one AVX-512 register, two AVX2
+#: ones, four SSE ones: GCC splits a vector wider than the clone's ISA.
 DEPTHWISE_BLOCK = r"""#ifndef DISC_DEPTHWISE_BLOCK
 #define DISC_DEPTHWISE_BLOCK
-template <int NV>
+typedef float disc_f32x16 __attribute__((vector_size(64)));
+template <typename V, int NV>
 static inline __attribute__((always_inline)) void disc_depthwise_block(
     const float* x, int64_t x_ky, int64_t x_kx, const float* f, int64_t f_ky, int64_t f_kx,
     int64_t kys, int64_t kxs, float* out) {
-  disc_f32x8 acc[NV];
+  constexpr int L = sizeof(V) / sizeof(float);
+  V acc[NV];
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) acc[v] = disc_f32x8{};
+  for (int v = 0; v < NV; ++v) acc[v] = V{};
   for (int64_t ky = 0; ky < kys; ++ky) {
     for (int64_t kx = 0; kx < kxs; ++kx) {
       const float* r = x + ky * x_ky + kx * x_kx;
       const float* w = f + ky * f_ky + kx * f_kx;
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[v] += disc_load8(r + 8 * v) * disc_load8(w + 8 * v);
+      for (int v = 0; v < NV; ++v) {
+        V xv, wv;
+        __builtin_memcpy(&xv, r + L * v, sizeof xv);
+        __builtin_memcpy(&wv, w + L * v, sizeof wv);
+        acc[v] += xv * wv;
+      }
     }
   }
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) __builtin_memcpy(out + 8 * v, &acc[v], sizeof acc[v]);
+  for (int v = 0; v < NV; ++v) __builtin_memcpy(out + L * v, &acc[v], sizeof acc[v]);
 }
 #endif  // DISC_DEPTHWISE_BLOCK
 """
@@ -356,9 +365,10 @@ class IndexKernelEmitter(KernelEmitter):
         (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
         kh, kw = attrs["kh"], attrs["kw"]
         block = _CHANNEL_BLOCK
-        vectors = block // 8
-        cases = [f"        case {v}: disc_depthwise_block<{v}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, "
-                 f"kys, kxs, w + c0); break;" for v in range(vectors - 1, 0, -1)]
+        vectors = block // 16
+        call = "disc_depthwise_block<{}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, kys, kxs, w + c0);"
+        cases = [f"        case {v}: {call.format(f'disc_f32x16, {v}')} break;"
+                 for v in range(vectors - 1, 0, -1)]
         lines = [
             DEPTHWISE_BLOCK,
             f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
@@ -389,14 +399,17 @@ class IndexKernelEmitter(KernelEmitter):
             "    int64_t c0 = 0;",
             "    if (multiplier == 1) {",
             f"      for (; c0 + {block} <= channels; c0 += {block}) {{",
-            f"        disc_depthwise_block<{vectors}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, kys, kxs,",
-            "                                        w + c0);",
+            f"        {call.format(f'disc_f32x16, {vectors}')}",
             "      }",
-            "      switch ((channels - c0) / 8) {",
+            "      switch ((channels - c0) / 16) {",
             *cases,
             "        default: break;",
             "      }",
-            "      c0 += (channels - c0) / 8 * 8;",
+            "      c0 += (channels - c0) / 16 * 16;",
+            "      if (c0 + 8 <= channels) {",
+            f"        {call.format('disc_f32x8, 1')}",
+            "        c0 += 8;",
+            "      }",
             "    }",
             "    for (; c0 < channels; ++c0) {  // the last channels, or every one with a multiplier",
             "      const int64_t ci = multiplier == 1 ? c0 : c0 / multiplier;",

@@ -355,7 +355,7 @@ def test_a_1x1_same_conv_is_one_gemm_over_every_pixel():
 
 
 @pytest.mark.parametrize("channels,multiplier,strides", [
-    (37, 1, 2),  # four register blocks of 8 channels, then five one at a time
+    (61, 1, 2),  # three register blocks of 16 channels, one of 8, then five one at a time
     (96, 1, 1),  # a block of 64 and one of 32 (MobileNetV2's first expansion)
     (6, 2, 1),  # two outputs per input channel: every channel one at a time
 ])
