@@ -73,7 +73,7 @@ class IndexKernelEmitter(KernelEmitter):
     def _fast_depthwise(self) -> bool:
         """A depthwise convolution of f32 (``_grouped_conv_source``'s register blocks),
         which can run an epilogue (``fusion/epilogue.py``)."""
-        return self.op.op == "grouped_conv" and depthwise_f32(self.k, self.plan.buffers)
+        return depthwise_f32(self.k, self.plan.buffers)
 
     def _p(self, key: str, d: int) -> str:
         return f"a.p[{self.offsets[key] + d}]"
@@ -551,17 +551,16 @@ class IndexKernelEmitter(KernelEmitter):
                epilogue: KernelEmitter | None = None) -> list[str]:
         """Host lines launching the kernel; a depthwise convolution with an
         ``epilogue`` runs it on each task's pixels (its args in an enclosing block)."""
-        if epilogue is not None:
-            title = (f"  {{  // {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on "
-                     f"the pixels of each task of {self.k.name}")
-            epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "1",
-                                                sym(self.k.dims[-1], self.plan))
-            inner = self.launch(buffer_ptr)
-            at = inner.index("    int64_t bad = INT64_MIN;")
-            inner[at:at] = [f"    k.epilogue = &{fn};", f"    k.closure = {closure};"]
-            return [title, *epi, *inner, "  }"]
         plan, k, r = self.plan, self.k, self.rank
-        lines = [f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}", f"    {self.args} k{{}};",
+        outer: list[str] = []  # the epilogue's args and closure, in an enclosing block
+        hook: list[str] = []  # the kernel's fields naming them
+        if epilogue is not None:
+            epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "1", sym(k.dims[-1], plan))
+            outer = [f"  {{  // {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on "
+                     f"the pixels of each task of {k.name}", *epi]
+            hook = [f"    k.epilogue = &{fn};", f"    k.closure = {closure};"]
+        lines = [*outer, f"  {{  // {k.name}: {comment(', '.join(k.tf_ops))}",
+                 f"    {self.args} k{{}};", *hook,
                  "    int64_t bad = INT64_MIN;", "    k.bad = &bad;", *self.fill_args(buffer_ptr)]
         rows = product(k.dims[:-1], plan) if r else "1"
         inner = sym(k.dims[-1], plan) if r else "1"
@@ -585,4 +584,6 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
             lines.append("    }")
         lines.append("  }")
+        if outer:
+            lines.append("  }")
         return lines
