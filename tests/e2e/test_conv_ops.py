@@ -303,21 +303,31 @@ def test_filters_computed_from_variables_compile():
 @pytest.mark.parametrize("channels,multiplier,strides,dilations,padding", [
     (150, 1, [1, 1, 1, 1], [1, 1], "SAME"),  # three channel blocks, the last partial
     (70, 2, [1, 2, 2, 1], [1, 1], "SAME"),  # two outputs per input channel
-    (64, 1, [1, 2, 1, 1], [1, 1], "VALID"),  # exactly one block
+    (64, 1, [1, 2, 1, 1], [1, 1], "VALID"),  # exactly one block, unequal strides
 ])
 def test_depthwise_over_many_channels_matches_tf(channels, multiplier, strides, dilations,
                                                  padding):
     """MobileNet-sized depthwise convolutions: channel runs in blocks, taps skipped at
     the borders, a depth multiplier, strides. (TF runs a dilated depthwise_conv2d as
-    SpaceToBatchND around a plain one.)"""
+    SpaceToBatchND around a plain one.) TF's own CPU kernel takes unequal row and column
+    strides only where oneDNN runs it (Intel AVX-512 hosts); elsewhere the reference of a
+    VALID conv with unequal strides is the unit-stride conv, subsampled."""
 
     def fn(x, w):
         return tf.nn.relu6(tf.nn.depthwise_conv2d(x, w, strides, padding, dilations=dilations))
+
+    def unit_stride_then_subsample(x, w):
+        full = tf.nn.relu6(tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], padding,
+                                                  dilations=dilations))
+        return full[:, ::strides[1], ::strides[2], :]
 
     specs = [tf.TensorSpec([None, None, None, channels], F32),
              tf.TensorSpec([3, 3, channels, multiplier], F32)]
     tf_fn = tf.function(fn, input_signature=specs)
     jitted = compiled(tf_fn)
+    if strides[1] != strides[2]:
+        assert padding == "VALID", "subsampling matches a strided conv only without padding"
+        tf_fn = tf.function(unit_stride_then_subsample, input_signature=specs)
     assert_ops_compiled(jitted, {"DepthwiseConv2dNative"})
     rng = np.random.default_rng(channels)
     w = rng.normal(size=(3, 3, channels, multiplier)).astype(np.float32)
