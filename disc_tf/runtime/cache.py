@@ -20,9 +20,12 @@ the bytes); a corrupt entry is logged, deleted and reported as a miss, so the
 caller rebuilds it. A lookup takes no lock and writes nothing when asked not to
 (``repair=False``), so a read-only cache with valid entries serves them. Lock
 waits are bounded (``key_lock(key, timeout)`` yields whether it got the lock).
-A hit touches the entry's mtime; after each store the least recently used
-entries are evicted, under a cache-wide lock, until the cache is within
-``$DISC_TF_CACHE_MAX_BYTES`` (default 2 GiB).
+A hit touches the entry's mtime. Each process keeps a running estimate of the
+cache's bytes (a scan, plus what it stored since); when a store takes it over
+``$DISC_TF_CACHE_MAX_BYTES`` (default 2 GiB), or the estimate is a minute old,
+the store scans the cache and, if it is over the cap, evicts the least recently
+used entries, under a cache-wide lock, down to 80% of the cap. The cap thus holds
+to within what other processes stored in that minute.
 
 This directory is the front of a shared remote tier where one is configured
 (``$DISC_TF_REMOTE_CACHE``, ``remote_cache.py``): ``compiler.cached_build`` looks
@@ -63,7 +66,17 @@ _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 DEFAULT_LOCK_TIMEOUT = 300.0
 _HMAC_KEY_BYTES = 32
 
+#: An eviction removes entries down to this fraction of the cap (as ccache does).
+LOW_WATER = 0.8
+#: Seconds a process trusts its running estimate of the cache's size before it
+#: scans the cache again on its next store.
+RESCAN_SECONDS = 60.0
+
 _reported_lock = threading.Lock()
+#: Cache root -> (bytes it held at this process's last scan plus what this process
+#: stored since, time.monotonic() of that scan).
+_usage_lock = threading.Lock()
+_usage: dict[str, tuple[int, float]] = {}
 _reported: set[tuple[str, str]] = set()
 _private: dict[str, pathlib.Path] = {}
 _secret: dict[str, bytes] = {}
@@ -284,33 +297,68 @@ def store(key: str, data: bytes, info: dict, suffix: str = ARTIFACT) -> None:
     """
     so, meta = _paths(key, suffix=suffix)
     mac = entry_mac(key, info["sha256"], info["num_kernels"])
+    raw_meta = json.dumps({**info, "size": len(data), "hmac": mac}, indent=1).encode()
     _atomic_write(so, data)
-    _atomic_write(meta, json.dumps({**info, "size": len(data), "hmac": mac}, indent=1).encode())
+    _atomic_write(meta, raw_meta)
     try:
-        evict(keep=key)
+        _evict_if_over(keep=key, added=len(data) + len(raw_meta))
     except OSError as e:  # a full or read-only cache must not fail a build
         log.warning("artifact cache eviction failed: %s", e)
 
 
+def _evict_if_over(keep: str, added: int) -> None:
+    """Evicts (a full scan of the cache) when this process's running estimate of the
+    cache's bytes, plus the ``added`` bytes just stored, exceeds the cap, or when the
+    estimate is older than ``RESCAN_SECONDS`` (other processes store too); otherwise
+    only adds ``added`` to the estimate. A store thus costs O(1), not a walk of
+    every entry."""
+    limit = max_bytes()
+    root = str(cache_dir())
+    with _usage_lock:
+        known = _usage.get(root)
+        if (known is not None and time.monotonic() - known[1] < RESCAN_SECONDS
+                and known[0] + added <= limit):
+            _usage[root] = (known[0] + added, known[1])
+            return
+    evict(keep=keep, limit=limit)
+
+
 def _all_entries(suffixes: tuple[str, ...] = (ARTIFACT, OBJECT)) -> list[tuple[str, str, int, float]]:
     """(key, suffix, bytes of the file + .json, mtime of the file) of every complete entry."""
-    out = []
-    root = cache_dir()
-    for shard in root.iterdir():
-        if not _SHARD_RE.match(shard.name) or not shard.is_dir():
+    return _scan(cache_dir(), suffixes)[0]
+
+
+def _scan(root: pathlib.Path, suffixes: tuple[str, ...] = (ARTIFACT, OBJECT)
+          ) -> tuple[list[tuple[str, str, int, float]], list[pathlib.Path]]:
+    """One pass over ``root``'s shards: (key, suffix, bytes of the file + .json, mtime
+    of the file) of every complete entry, and the temp files left by writers."""
+    found: list[tuple[str, str, int, float]] = []
+    temps: list[pathlib.Path] = []
+    with os.scandir(root) as shards:
+        shard_paths = [e.path for e in shards if _SHARD_RE.match(e.name) and e.is_dir()]
+    for shard in shard_paths:
+        try:
+            with os.scandir(shard) as it:
+                names = [e.name for e in it]
+        except FileNotFoundError:
             continue
-        for suffix in suffixes:
-            for path in shard.glob(f"*{suffix}"):
-                key = path.name[:-len(suffix)]
-                if not _KEY_RE.match(key):
+        present = set(names)
+        for name in names:
+            if ".tmp" in name:
+                temps.append(pathlib.Path(shard, name))
+                continue
+            for suffix in suffixes:
+                key = name[:-len(suffix)]
+                if not name.endswith(suffix) or not _KEY_RE.match(key) \
+                        or f"{key}.json" not in present:
                     continue
                 try:
-                    st = path.stat()
-                    size = st.st_size + (shard / f"{key}.json").stat().st_size
+                    st = os.stat(os.path.join(shard, name))
+                    size = st.st_size + os.stat(os.path.join(shard, f"{key}.json")).st_size
                 except FileNotFoundError:
                     continue
-                out.append((key, suffix, size, st.st_mtime))
-    return out
+                found.append((key, suffix, size, st.st_mtime))
+    return found, temps
 
 
 def entries(suffix: str = ARTIFACT) -> list[tuple[str, int, float]]:
@@ -347,19 +395,17 @@ def _try_key_lock(key: str) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _remove_stale_temps(root: pathlib.Path) -> None:
+def _remove_stale_temps(temps: list[pathlib.Path]) -> None:
     cutoff = time.time() - STALE_TEMP_SECONDS
-    for shard in root.iterdir():
-        if not _SHARD_RE.match(shard.name) or not shard.is_dir():
-            continue
-        for tmp in shard.glob("*.tmp*"):
-            with contextlib.suppress(OSError):
-                if tmp.stat().st_mtime < cutoff:
-                    tmp.unlink()
+    for tmp in temps:
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
-    """Removes least recently used entries until the cache fits ``limit``.
+    """Removes least recently used entries while the cache is over ``limit``, down to
+    ``LOW_WATER`` of it (so that the stores after an eviction need no scan).
 
     ``limit`` defaults to ``max_bytes()``. ``keep`` is never removed, nor is an
     entry whose key lock another thread or process holds (it is being read or
@@ -371,20 +417,24 @@ def evict(keep: str | None = None, limit: int | None = None) -> list[str]:
     with _cache_lock(root) as locked:
         if not locked:
             return evicted
-        _remove_stale_temps(root)
-        found = _all_entries()
+        found, temps = _scan(root)
+        _remove_stale_temps(temps)
         total = sum(size for _, _, size, _ in found)
-        for key, suffix, size, _ in sorted(found, key=lambda e: e[3]):
-            if total <= limit:
-                break
-            if key == keep:
-                continue
-            with _try_key_lock(key) as locked:
-                if not locked:
+        if total > limit:
+            target = int(limit * LOW_WATER)
+            for key, suffix, size, _ in sorted(found, key=lambda e: e[3]):
+                if total <= target:
+                    break
+                if key == keep:
                     continue
-                _remove(*_paths(key, suffix=suffix))
-            total -= size
-            evicted.append(key)
+                with _try_key_lock(key) as locked:
+                    if not locked:
+                        continue
+                    _remove(*_paths(key, suffix=suffix))
+                total -= size
+                evicted.append(key)
+        with _usage_lock:
+            _usage[str(root)] = (total, time.monotonic())
     if evicted:
         log.info("artifact cache: evicted %d entries to stay under %d bytes", len(evicted), limit)
     return evicted

@@ -263,3 +263,46 @@ def test_compiler_build_counts_a_hit_after_a_rebuild(cache_root: pathlib.Path) -
     b = compiler.build(source, "probe", 0)
     assert not a.from_cache and b.from_cache and a.data == b.data and a.sha256 == b.sha256
     assert disc_tf.stats()["compilations"] == 1 and disc_tf.stats()["cache_hits"] == 1
+
+
+def test_stores_under_the_cap_do_not_walk_the_cache(
+    cache_root: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store costs O(1): only the first store, one that would pass the cap, or one
+    after the estimate has aged scans the cache; an eviction goes down to LOW_WATER."""
+    scans = []
+    real_evict = cache.evict
+    monkeypatch.setattr(cache, "evict", lambda **kw: scans.append(1) or real_evict(**kw))
+    cap = 40_000
+    monkeypatch.setenv("DISC_TF_CACHE_MAX_BYTES", str(cap))
+    for i in range(10):  # about 1.75 kB each: 17.5 kB in all, under the cap
+        _put(_key(400 + i), os.urandom(1500))
+    assert len(scans) == 1
+    for i in range(10, 25):  # passes the cap once: one scan, evicting down to 80%
+        _put(_key(400 + i), os.urandom(1500))
+    assert len(scans) == 2
+    assert cache.total_bytes() <= cap * cache.LOW_WATER + 2 * 1800
+    monkeypatch.setattr(cache, "RESCAN_SECONDS", 0.0)  # an aged estimate is checked again
+    _put(_key(430), os.urandom(10))
+    assert len(scans) == 3
+
+
+def test_a_store_sees_what_other_processes_stored_once_its_estimate_ages(
+    cache_root: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISC_TF_CACHE_MAX_BYTES", "20000")
+    _put(_key(500), os.urandom(1000))
+    # Another process fills the cache behind this one's estimate.
+    for i in range(20):
+        key = _key(510 + i)
+        data = os.urandom(1500)
+        so, meta = _files(cache_root, key)
+        so.parent.mkdir(exist_ok=True)
+        so.write_bytes(data)
+        meta.write_text("{}")
+    assert cache.total_bytes() > 20000
+    _put(_key(501), os.urandom(10))  # the estimate is fresh: no scan yet
+    assert cache.total_bytes() > 20000
+    monkeypatch.setattr(cache, "RESCAN_SECONDS", 0.0)
+    _put(_key(502), os.urandom(10))
+    assert cache.total_bytes() <= 20000 * cache.LOW_WATER
