@@ -128,13 +128,10 @@ def _read_secret(path: pathlib.Path) -> bytes:
     could have written or read it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(_HMAC_KEY_BYTES))
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        _create_secret(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
@@ -144,6 +141,23 @@ def _read_secret(path: pathlib.Path) -> bytes:
     if len(secret) != _HMAC_KEY_BYTES:
         raise ValueError(f"does not hold {_HMAC_KEY_BYTES} bytes")
     return secret
+
+
+def _create_secret(path: pathlib.Path) -> None:
+    """Puts a new random secret at ``path`` unless another process got there first.
+    The secret is written whole to a temp file and hard-linked into place (which
+    fails if ``path`` exists), so no process ever reads a half-written key: with
+    a create-then-write, a second process starting at the same moment read an empty
+    file and fell back to a secret of its own."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(_HMAC_KEY_BYTES))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _hmac_secret() -> bytes:

@@ -137,6 +137,40 @@ def test_a_key_file_others_can_read_is_not_trusted(root, tmp_path, monkeypatch, 
     assert stat.S_IMODE(created.stat().st_mode) == 0o600 and len(created.read_bytes()) == 32
 
 
+def test_processes_creating_the_key_together_get_the_same_key(tmp_path, monkeypatch):
+    """The first writer of the key file is stopped between creating and filling it
+    while a second process reads it: the second must not see a half-written key (it
+    then fell back to a secret of its own, and the artifacts it signed did not load)."""
+    path = tmp_path / "config" / "cache.key"
+    inside, release = threading.Event(), threading.Event()
+    real_urandom = os.urandom
+    got: dict[str, object] = {}
+
+    def stalled_urandom(n: int) -> bytes:
+        if threading.current_thread().name == "first":
+            inside.set()
+            release.wait(30)
+        return real_urandom(n)
+
+    def read(name: str) -> None:
+        try:
+            got[name] = cache._read_secret(path)
+        except (OSError, ValueError) as e:
+            got[name] = e
+
+    monkeypatch.setattr(os, "urandom", stalled_urandom)
+    first = threading.Thread(target=read, args=("first",), name="first")
+    first.start()
+    assert inside.wait(30)
+    read("second")  # while the first writer is stalled
+    release.set()
+    first.join(30)
+    assert isinstance(got["first"], bytes) and len(got["first"]) == 32, got
+    assert got["second"] == got["first"] == path.read_bytes()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["cache.key"]  # no temp file left
+
+
 def test_a_held_lock_cannot_hang_a_build_past_its_timeout(root, monkeypatch):
     key = compiler.cache_key(SOURCE)
     held, release = threading.Event(), threading.Event()
