@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py tests/requirements-plot.txt
 # and where $$PYTHONDONTWRITEBYTECODE is set no import writes it (each would compile
 # the sources again, about 0.3 s of CPU).
 install: $(STAMP) native
-	$(VPY) -m compileall -q -j 0 disc_tf bench tests disc_tf_autoload.py > /dev/null
+	$(VPY) -m compileall -q -x '/\.venv' disc_tf bench tests disc_tf_autoload.py > /dev/null
 
 native: $(STAMP)
 	$(VPY) -m disc_tf.runtime.native_build
@@ -36,15 +36,16 @@ PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
 test: install
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q $(PYTEST_PARALLEL)
-	$(MAKE) --no-print-directory test-cuda-emu
+	$(CUDA_EMU_PYTEST)
 
 # The GPU code path without a GPU: the end-to-end suite and the 50-program
 # differential fuzz again, every cluster compiled by the CUDA backend for the
 # emulated GPU (strict: no fallback, no refusal). tests/cuda_emu_gaps.txt lists
 # what it cannot run yet, as strict xfails.
-test-cuda-emu: install
-	DISC_TF_TARGET=cuda-emu $(VPY) -m pytest -q $(PYTEST_PARALLEL) tests/e2e \
+CUDA_EMU_PYTEST := DISC_TF_TARGET=cuda-emu $(VPY) -m pytest -q $(PYTEST_PARALLEL) tests/e2e \
 	  tests/fuzz/test_differential.py
+test-cuda-emu: install
+	$(CUDA_EMU_PYTEST)
 
 test-all: install
 	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m ''

@@ -173,16 +173,17 @@ print("OK")
 
 @pytest.mark.cpu_backend  # the RAL's CPU GEMM blocks; cuda-emu runs GEMMs in its cuBLAS
 @pytest.mark.parametrize("isa", ["baseline", "avx2"])
-def test_gemm_isa_paths(isa, tmp_path):
-    """The RAL's GEMM dispatch: the Eigen fallback and the AVX2 block agree with TF."""
+def test_gemm_isa_paths(isa):
+    """The RAL's GEMM dispatch: the Eigen fallback and the AVX2 block agree with TF.
+    The child uses the session's cache: the setting picks the RAL's GEMM at run time,
+    the compiled cluster is the same."""
     import os
     import pathlib
     import subprocess
     import sys
 
     repo = pathlib.Path(__file__).resolve().parents[2]
-    env = dict(os.environ, DISC_TF_GEMM_ISA=isa, PYTHONPATH=str(repo),
-               DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, DISC_TF_GEMM_ISA=isa, PYTHONPATH=str(repo))
     proc = subprocess.run([sys.executable, "-c", _GEMM_PATHS_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
@@ -216,7 +217,7 @@ print("OK")
 
 @pytest.mark.cpu_backend  # the RAL's CPU GEMM blocks; cuda-emu runs GEMMs in its cuBLAS
 @pytest.mark.parametrize("isa", ["native", "avx2"])
-def test_streamed_few_row_gemm(isa, tmp_path):
+def test_streamed_few_row_gemm(isa):
     """Blocks of few rows stream B unpacked (RAL GEMM block); results agree with TF,
     accumulating (Conv1D taps) and with partial panels, on each ISA's block."""
     import os
@@ -226,7 +227,7 @@ def test_streamed_few_row_gemm(isa, tmp_path):
 
     repo = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, DISC_TF_GEMM_ISA="" if isa == "native" else isa,
-               PYTHONPATH=str(repo), DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
+               PYTHONPATH=str(repo))  # the session's cache, as above
     proc = subprocess.run([sys.executable, "-c", _STREAMED_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
