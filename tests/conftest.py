@@ -54,36 +54,56 @@ def _cuda_emu_gaps() -> dict[str, str]:
     return gaps
 
 
-#: The files that take one worker longest (about 40-150 s each, measured on 2 cores in the
-#: default and the cuda-emu runs), longest first. They are collected first, so that
-#: ``--dist loadfile`` (which hands out files in collection order) does not start one of them
-#: last while the other workers have nothing left to do.
-LONGEST_FIRST = [
-    "e2e/test_elementwise_ops.py", "e2e/test_reductions.py", "e2e/test_long_reductions.py",
-    "e2e/test_data_ops.py", "integration/test_subprocess_compiler.py", "e2e/test_conv_ops.py",
-    "integration/test_enable.py", "reliability/test_concurrency.py", "e2e/test_layout_ops.py",
-    "e2e/test_packed_weights.py", "bench/test_bench_smoke.py", "fuzz/test_differential.py",
-    "e2e/test_matmul.py", "runtime/test_strict_mode.py", "runtime/test_artifact_trust.py",
-    "codegen/test_cuda_codegen.py", "runtime/test_remote_cache.py",
-]
+#: Seconds the longest files take one worker (default run, cuda-emu run), measured on
+#: 2 cores of an AVX2 host in one ``make test``. Files run longest first (the rest after
+#: them, in collection order), so that ``--dist loadfile`` does not start a long file last
+#: while the other worker has nothing left to do. (pytest-xdist's own order, most tests
+#: first, started the bench smoke test, the concurrency tests and the fuzzer last: a
+#: 28-second tail.)
+FILE_SECONDS = {
+    "e2e/test_long_reductions.py": (46, 53), "integration/test_subprocess_compiler.py": (53, 0),
+    "codegen/test_cuda_codegen.py": (44, 0), "integration/test_enable.py": (39, 0),
+    "reliability/test_concurrency.py": (39, 0), "e2e/test_data_ops.py": (33, 35),
+    "e2e/test_elementwise_ops.py": (34, 29), "e2e/test_direct_call_loops.py": (17, 33),
+    "e2e/test_matmul.py": (32, 11), "runtime/test_remote_cache.py": (32, 0),
+    "bench/test_bench_smoke.py": (32, 0), "runtime/test_artifact_trust.py": (32, 0),
+    "e2e/test_reductions.py": (31, 31), "e2e/test_conv_ops.py": (28, 30),
+    "e2e/test_packed_weights.py": (29, 0), "integration/test_keras_export.py": (29, 0),
+    "runtime/test_strict_mode.py": (28, 0), "e2e/test_saved_model.py": (22, 19),
+    "runtime/test_isa.py": (22, 0), "fuzz/test_differential.py": (20, 18),
+    "e2e/test_direct_call.py": (19, 19), "e2e/test_layout_ops.py": (14, 18),
+    "e2e/test_saved_model_names.py": (17, 16), "e2e/test_keras_models.py": (17, 15),
+    "cluster/test_cli.py": (16, 0), "bench/test_bench_parts.py": (16, 0),
+    "serving/test_serving_host.py": (16, 0), "cluster/test_clustering.py": (15, 0),
+    "e2e/test_half_types.py": (14, 8), "e2e/test_gemm_epilogue.py": (12, 12),
+    "e2e/test_jit.py": (12, 12),
+}
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
-if _gone := [n for n in LONGEST_FIRST if not (TESTS_DIR / n).is_file()]:
-    raise RuntimeError(f"tests/conftest.py LONGEST_FIRST names missing files: {_gone}")
+if _gone := [n for n in FILE_SECONDS if not (TESTS_DIR / n).is_file()]:
+    raise RuntimeError(f"tests/conftest.py FILE_SECONDS names missing files: {_gone}")
 
 
-def _file_rank(item: pytest.Item) -> int:
+def _file_seconds(item: pytest.Item) -> float:
     try:
         name = item.path.resolve().relative_to(TESTS_DIR).as_posix()
     except ValueError:
-        return len(LONGEST_FIRST)
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return 0.0
+    default, emu = FILE_SECONDS.get(name, (0, 0))
+    return emu if os.environ.get("DISC_TF_TARGET") == "cuda-emu" else default
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keeps the collection order (longest files first) under ``--dist loadfile``:
+    pytest-xdist otherwise reorders files by their number of tests."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Puts the longest files first (a stable sort: each file's tests keep their order).
     Under cuda-emu, also marks the listed gaps as strict xfails and leaves out the tests
     of CPU-backend features (``cpu_backend``)."""
-    items.sort(key=_file_rank)
+    items.sort(key=lambda item: -_file_seconds(item))
     if os.environ.get("DISC_TF_TARGET") != "cuda-emu":
         return
     cpu_only = [i for i in items if i.get_closest_marker("cpu_backend") is not None]
