@@ -52,12 +52,12 @@ test-cuda-emu: install
 	$(CUDA_EMU_PYTEST)
 
 test-all: install
-	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m ''
+	$(PYTEST) -q $(PYTEST_PARALLEL) -m ''
 
 # Real models (Keras applications, a GRU, Hugging Face BERT and GPT-2): slow.
 test-models: install
 	$(VPY) -m pip install --quiet -r tests/models/requirements.txt
-	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m slow tests/models
+	$(PYTEST) -q $(PYTEST_PARALLEL) -m slow tests/models
 
 # Bench peers: ONNX Runtime + tf2onnx in their own venv (the plot's matplotlib: plot-lib).
 ORT_VENV  := bench/.venv-ort

@@ -72,11 +72,11 @@ LOW_WATER = 0.8
 #: scans the cache again on its next store.
 RESCAN_SECONDS = 60.0
 
-_reported_lock = threading.Lock()
 #: Cache root -> (bytes it held at this process's last scan plus what this process
 #: stored since, time.monotonic() of that scan).
 _usage_lock = threading.Lock()
 _usage: dict[str, tuple[int, float]] = {}
+_reported_lock = threading.Lock()
 _reported: set[tuple[str, str]] = set()
 _private: dict[str, pathlib.Path] = {}
 _secret: dict[str, bytes] = {}
