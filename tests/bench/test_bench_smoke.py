@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from tests import fresh_python
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
     report = tmp_path / "RESULTS.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--workloads", "feature_normalizer", "--quick",
+    proc = fresh_python.run(
+        ["-m", "bench.run", "--workloads", "feature_normalizer", "--quick",
          "--peers", "tf,disc", "--out-dir", str(tmp_path), "--report", str(report),
          "--timeout", "80", "--skip-compile-time"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=85,
+        cwd=REPO_ROOT, timeout=85,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -51,11 +51,11 @@ def test_quick_ort_peer_in_its_own_venv(tmp_path: pathlib.Path) -> None:
     if not ORT_PYTHON.exists():
         pytest.fail("no bench/.venv-ort: run `make bench-deps` first")
     report = tmp_path / "RESULTS.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--workloads", "recommender_tower", "--count", "4",
+    proc = fresh_python.run(
+        ["-m", "bench.run", "--workloads", "recommender_tower", "--count", "4",
          "--peers", "tf,ort", "--out-dir", str(tmp_path), "--report", str(report),
          "--timeout", "80", "--skip-compile-time"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=85,
+        cwd=REPO_ROOT, timeout=85,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ort = json.loads((tmp_path / "results.json").read_text())["results"]["recommender_tower"]["ort"]

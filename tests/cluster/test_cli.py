@@ -9,7 +9,6 @@ from __future__ import annotations
 import pathlib
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import tensorflow as tf
 
 from disc_tf import cli
 from disc_tf.cluster import op_registry
+from tests import fresh_python
 from tests.harness import assert_same
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -61,8 +61,8 @@ def saved_model(tmp_path_factory) -> pathlib.Path:
 
 
 def _disc_tf(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "disc_tf", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return fresh_python.run(["-m", "disc_tf", *args], cwd=REPO,
+                            timeout=120)
 
 
 def _body_of_f(out: str) -> str:

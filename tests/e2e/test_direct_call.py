@@ -7,8 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -18,6 +16,7 @@ from tensorflow.python.eager import context, execute
 
 import disc_tf
 from disc_tf.direct_plan import Source
+from tests import fresh_python
 from tests.harness import gpu_code_path
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -304,9 +303,8 @@ def test_direct_calls_in_a_fresh_process(mlp_dirs, env, fallbacks):
     """A fresh process (artifacts loaded from the model only); with the fallback
     forced, the same direct calls run the cluster's TF ops."""
     run_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    out = subprocess.run([sys.executable, "-c", _SUBPROCESS, str(mlp_dirs / "orig"),
-                          str(mlp_dirs / "opt")], env=run_env, capture_output=True, text=True,
-                         timeout=300, check=False)
+    out = fresh_python.run(["-c", _SUBPROCESS, str(mlp_dirs / "orig"),
+                           str(mlp_dirs / "opt")], env=run_env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"direct 4 fallbacks {fallbacks}" in out.stdout, out.stdout + out.stderr[-2000:]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from tests import fresh_python
 from tests.harness import assert_same
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -69,8 +68,8 @@ def test_second_process_gets_a_cache_hit(tmp_path):
     env = dict(os.environ, DISC_TF_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
     results = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_JIT)], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = fresh_python.run(["-c", textwrap.dedent(_JIT)], env=env,
+                                timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         line = [x for x in proc.stdout.splitlines() if x.startswith("STATS ")][-1]
         results.append(json.loads(line[6:]))

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
+from tests import fresh_python
 from tests.harness import assert_matches_tf, compiled, random_value
 from tests.stage_helpers import cluster_of, dyn
 
@@ -179,13 +180,11 @@ def test_gemm_isa_paths(isa):
     the compiled cluster is the same."""
     import os
     import pathlib
-    import subprocess
-    import sys
 
     repo = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, DISC_TF_GEMM_ISA=isa, PYTHONPATH=str(repo))
-    proc = subprocess.run([sys.executable, "-c", _GEMM_PATHS_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", _GEMM_PATHS_SCRIPT], env=env,
+                            timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
@@ -222,12 +221,10 @@ def test_streamed_few_row_gemm(isa):
     accumulating (Conv1D taps) and with partial panels, on each ISA's block."""
     import os
     import pathlib
-    import subprocess
-    import sys
 
     repo = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, DISC_TF_GEMM_ISA="" if isa == "native" else isa,
                PYTHONPATH=str(repo))  # the session's cache, as above
-    proc = subprocess.run([sys.executable, "-c", _STREAMED_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", _STREAMED_SCRIPT], env=env,
+                            timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

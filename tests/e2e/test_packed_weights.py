@@ -7,14 +7,13 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import disc_tf
+from tests import fresh_python
 from tests.harness import assert_matches_tf, compiled
 
 #: Packed GEMM operands are the CPU backend's (cuBLAS reads weights as they are).
@@ -168,7 +167,6 @@ def test_packing_settings(env, packed):
     compiled cluster is the same under every setting."""
     repo = pathlib.Path(__file__).resolve().parents[2]
     full = dict(os.environ, PYTHONPATH=str(repo), **env)
-    proc = subprocess.run([sys.executable, "-c", _ENV_SCRIPT], env=full, capture_output=True,
-                          text=True, timeout=300)
+    proc = fresh_python.run(["-c", _ENV_SCRIPT], env=full, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"PACKED {packed}" in proc.stdout, proc.stdout[-500:]

@@ -6,8 +6,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,6 +14,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.saved_model import optimize_saved_model
+from tests import fresh_python
 from tests.harness import assert_same
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -115,8 +114,8 @@ print("STATS", json.dumps(disc_tf.stats()))
 
 def _run(script: str, *args: str, cache: pathlib.Path) -> dict:
     env = dict(os.environ, DISC_TF_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", textwrap.dedent(script), *args], env=env,
+                            timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("STATS ")][-1]
     return json.loads(line[len("STATS "):])

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -26,6 +24,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.saved_model import object_graph_references, optimize_saved_model
+from tests import fresh_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -57,9 +56,9 @@ def _serve_in_fresh_process(model_dir: pathlib.Path, fn: str, cases: list, expec
             arrays[f"in{i}_{j}"] = a
     np.savez(tmp_path / "data.npz", **arrays)
     env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_SERVE), str(model_dir),
-                           str(tmp_path / "data.npz"), fn, "list" if packed else "args"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = fresh_python.run(["-c", textwrap.dedent(_SERVE), str(model_dir),
+                            str(tmp_path / "data.npz"), fn, "list" if packed else "args"],
+                            env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.split("STATS ", 1)[1])
 

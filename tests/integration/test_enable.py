@@ -24,6 +24,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests import fresh_python
+
 SHAPES = [(2, 3), (5, 7), (1, 129)]
 
 _REPORT = textwrap.dedent(
@@ -160,8 +162,7 @@ def run_script(script: str, tmp_path: pathlib.Path, enabled: bool, mode: str = "
     env.update(extra_env or {})
     path = tmp_path / "script.py"
     path.write_text(script)
-    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = fresh_python.run([str(path)], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result: dict = {"outs": [], "loaded": None, "stats": None}
     for line in proc.stdout.splitlines():

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -25,6 +23,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import disc_tf
 from disc_tf.cluster.rewrite import DISC_OP
+from tests import fresh_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHAPES = [(2, 5), (1, 1), (3, 17), (0, 4), (4, 33)]  # (batch, time); features fixed at 8
@@ -100,8 +99,8 @@ def _serve(script: str, model_dir: pathlib.Path, data: pathlib.Path,
     env = dict(os.environ, DISC_TF_CACHE_DIR=str(cache), PYTHONPATH=str(REPO),
                TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_DISC_ENABLE", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(model_dir),
-                           str(data)], env=env, capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", textwrap.dedent(script), str(model_dir),
+                            str(data)], env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("STATS ")][-1]
     return json.loads(line[len("STATS "):])

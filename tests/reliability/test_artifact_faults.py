@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from tests import fresh_python
 from tests.harness import assert_same
 from tests.reliability import models
 
@@ -114,8 +114,8 @@ def served(optimized, tmp_path_factory) -> tuple[subprocess.CompletedProcess, di
     env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_CACHE_DIR=str(tmp / "cache"),
                DISC_TF_STRICT="0")  # a module fixture: the fallback mark's env is not set yet
     env.pop("DISC_TF_FORCE_FALLBACK", None)
-    proc = subprocess.run([sys.executable, "-c", _SERVE, str(tmp / "data.npz"), *cases],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", _SERVE, str(tmp / "data.npz"), *cases],
+                            env=env, timeout=300)
     results = {}
     for line in proc.stdout.splitlines():
         kind, _, rest = line.partition(" ")

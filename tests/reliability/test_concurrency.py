@@ -8,8 +8,6 @@ import os
 import pathlib
 import shutil
 import stat
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -19,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from tests import fresh_python
 from tests.reliability import models
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -62,8 +61,8 @@ def _start_together(tmp_path: pathlib.Path, script: str, n: int, tag: str) -> li
     slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_CACHE_DIR=str(tmp_path / "cache"),
                DISC_TF_CXX=str(slow))
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(barrier), str(i), str(n)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [fresh_python.start(["-c", script, str(barrier), str(i), str(n)],
+                                env=env)
              for i in range(n)]
     printed = []
     for p in procs:

@@ -20,7 +20,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from disc_tf import trust
+from tests import fresh_python
 from tests.reliability import models as reliability_models
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -164,8 +164,8 @@ def _run(models: dict[str, pathlib.Path], model: str, loaders: str = LOADERS,
                      "DISC_TF_CACHE_DIR": str(host / "cache"),
                      "DISC_TF_CACHE_KEY_FILE": str(host / "secret.key"),
                      "DISC_TF_COMPILE_MODE": "sync", **env})
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(models[model]), str(models["orig"]),
-                           loaders], env=full_env, capture_output=True, text=True, timeout=600)
+    proc = fresh_python.run(["-c", CHILD, str(models[model]), str(models["orig"]),
+                            loaders], env=full_env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT "):])

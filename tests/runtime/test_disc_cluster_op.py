@@ -7,7 +7,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,6 +15,7 @@ import tensorflow as tf
 
 from disc_tf import trust
 from disc_tf.runtime import native
+from tests import fresh_python
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -316,9 +316,9 @@ def test_saved_model_roundtrip(
     for force, expected in [(False, "STATS 1 1 0"), (True, "STATS 0 0 3")]:
         if force:
             env["DISC_TF_FORCE_FALLBACK"] = "1"
-        proc = subprocess.run(
-            [sys.executable, str(script), str(export_dir)],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
+        proc = fresh_python.run(
+            [str(script), str(export_dir)],
+            env=env, timeout=300
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert expected in proc.stdout, proc.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.runtime import elf_check, isa
+from tests import fresh_python
 from tests.harness import compiled
 from tests.reliability import models
 
@@ -113,8 +112,8 @@ def test_each_level_computes_what_tf_does(level, tmp_path):
     env = dict(os.environ, DISC_TF_ISA=level, PYTHONPATH=str(REPO),
                DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("DISC_TF_GEMM_ISA", None)
-    proc = subprocess.run([sys.executable, "-c", _LEVEL_SCRIPT], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", _LEVEL_SCRIPT], env=env, cwd=REPO,
+                            timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     gemm = {"x86-64-v4": "avx512", "x86-64-v3": "avx2", "x86-64": "baseline"}[isa._cap(level)]
     assert f"GEMM {gemm}" in proc.stdout, proc.stdout

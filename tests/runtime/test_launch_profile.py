@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import sys
 import textwrap
+
+from tests import fresh_python
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -32,8 +33,8 @@ def _run(tmp_path: pathlib.Path, profile: str | None) -> subprocess.CompletedPro
     env.pop("DISC_TF_PROFILE", None)
     if profile is not None:
         env["DISC_TF_PROFILE"] = profile
-    return subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return fresh_python.run(["-c", SCRIPT], cwd=REPO_ROOT, env=env,
+                            timeout=300)
 
 
 def test_profile_table_lists_every_launch_with_calls(tmp_path):

@@ -10,8 +10,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -20,6 +18,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.runtime import native, native_build
+from tests import fresh_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,9 +127,9 @@ def test_a_host_without_a_compiler_imports_and_serves_an_optimized_model(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("DISC_TF_CXX", "CXX")}
     env.update(PATH=str(empty), PYTHONPATH=str(REPO), DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
     assert shutil.which("g++", path=env["PATH"]) is None
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_SERVE), str(tmp_path / "opt"),
-                           str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", textwrap.dedent(_SERVE), str(tmp_path / "opt"),
+                            str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                            env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "native_build" not in proc.stderr  # no stale-build warning, no build
     stats = json.loads(proc.stdout.split("STATS ", 1)[1])

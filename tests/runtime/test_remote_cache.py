@@ -32,6 +32,7 @@ import tensorflow as tf
 
 import disc_tf
 from disc_tf.runtime import remote_cache
+from tests import fresh_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -343,13 +344,13 @@ def _run_processes(tmp_path: pathlib.Path, n: int, together: bool, cxx: str | No
     if cxx is not None:
         env["DISC_TF_CXX"] = cxx
 
-    def start(i: int) -> subprocess.Popen:
+    def start(i: int) -> fresh_python.Child:
         local = dict(env, DISC_TF_CACHE_DIR=str(tmp_path / f"local{i}"))
-        return subprocess.Popen([sys.executable, "-c", _COMPILE, str(barrier), str(i),
-                                 str(n if together else 1)],
-                                env=local, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return fresh_python.start(["-c", _COMPILE, str(barrier), str(i),
+                                  str(n if together else 1)],
+                                  env=local)
 
-    def finish(p: subprocess.Popen) -> dict:
+    def finish(p: fresh_python.Child) -> dict:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-4000:]
         line = [x for x in out.splitlines() if x.startswith("STATS ")][-1]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -18,6 +16,7 @@ import tensorflow as tf
 import disc_tf
 from disc_tf import strict
 from disc_tf.saved_model import optimize_saved_model
+from tests import fresh_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -100,8 +99,7 @@ def test_a_forced_fallback_at_run_time(tmp_path, strict_on):
     opt = _saved(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_FORCE_FALLBACK="1",
                DISC_TF_STRICT="1" if strict_on else "0")
-    proc = subprocess.run([sys.executable, "-c", _CALL, str(opt)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = fresh_python.run(["-c", _CALL, str(opt)], env=env, timeout=300)
     if strict_on:
         assert proc.returncode != 0
         assert "strict mode (DISC_TF_STRICT)" in proc.stderr
@@ -118,8 +116,7 @@ def test_an_artifact_that_does_not_load_is_an_error(tmp_path):
     bad = tmp_path / "bad"
     models.rewrite_artifacts(opt, bad, lambda art, sha: (art[: len(art) // 2], sha))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", _CALL, str(bad)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = fresh_python.run(["-c", _CALL, str(bad)], env=env, timeout=300)
     assert proc.returncode != 0 and "its artifact did not load" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -144,11 +141,11 @@ def _failures_with_fallback_forced(files: list[str], tmp_path: pathlib.Path) -> 
     pytest process with every cluster forced to fall back; a passing test maps to ''."""
     report = tmp_path / "report.xml"
     env = dict(os.environ, DISC_TF_FORCE_FALLBACK="1", DISC_TF_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = fresh_python.run(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-p", "tests.first_test_per_file", "-m", "not slow and not fallback",
          f"--junitxml={report}", *(str(REPO / "tests" / "e2e" / f) for f in files)],
-        env=env, capture_output=True, text=True, cwd=REPO, timeout=1800)
+        env=env, cwd=REPO, timeout=1800)
     assert report.exists(), (proc.stdout + proc.stderr)[-3000:]
     results: dict[str, str] = {}
     for case in ET.parse(report).iter("testcase"):
