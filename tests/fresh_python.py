@@ -37,8 +37,11 @@ import time
 #: Variables a module imported by the zygote may read at import: a child whose value
 #: differs from the zygote's runs in a real new interpreter.
 _IMPORT_TIME_PREFIXES = ("TF_", "PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
-                         "GOTO_", "CUDA_", "XLA_", "MALLOC_", "GLIBC_", "NUMPY_")
-#: ... except these: set up by the child itself (below), or only TensorFlow's C++ log level.
+                         "GOTO_", "CUDA_", "XLA_", "MALLOC_", "GLIBC_", "NUMPY_", "NPY_",
+                         "LANG", "LC_", "TZ")
+#: ... except these: set up by the child itself (below), or TensorFlow's C++ log level
+#: (read once, by the zygote's import: a child's setting changes only which lines of
+#: TensorFlow's own C++ logging reach its stderr).
 _CHILD_SET = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "TF_CPP_MIN_LOG_LEVEL")
 
 
@@ -111,6 +114,9 @@ def _become(request: dict) -> None:
     _redirect(2, request["stderr"], os.O_WRONLY | os.O_TRUNC)
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     tempfile.tempdir = None  # $TMPDIR as the child has it
+    import numpy
+
+    numpy.random.seed()  # its own entropy, should the zygote's imports ever draw from it
     args = request["args"]
     if args[0] == "-c":
         first = ""
@@ -134,12 +140,17 @@ def _run_main(args: list[str]) -> None:
         sys.argv = ["-c", *args[2:]]
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
-        exec(compile(args[1], "<string>", "exec"), main.__dict__)
+        # dont_inherit: not this file's `from __future__ import annotations`
+        exec(compile(args[1], "<string>", "exec", dont_inherit=True), main.__dict__)
     elif args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(args)
+        if not os.path.exists(args[0]):
+            print(f"{sys.executable}: can't open file {os.path.abspath(args[0])!r}: "
+                  "[Errno 2] No such file or directory", file=sys.stderr)
+            raise SystemExit(2)
         runpy.run_path(args[0], run_name="__main__")
 
 
@@ -152,22 +163,29 @@ class _Zygote:
 
     def __init__(self) -> None:
         self.env = dict(os.environ)
+        self._log = tempfile.TemporaryFile()  # the zygote's own stderr, for its errors
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env,
+            stdout=subprocess.PIPE, stderr=self._log, env=self.env,
             cwd=os.path.dirname(os.path.abspath(__file__)))
+        self.gone = False  # its stdout ended: it died
         self._buffer = b""
         self._next_id = 0
         self.exits: dict[int, int] = {}
         self._started: dict[int, int] = {}
-        ready = self._reply(lambda: self._ready is not None, time.monotonic() + 120)
-        if not ready:
-            raise RuntimeError("the test zygote did not start")
+        if not self._reply(lambda: self._ready is not None, time.monotonic() + 120):
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"the test zygote did not start: {self.log_tail()}")
 
     _ready: int | None = None
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self.gone and self.proc.poll() is None
+
+    def log_tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-2000:]
 
     def _reply(self, done, deadline: float | None) -> bool:
         """Reads replies until ``done()`` or the deadline; False on timeout or EOF."""
@@ -178,6 +196,7 @@ class _Zygote:
                 return False
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
             if not chunk:
+                self.gone = True
                 return False
             self._buffer += chunk
             while b"\n" in self._buffer:
@@ -187,6 +206,7 @@ class _Zygote:
                     self._ready = message["ready"]
                 elif "id" in message:
                     self._started[message["id"]] = message["pid"]
+                    self.exits.pop(message["pid"], None)  # an unwaited child's, pid reused
                 else:
                     self.exits[message["pid"]] = message["code"]
         return True
@@ -195,10 +215,13 @@ class _Zygote:
         """Starts a child; returns its pid."""
         self._next_id += 1
         rid = request["id"] = self._next_id
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self.gone = True
         if not self._reply(lambda: rid in self._started, time.monotonic() + 60):
-            raise RuntimeError("the test zygote did not fork")
+            raise RuntimeError(f"the test zygote did not fork: {self.log_tail()}")
         return self._started.pop(rid)
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
@@ -223,6 +246,8 @@ class Child:
 
     def __init__(self, args: list[str], env: dict[str, str] | None, cwd: str | None,
                  input: str | None) -> None:
+        if args[0].startswith("-") and args[0] not in ("-c", "-m"):
+            raise ValueError(f"interpreter option {args[0]!r}: only -c, -m or a script")
         self.args = [sys.executable, *args]
         self.returncode: int | None = None
         env = dict(os.environ if env is None else env)
@@ -255,6 +280,9 @@ class Child:
                 self.returncode = self._proc.wait(timeout)
             else:
                 code = self._zygote.wait(self.pid, timeout)
+                if code is None and self._zygote.gone:
+                    raise RuntimeError(f"the test zygote died while pid {self.pid} ran: "
+                                       f"{self._zygote.log_tail()}")
                 if code is None:
                     raise subprocess.TimeoutExpired(self.args, timeout)
                 self.returncode = code
@@ -323,12 +351,14 @@ def _exit(code: object) -> None:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001  (reported as the interpreter would)
         traceback.print_exc()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    ctypes.CDLL(None).exit(status & 0xFF)
+    # PyDLL: the call keeps the GIL, so no Python thread runs during C's exit handlers
+    # and static destructors (as none does after a real interpreter's finalization).
+    ctypes.PyDLL(None).exit(status & 0xFF)
 
 
 if __name__ == "__main__":

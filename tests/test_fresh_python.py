@@ -63,6 +63,12 @@ def test_script_and_module_runs_match_a_real_interpreter(tmp_path):
     assert forked.stdout == real.stdout
 
 
+def test_code_compiles_as_the_interpreter_compiles_it():
+    """No ``from __future__`` of the zygote's own module leaks into ``-c`` code."""
+    forked, real = _both(["-c", "def f(x: int): pass\nprint(f.__annotations__)"])
+    assert forked.stdout == real.stdout == "{'x': <class 'int'>}\n"
+
+
 def test_an_uncaught_exception_exits_1_with_its_traceback_only():
     forked, real = _both(["-c", "def f():\n    raise ValueError('boom')\nf()"])
     assert forked.returncode == real.returncode == 1
