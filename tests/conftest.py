@@ -55,28 +55,24 @@ def _cuda_emu_gaps() -> dict[str, str]:
 
 
 #: Seconds the longest files take one worker (default run, cuda-emu run), measured on
-#: 2 cores of an AVX2 host in one ``make test``. Files run longest first (the rest after
-#: them, in collection order), so that ``--dist loadfile`` does not start a long file last
-#: while the other worker has nothing left to do. (pytest-xdist's own order, most tests
-#: first, started the bench smoke test, the concurrency tests and the fuzzer last: a
-#: 28-second tail.)
+#: 2 cores of an AVX2 host (each test's start and end, summed per file). Files run
+#: longest first (the rest after them, in collection order), so that ``--dist loadfile``
+#: does not start a long file last while the other worker has nothing left to do.
+#: (pytest-xdist's own order, most tests first, started the bench smoke test, the
+#: concurrency tests and the fuzzer last: a 28-second tail.)
 FILE_SECONDS = {
-    "e2e/test_long_reductions.py": (46, 53), "integration/test_subprocess_compiler.py": (53, 0),
-    "codegen/test_cuda_codegen.py": (44, 0), "integration/test_enable.py": (39, 0),
-    "reliability/test_concurrency.py": (39, 0), "e2e/test_data_ops.py": (33, 35),
-    "e2e/test_elementwise_ops.py": (34, 29), "e2e/test_direct_call_loops.py": (17, 33),
-    "e2e/test_matmul.py": (32, 11), "runtime/test_remote_cache.py": (32, 0),
-    "bench/test_bench_smoke.py": (32, 0), "runtime/test_artifact_trust.py": (32, 0),
-    "e2e/test_reductions.py": (31, 31), "e2e/test_conv_ops.py": (28, 30),
-    "e2e/test_packed_weights.py": (29, 0), "integration/test_keras_export.py": (29, 0),
-    "runtime/test_strict_mode.py": (28, 0), "e2e/test_saved_model.py": (22, 19),
-    "runtime/test_isa.py": (22, 0), "fuzz/test_differential.py": (20, 18),
-    "e2e/test_direct_call.py": (19, 19), "e2e/test_layout_ops.py": (14, 18),
-    "e2e/test_saved_model_names.py": (17, 16), "e2e/test_keras_models.py": (17, 15),
-    "cluster/test_cli.py": (16, 0), "bench/test_bench_parts.py": (16, 0),
-    "serving/test_serving_host.py": (16, 0), "cluster/test_clustering.py": (15, 0),
-    "e2e/test_half_types.py": (14, 8), "e2e/test_gemm_epilogue.py": (12, 12),
-    "e2e/test_jit.py": (12, 12),
+    "e2e/test_long_reductions.py": (35, 55), "integration/test_subprocess_compiler.py": (42, 0),
+    "e2e/test_reductions.py": (29, 34), "codegen/test_cuda_codegen.py": (33, 0),
+    "e2e/test_elementwise_ops.py": (33, 29), "e2e/test_conv_ops.py": (26, 32),
+    "e2e/test_data_ops.py": (31, 32), "e2e/test_direct_call_loops.py": (16, 26),
+    "bench/test_bench_smoke.py": (24, 0), "integration/test_enable.py": (22, 0),
+    "fuzz/test_differential.py": (20, 20), "e2e/test_layout_ops.py": (14, 19),
+    "e2e/test_keras_models.py": (19, 15), "cluster/test_clustering.py": (18, 0),
+    "serving/test_serving_host.py": (18, 0), "reliability/test_concurrency.py": (17, 0),
+    "e2e/test_direct_call.py": (8, 15), "bench/test_bench_parts.py": (14, 0),
+    "e2e/test_gemm_epilogue.py": (10, 14), "e2e/test_half_types.py": (13, 8),
+    "runtime/test_remote_cache.py": (12, 0), "e2e/test_matmul.py": (11, 9),
+    "ops/test_op_table.py": (11, 0), "e2e/test_saved_model.py": (11, 6),
 }
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
 if _gone := [n for n in FILE_SECONDS if not (TESTS_DIR / n).is_file()]:
