@@ -213,10 +213,15 @@ class IndexKernelEmitter(KernelEmitter):
             return self._reduce_window(ct)
         raise ValueError(f"{self.k.name}: no index emitter for {name}")
 
+    def _window_steps(self) -> tuple[int, int, int, int]:
+        """(stride, stride, dilation, dilation) over height and width of a convolution's
+        window (the im2col and depthwise kernels, CPU and CUDA)."""
+        (sh, sw), (dh, dw) = self.op.attrs["strides"], self.op.attrs["dilations"]
+        return sh, sw, dh, dw
+
     def _input_pixel(self, at: str) -> list[str]:
         """``ih``/``iw`` of window tap (ky, kx) for output pixel c[1], c[2], and ``inside``."""
-        at_attrs = self.op.attrs
-        (sh, sw), (dh, dw) = at_attrs["strides"], at_attrs["dilations"]
+        sh, sw, dh, dw = self._window_steps()
         return [
             f"const int64_t ih = c[1] * {sh} - {self._p('low', 0)} + ky * {dh};",
             f"const int64_t iw = c[2] * {sw} - {self._p('low', 1)} + kx * {dw};",
@@ -321,7 +326,7 @@ class IndexKernelEmitter(KernelEmitter):
         are copied as one contiguous run (zeros where the tap falls in the padding)."""
         k, op = self.k, self.op
         attrs = op.attrs
-        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        sh, sw, dh, dw = self._window_steps()
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
         lines = [
@@ -362,7 +367,7 @@ class IndexKernelEmitter(KernelEmitter):
         if not self._fast_depthwise:
             return self._grouped_conv_generic()
         attrs = op.attrs
-        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        sh, sw, dh, dw = self._window_steps()
         kh, kw = attrs["kh"], attrs["kw"]
         block = _CHANNEL_BLOCK
         vectors = block // 16
@@ -442,7 +447,7 @@ class IndexKernelEmitter(KernelEmitter):
         ``_CHANNEL_BLOCK`` channels."""
         k, op = self.k, self.op
         attrs = op.attrs
-        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        sh, sw, dh, dw = self._window_steps()
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
         ct = COMPUTE[op.elem]

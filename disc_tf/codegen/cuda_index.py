@@ -140,7 +140,7 @@ class CudaIndexEmitter(IndexKernelEmitter):
     def _grouped_conv(self) -> str:
         """A depthwise convolution, one thread per output element (n, oh, ow, channel)."""
         attrs = self.op.attrs
-        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        sh, sw, dh, dw = self._window_steps()
         ct = COMPUTE[accumulator_elem(self.op.elem)]
         body = [
             "const int64_t co = t % a.dims[3];",
