@@ -3,10 +3,11 @@
 # (cc/ral/gemm_kernel_{avx2,avx512}.cc with native_build.py's ISA flags), and
 # every library that setup.sh installed (each one absent is left out).
 #   bench/gemm_libs/build.sh     # then run.py (or build/gemm_libs, flags in its header)
+#   DISC_VARIANT_FLAGS=-DDISC_GEMM_K_UNROLL=1 bench/gemm_libs/build.sh   # + disc_variant
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-out="$here/build"
+out="${GEMM_LIBS_OUT:-$here/build}"  # GEMM_LIBS_OUT: another build folder
 mkdir -p "$out"
 CXX="${CXX:-g++}"
 base=(-O3 -std=c++17 -fno-math-errno -I"$repo")
@@ -15,6 +16,17 @@ base=(-O3 -std=c++17 -fno-math-errno -I"$repo")
   -c "$repo/cc/ral/gemm_kernel_avx512.cc" -o "$out/gemm_kernel_avx512.o"
 
 defs=() inc=() libs=()
+# DISC_VARIANT_FLAGS (e.g. -DDISC_GEMM_K_UNROLL=1): the same block built again with them,
+# raced against the RAL's build as the candidate disc_variant (kernel_variant.cc).
+if [[ -n "${DISC_VARIANT_FLAGS:-}" ]]; then
+  read -r -a variant <<< "$DISC_VARIANT_FLAGS"
+  "$CXX" "${base[@]}" -mavx2 -mfma "${variant[@]}" -c "$here/kernel_variant.cc" \
+    -o "$out/kernel_variant_avx2.o"
+  "$CXX" "${base[@]}" -mavx2 -mfma -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl \
+    "${variant[@]}" -c "$here/kernel_variant.cc" -o "$out/kernel_variant_avx512.o"
+  defs+=(-DHAVE_DISC_VARIANT)
+  libs+=("$out/kernel_variant_avx2.o" "$out/kernel_variant_avx512.o")
+fi
 mkl="$here/.venv"
 if [[ -f "$mkl/include/mkl.h" ]]; then  # MKL first: cblas_* and sgemm_ resolve to it
   defs+=(-DHAVE_MKL) inc+=(-I"$mkl/include")

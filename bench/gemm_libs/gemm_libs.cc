@@ -5,6 +5,8 @@
 // Candidates (each built in only if its HAVE_* macro is defined, see build.sh):
 //   disc        disc_gemm_prepacked_block_<isa> (cc/ral), split over threads as
 //               the RAL's SgemmImpl splits a prepacked product (disc_ral_tf.cc)
+//   disc_variant  the same block built again with DISC_VARIANT_FLAGS
+//               (kernel_variant.cc), split and run the same way
 //   mkl_packed  cblas_sgemm_pack once, cblas_sgemm_compute per call
 //   mkl_sgemm   plain cblas_sgemm (packs B inside every call)
 //   xsmm        libxsmm_smmdispatch JIT kernels on 64-column panels of B
@@ -51,6 +53,16 @@
 
 #ifdef HAVE_MKL
 #include <mkl.h>
+#endif
+#ifdef HAVE_DISC_VARIANT  // kernel_variant.cc
+#define DISC_VARIANT_DECLS(isa)                                                          \
+  extern "C" int64_t disc_gemm_packed_size_##isa##_variant(int64_t, int64_t);            \
+  extern "C" void disc_gemm_pack_b_##isa##_variant(int64_t, int64_t, const float*,       \
+                                                   int64_t, int, float*);                \
+  extern "C" void disc_gemm_prepacked_block_##isa##_variant(                             \
+      int64_t, int64_t, int64_t, const float*, int64_t, int, const float*, float*, int64_t, int);
+DISC_VARIANT_DECLS(avx2)
+DISC_VARIANT_DECLS(avx512)
 #endif
 #ifdef HAVE_XSMM
 #include <libxsmm.h>
@@ -175,11 +187,22 @@ class Candidate {
 
 class Disc : public Candidate {
  public:
-  Disc(const Problem& p, Helper* pool) : p_(p), pool_(pool) {
+  // variant: the block of kernel_variant.cc (build.sh's DISC_VARIANT_FLAGS).
+  Disc(const Problem& p, Helper* pool, bool variant = false) : p_(p), pool_(pool) {
     const bool avx512 = p.isa == "avx512";
     size_ = avx512 ? &disc_gemm_packed_size_avx512 : &disc_gemm_packed_size_avx2;
-    auto pack = avx512 ? &disc_gemm_pack_b_avx512 : &disc_gemm_pack_b_avx2;
+    disc_gemm_pack_b_fn pack = avx512 ? &disc_gemm_pack_b_avx512 : &disc_gemm_pack_b_avx2;
     block_ = avx512 ? &disc_gemm_prepacked_block_avx512 : &disc_gemm_prepacked_block_avx2;
+#ifdef HAVE_DISC_VARIANT
+    if (variant) {
+      size_ = avx512 ? &disc_gemm_packed_size_avx512_variant : &disc_gemm_packed_size_avx2_variant;
+      pack = avx512 ? &disc_gemm_pack_b_avx512_variant : &disc_gemm_pack_b_avx2_variant;
+      block_ = avx512 ? &disc_gemm_prepacked_block_avx512_variant
+                      : &disc_gemm_prepacked_block_avx2_variant;
+    }
+#else
+    (void)variant;
+#endif
     const int64_t floats = size_(p.k, p.n);
     packed_.reset(AllocFloats(floats));
     pack(p.k, p.n, p.b, p.n, 0, packed_.get());
@@ -422,6 +445,10 @@ void RunShape(const Options& o, int64_t m, int64_t k, int64_t n, Helper* pool, v
 
   std::vector<std::pair<std::string, std::unique_ptr<Candidate>>> cands;
   cands.emplace_back("disc", std::make_unique<Disc>(p, pool));
+#ifdef HAVE_DISC_VARIANT
+  if (Wanted(o, "disc_variant"))
+    cands.emplace_back("disc_variant", std::make_unique<Disc>(p, pool, true));
+#endif
 #ifdef HAVE_MKL
   if (Wanted(o, "mkl_packed")) cands.emplace_back("mkl_packed", std::make_unique<MklPacked>(p));
   if (Wanted(o, "mkl_sgemm")) cands.emplace_back("mkl_sgemm", std::make_unique<MklSgemm>(p));

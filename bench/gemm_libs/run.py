@@ -56,10 +56,10 @@ SHAPES = ([(m, k, n) for k, n in BERT_KN for m in BERT_M]
           + [(m, k, n) for k, n in TOWER_KN for m in TOWER_M])
 QUICK_SHAPES = [(16, 768, 768), (256, 768, 3072), (1, 256, 256), (2048, 512, 256)]
 
-LIBS = ["mkl_packed", "mkl_sgemm", "xsmm", "blis", "dnnl_rt", "dnnl_fixed"]
+LIBS = ["mkl_packed", "mkl_sgemm", "xsmm", "blis", "dnnl_rt", "dnnl_fixed", "disc_variant"]
 LABEL = {"disc": "disc microkernel", "mkl_packed": "MKL packed", "mkl_sgemm": "MKL sgemm",
          "xsmm": "libxsmm", "blis": "BLIS", "dnnl_rt": "oneDNN runtime-m",
-         "dnnl_fixed": "oneDNN per-m"}
+         "dnnl_fixed": "oneDNN per-m", "disc_variant": "disc variant"}
 
 CAPS = {
     "avx512": {"BLIS_ARCH_TYPE": "0"},  # skx

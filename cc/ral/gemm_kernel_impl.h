@@ -48,6 +48,22 @@ inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 #endif
 constexpr int64_t kPanel = kLanes * kVecs;  // columns of one full tile
 
+// Times the tile's k loop is unrolled. AVX2: the 6 x 2-vector tile's step is 12
+// FMAs, 8 loads and the loop's own add and branch; unrolled 4 times the block
+// runs 1-4% faster at two threads (3-7% at k = 1024-2304) and 0-3% at one,
+// twice is slower (Zen 3, interleaved rounds: bench/GEMM.md, "AVX2 block").
+// The AVX-512 step is 24 FMAs and was not measured on such a CPU: left as it was.
+// A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
+#if !defined(DISC_GEMM_K_UNROLL)
+#if defined(__AVX512F__)
+#define DISC_GEMM_K_UNROLL 1
+#else
+#define DISC_GEMM_K_UNROLL 4
+#endif
+#endif
+#define DISC_GEMM_PRAGMA(text) _Pragma(#text)
+#define DISC_GEMM_UNROLL(n) DISC_GEMM_PRAGMA(GCC unroll n)
+
 inline int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // op(A)[r, p]: A is [m x k] (row stride lda), or with TA its transpose is.
@@ -78,6 +94,7 @@ inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t
       for (int v = 0; v < V; ++v)
         acc[u][r][v] = u == 0 && accumulate ? Load(c + r * ldc + v * kLanes) : Zero();
   int64_t p = 0;
+  DISC_GEMM_UNROLL(DISC_GEMM_K_UNROLL)
   for (; p + U <= k; p += U) {
     for (int u = 0; u < U; ++u) {
       const float* row = b + (p + u) * ldb;
