@@ -286,33 +286,62 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     """A stride-1, undilated Conv1D as one GEMM with k = kw * ci: the window of
     output column c is the kw * ci floats of the (padded) input from column c, so
     the windows of consecutive outputs overlap, ci floats apart (lda = ci), and A
-    is the input itself, read in place. With padding, A is a copy of x with the
-    zero columns around it (ow + kw - 1 columns, a kw-th of the windows' size).
-    One GEMM of the whole depth reads B once and writes each block of C once,
-    where one GEMM per tap adds into all of C kw times, so a consumer can run on
-    each finished block of C (``epilogue``)."""
+    is the input itself, read in place. With padding, only the output columns
+    whose windows reach into it (at most kw - 1 at each end) read a copy of their
+    windows with the zero columns; the columns between read x in place, so no
+    padded copy of the input is made (it was the peak's extra tensor). Each GEMM
+    covers whole rows of C and reads B once, so a consumer runs on each finished
+    block of C (``epilogue``, told its rows' place in C)."""
     x, w, out_name, a, dims = _conv_dims(em)
     xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
     title, epi, fn, closure, full_rows = _conv_heading(
-        em, buffer_ptr, epilogue, "one GEMM over overlapping windows of the input", "block",
+        em, buffer_ptr, epilogue, "GEMMs over overlapping windows of the input", "block",
         "ow")
+    shifted = "&Rows::run" if epilogue is not None else "nullptr"
     return [
         title,
         *dims,
         f"    const int64_t kw = {a['kw']}, kdim = kw * ci;",
-        "    const int64_t cols = ow + kw - 1;  // input columns the windows span",
         *epi,
+        "    // Output columns [lo, hi) have their whole window inside x; those before and",
+        "    // after read a copy of their windows with the zero padding around x.",
+        "    const int64_t lo = pad < 0 ? 0 : (pad < ow ? pad : ow);",
+        "    int64_t hi = width - kw + 1 + pad;",
+        "    if (hi > ow) hi = ow;",
+        "    if (hi < lo) hi = lo;",
+        "    // The epilogue of a GEMM over output columns [r0, r1) sees its rows shifted by r0.",
+        "    struct Rows {",
+        "      disc_gemm_epilogue_fn fn;",
+        "      void* closure;",
+        "      int64_t r0;",
+        "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
+        "int64_t j1) {",
+        "        const Rows& h = *static_cast<const Rows*>(p);",
+        "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
+        "      }",
+        "    };",
+        "    // C[n, r0:r1, :] = windows of output columns r0.. (rows lda = ci apart) * w.",
+        "    auto columns = [&](int64_t r0, int64_t r1, const float* windows, int64_t stride) {",
+        f"      Rows shift{{{fn}, {closure}, r0}};",
+        f"      ral->sgemm_epilogue(ral, batch, 1, r1 - r0, co, kdim, windows, ci, stride, 0, 0, "
+        f"{wp},",
+        f"                          co, 0, 0, 0, {cp} + r0 * co, co, ow * co, 0, {shifted}, "
+        f"&shift, {full_rows}, 0);",
+        "    };",
         "    if (batch > 0 && ow > 0 && co > 0) {",
-        f"      const float* windows = {xp};",
-        "      int64_t stride = width * ci;  // between batch elements",
-        "      float* padded = nullptr;",
-        "      if (pad != 0 || cols > width) {  // windows reach into the padding: copy x padded",
-        "        padded = static_cast<float*>(ral->alloc_temp(ral, batch * cols * ci * sizeof(float)));",
+        f"      if (hi > lo) columns(lo, hi, {xp} + (lo - pad) * ci, width * ci);",
+        "      const int64_t edges[2][2] = {{0, lo}, {hi, ow}};",
+        "      for (const auto& edge : edges) {",
+        "        const int64_t r0 = edge[0], r1 = edge[1];",
+        "        if (r1 <= r0) continue;",
+        "        const int64_t span = r1 - r0 + kw - 1;  // input columns these windows span",
+        "        float* padded = static_cast<float*>(ral->alloc_temp(ral, batch * span * ci * "
+        "sizeof(float)));",
         "        if (!padded && ci != 0) return 1;",
         "        for (int64_t n = 0; n < batch; ++n) {",
-        "          for (int64_t q = 0; q < cols; ++q) {",
-        "            const int64_t col = q - pad;",
-        "            float* dst = padded + (n * cols + q) * ci;",
+        "          for (int64_t q = 0; q < span; ++q) {",
+        "            const int64_t col = r0 + q - pad;",
+        "            float* dst = padded + (n * span + q) * ci;",
         "            if (col < 0 || col >= width) {",
         "              __builtin_memset(dst, 0, ci * sizeof(float));",
         "            } else {",
@@ -320,13 +349,9 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "            }",
         "          }",
         "        }",
-        "        windows = padded;",
-        "        stride = cols * ci;",
+        "        columns(r0, r1, padded, span * ci);",
+        "        ral->free_temp(ral, padded);",
         "      }",
-        f"      ral->sgemm_epilogue(ral, batch, 1, ow, co, kdim, windows, ci, stride, 0, 0, {wp},",
-        f"                          co, 0, 0, 0, {cp}, co, ow * co, 0, {fn}, {closure}, "
-        f"{full_rows}, 0);",
-        "      if (padded) ral->free_temp(ral, padded);",
         "    }",
         "  }",
     ]
