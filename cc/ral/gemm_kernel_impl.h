@@ -359,9 +359,10 @@ bool Empty(int64_t m, int64_t n, int64_t k, float* c, int64_t ldc, bool accumula
   return true;
 }
 
-// C = op(A) * pre-packed op(B): panels as PackBlock lays them out for all k rows.
-void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
-                   const float* packed, float* c, int64_t ldc, bool accumulate) {
+// C = op(A) * pre-packed op(B), panel by panel: each panel's rows of B stay in L2
+// while every 6-row tile of A streams past them.
+void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
+                     const float* packed, float* c, int64_t ldc, bool accumulate) {
   for (int64_t q = 0; q < n; q += kPanel) {
     const int64_t w = std::min(kPanel, n - q);
     const int64_t width = RoundUp(w, kLanes);
@@ -373,6 +374,66 @@ void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
       PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
     }
     packed += k * width;
+  }
+}
+
+// Packed floats of B per block of columns in PrepackedStrips: a quarter of a Zen 3
+// core's L2.
+constexpr int64_t kStripBlockFloats = 32 * 1024;
+
+// C = op(A) * pre-packed op(B), strip by strip: for each block of columns whose
+// packed panels fit in kStripBlockFloats (in L2), each 6-row strip of A is read
+// once for all of the block's panels (from L1), where PrepackedPanels reads all
+// of A once per panel. The same tiles, each summed over k in the same order.
+template <bool TA>
+void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                     const float* packed, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
+    const int64_t kc = std::min(kPackDepth, k - p0);
+    const bool acc = accumulate || p0 > 0;
+    const int64_t block = std::max(kPanel, kStripBlockFloats / kc / kPanel * kPanel);
+    for (int64_t j0 = 0; j0 < n; j0 += block) {
+      const int64_t j1 = std::min(n, j0 + block);
+      for (int64_t i = 0; i < m; i += kRows) {
+        const int64_t rows = std::min<int64_t>(kRows, m - i);
+        const float* strip = TA ? a + p0 * lda + i : a + i * lda + p0;
+        for (int64_t q = j0; q < j1; q += kPanel) {
+          const int64_t w = std::min(kPanel, n - q);
+          const int64_t width = RoundUp(w, kLanes);
+          const float* b0 = packed + q * k + p0 * width;  // the panels before q are full
+          float* cq = c + i * ldc + q;
+          if (rows == kRows && w == kPanel) {
+            Tile<kRows, kVecs, TA>(kc, strip, lda, b0, width, cq, ldc, acc);
+          } else {
+            PanelOfWidth<TA>(rows, kc, strip, lda, b0, width, cq, ldc, acc, w);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Which loop order a prepacked product takes. AVX2 (Zen 3, prepacked B, the RAL's
+// split, interleaved rounds): strips are 4-12% faster where k is 64-256 and A has
+// 1024-2048 rows (the recommender's MLP), ties elsewhere (0.97-1.03 on BERT's and the
+// Conv1D stack's shapes); bench/GEMM.md, "AVX2 block". Not measured on AVX-512: panels
+// there, as before. A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
+#if !defined(DISC_GEMM_STRIPS)
+#if defined(__AVX512F__)
+#define DISC_GEMM_STRIPS 0
+#else
+#define DISC_GEMM_STRIPS 1
+#endif
+#endif
+
+void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
+                   const float* packed, float* c, int64_t ldc, bool accumulate) {
+  if (DISC_GEMM_STRIPS == 0) {
+    PrepackedPanels(m, n, k, a, lda, ta, packed, c, ldc, accumulate);
+  } else if (ta) {
+    PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate);
+  } else {
+    PrepackedStrips<false>(m, n, k, a, lda, packed, c, ldc, accumulate);
   }
 }
 

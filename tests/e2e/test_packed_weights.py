@@ -60,6 +60,26 @@ def test_weights_are_packed_once_and_reused():
     assert stats["fallbacks"] == 0
 
 
+def test_packed_weights_over_deep_k_a_transposed_a_and_many_column_blocks():
+    """Packed B read strip by strip (AVX2) or panel by panel: k over one packed depth
+    (1024) in two passes, A read transposed, and with k = 24 one block of 1000 columns
+    (a partial last panel) for each 6-row strip; row counts off the strip size."""
+    rng = np.random.default_rng(5)
+    deep, wide = _weight(rng, (1500, 90)), _weight(rng, (24, 1000))
+
+    @tf.function(input_signature=[tf.TensorSpec([1500, None], tf.float32),
+                                  tf.TensorSpec([None, 24], tf.float32)])
+    def fn(xt, y):
+        return tf.matmul(xt, deep, transpose_a=True) * 0.5, tf.nn.relu(y @ wide)
+
+    jitted = compiled(fn)
+    disc_tf.reset_stats()
+    for m in [1, 7, 200, 601, 13]:
+        assert_matches_tf(fn, jitted, [_rows(rng, 1500, m), _rows(rng, m + 3, 24)], RTOL, ATOL)
+    stats = disc_tf.stats()
+    assert stats["packed_weights"] == 2 and stats["fallbacks"] == 0, stats
+
+
 def _warm_layers(seed: int, m: int):
     """Compiled _Layers after one checked call (weights packed), stats reset."""
     layers = _Layers(seed)
