@@ -50,7 +50,7 @@ constexpr int64_t kPanel = kLanes * kVecs;  // columns of one full tile
 
 // Times the tile's k loop is unrolled. AVX2: the 6 x 2-vector tile's step is 12
 // FMAs, 8 loads and the loop's own add and branch; unrolled 4 times the block
-// runs 1-4% faster at two threads (3-7% at k = 1024-2304) and 0-3% at one,
+// runs 1-8% faster at two threads (5-8% at k = 1024-2304) and 0-7% at one,
 // twice is slower (Zen 3, interleaved rounds: bench/GEMM.md, "AVX2 block").
 // The AVX-512 step is 24 FMAs and was not measured on such a CPU: left as it was.
 // A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
