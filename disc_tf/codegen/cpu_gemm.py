@@ -297,7 +297,21 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title, epi, fn, closure, full_rows = _conv_heading(
         em, buffer_ptr, epilogue, "GEMMs over overlapping windows of the input", "block",
         "ow")
-    shifted = "&Rows::run" if epilogue is not None else "nullptr"
+    # The epilogue of a GEMM over output columns [r0, r1) sees its rows shifted by r0.
+    shift = [
+        "    struct Rows {",
+        "      disc_gemm_epilogue_fn fn;",
+        "      void* closure;",
+        "      int64_t r0;",
+        "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
+        "int64_t j1) {",
+        "        const Rows& h = *static_cast<const Rows*>(p);",
+        "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
+        "      }",
+        "    };",
+    ] if epilogue is not None else []
+    shift_decl = [f"      Rows shift{{{fn}, {closure}, r0}};"] if epilogue is not None else []
+    shifted = "&Rows::run, &shift" if epilogue is not None else "nullptr, nullptr"
     return [
         title,
         *dims,
@@ -309,24 +323,14 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "    int64_t hi = width - kw + 1 + pad;",
         "    if (hi > ow) hi = ow;",
         "    if (hi < lo) hi = lo;",
-        "    // The epilogue of a GEMM over output columns [r0, r1) sees its rows shifted by r0.",
-        "    struct Rows {",
-        "      disc_gemm_epilogue_fn fn;",
-        "      void* closure;",
-        "      int64_t r0;",
-        "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
-        "int64_t j1) {",
-        "        const Rows& h = *static_cast<const Rows*>(p);",
-        "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
-        "      }",
-        "    };",
+        *shift,
         "    // C[n, r0:r1, :] = windows of output columns r0.. (rows lda = ci apart) * w.",
         "    auto columns = [&](int64_t r0, int64_t r1, const float* windows, int64_t stride) {",
-        f"      Rows shift{{{fn}, {closure}, r0}};",
+        *shift_decl,
         f"      ral->sgemm_epilogue(ral, batch, 1, r1 - r0, co, kdim, windows, ci, stride, 0, 0, "
         f"{wp},",
         f"                          co, 0, 0, 0, {cp} + r0 * co, co, ow * co, 0, {shifted}, "
-        f"&shift, {full_rows}, 0);",
+        f"{full_rows}, 0);",
         "    };",
         "    if (batch > 0 && ow > 0 && co > 0) {",
         f"      if (hi > lo) columns(lo, hi, {xp} + (lo - pad) * ci, width * ci);",
