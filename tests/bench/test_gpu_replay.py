@@ -1,0 +1,125 @@
+"""The GPU replay (bench/gpu_replay): cases exported here, checked on a GPU machine.
+
+Without a GPU these tests cover what decides a replay's verdict: the exported case
+(artifact, inputs by seed or data, TF's outputs), the comparison that must reject a
+wrong output, and the replay library, which must compile against the CUDA RAL.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bench.gpu_replay import check, export, kinds
+from bench.gpu_replay.synthetic import EDGE, SAMPLE, sample_positions, synthetic
+from disc_tf.runtime import native_build
+
+pytestmark = pytest.mark.cpu_backend
+
+
+def test_synthetic_values_are_a_function_of_shape_seed_and_scale():
+    a = synthetic((300, 70), 5, 0.02)
+    assert a.dtype == np.float32 and a.shape == (300, 70)
+    np.testing.assert_array_equal(a, synthetic([300, 70], 5, 0.02))
+    assert not np.array_equal(a, synthetic((300, 70), 6, 0.02))
+    assert abs(float(a.std()) - 0.02) < 0.001 and abs(float(a.mean())) < 0.001
+
+
+@pytest.mark.parametrize("n", [0, 1, 100, SAMPLE, SAMPLE + 1, 10_000_019])
+def test_sample_positions_cover_both_ends_and_stay_in_range(n):
+    p = sample_positions(n)
+    assert np.all(np.diff(p) > 0) and (p.size == 0 or (p[0] >= 0 and p[-1] < n))
+    if n <= SAMPLE:
+        assert p.size == n
+    else:
+        assert set(range(EDGE)) <= set(p[:EDGE].tolist()) and p[-1] == n - 1
+        assert SAMPLE // 2 < p.size <= SAMPLE
+        assert np.array_equal(p, sample_positions(n))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[pathlib.Path, dict, export.Model]:
+    """gather_rows exported at two calls (the second with inputs over the synthetic
+    threshold), and the model whose arguments the export replaced."""
+    out = tmp_path_factory.mktemp("replay")
+    fn, make_args = kinds.KINDS["gather_rows"]
+    rng = np.random.default_rng(1)
+    model = export.Model("gather_rows", fn, None, [make_args(rng, 0), make_args(rng, 1)])
+    store = export._Store(out)
+    cases = export.export_model(model, store)
+    manifest = {"tolerance": export.TOLERANCE, "cases": cases}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out, manifest, model
+
+
+def test_export_writes_the_cuda_artifact_the_inputs_and_tfs_outputs(exported):
+    out, manifest, model = exported
+    cases = manifest["cases"]
+    assert [c["call"] for c in cases] == [0, 1]
+    for case, args in zip(cases, model.calls):
+        artifact = (out / case["artifact"]).read_bytes()
+        assert artifact[:4] == b"\x7fELF" and b"disc_cuda_entry" in artifact
+        table, ids = (check._load(out, e) for e in case["inputs"])
+        np.testing.assert_array_equal(table, args[0])
+        np.testing.assert_array_equal(ids, args[1])
+    big = cases[1]["inputs"][0]
+    assert "synthetic" in big and "file" not in big  # regenerated from its seed, not shipped
+    assert "file" in cases[0]["inputs"][0]
+
+
+def test_compare_accepts_tfs_output_and_rejects_wrong_ones(exported):
+    out, manifest, model = exported
+    tol = manifest["tolerance"]
+    for case, args in zip(manifest["cases"], model.calls):
+        want = np.asarray(model.fn(*args))
+        entry = case["outputs"][0]
+        ok, worst, why = check.compare(want.copy(), entry, out, tol)
+        assert ok, why
+        assert worst < 1.0
+        noisy = want * (1 + 1e-6)  # within the float32 tolerance
+        assert check.compare(noisy, entry, out, tol)[0]
+        wrong = want.copy()
+        wrong.reshape(-1)[-1] += 0.05 * float(np.abs(want).max())  # the last element: always sampled
+        assert not check.compare(wrong, entry, out, tol)[0]
+        assert not check.compare(want[:-1], entry, out, tol)[0]  # wrong shape
+        shifted = np.roll(want, 1, axis=0)  # rows in the wrong places
+        assert not check.compare(shifted, entry, out, tol)[0]
+
+
+def test_compare_of_integers_is_exact(tmp_path):
+    value = np.arange(-50, 50, dtype=np.int32).reshape(10, 10)
+    store = export._Store(tmp_path)
+    entry = export._output_entry(value, store)
+    assert check.compare(value.copy(), entry, tmp_path, export.TOLERANCE)[0]
+    off = value.copy()
+    off[9, 9] += 1
+    assert not check.compare(off, entry, tmp_path, export.TOLERANCE)[0]
+
+
+def test_bfloat16_outputs_round_trip_through_their_bits(tmp_path):
+    value = tf.constant(np.linspace(-3, 3, 77, dtype=np.float32), tf.bfloat16).numpy()
+    entry = export._output_entry(value, export._Store(tmp_path))
+    assert entry["dtype"] == "bfloat16"
+    assert check.compare(value.view(np.uint16), entry, tmp_path, export.TOLERANCE)[0]
+    wrong = value.view(np.uint16).copy()
+    wrong[5] ^= 0x4000
+    assert not check.compare(wrong, entry, tmp_path, export.TOLERANCE)[0]
+
+
+def test_the_replay_library_compiles_against_the_cuda_ral(tmp_path):
+    include = native_build.cuda_include_dir()
+    if not include:
+        pytest.skip("no cuda.h on this machine: the library needs CUDA's headers")
+    lib = check.build_library(tmp_path)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, check=True).stdout
+    for name in ("replay_open", "replay_set_input", "replay_run", "replay_output_copy"):
+        assert name in symbols
+    # No CUDA library at link time: the driver and cuBLAS are opened at run time.
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "libcuda" not in needed and "libcublas" not in needed
