@@ -22,6 +22,7 @@ no CUDA headers) and nvcc lay them out identically.
 from __future__ import annotations
 
 from disc_tf.codegen.cpu_text import (
+    accumulator_elem,
     comment,
     concat_end_lines,
     concat_ops,
@@ -39,6 +40,9 @@ from disc_tf.codegen.cuda_config import (
     MAX_GRID,
     ROW_CACHE_BYTES,
     ROWS_MIN_INNER,
+    SPLIT_REDUCE_BLOCKS,
+    SPLIT_REDUCE_CHUNK,
+    SPLIT_REDUCE_MIN,
     THREAD_REDUCE_MIN,
     VEC,
     WARP_ROW_MAX,
@@ -144,6 +148,8 @@ class CudaKernelEmitter(CudaReductionEmitter):
         if self.k.kind == "reduce":
             lines.append("  int64_t reduced;  // elements folded into each output")
             lines.append("  int64_t outputs;")
+            lines.append("  void* partial;  // split reductions: outputs x splits partial results")
+            lines.append("  int64_t splits;")
         if self.rank:
             lines.append(f"  int64_t dims[{self.rank}];")
         for i, a in enumerate(self.k.inputs):
@@ -509,6 +515,20 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines.append(f"      if (k.outputs >= {THREAD_REDUCE_MIN} || k.reduced < {BLOCK}) {{")
             lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
                                       "        "))
+            lines.append(f"      }} else if (k.reduced >= {SPLIT_REDUCE_MIN} && k.outputs < "
+                         f"{SPLIT_REDUCE_BLOCKS}) {{  // few outputs, many elements: split")
+            acc = accumulator_elem(k.ops[0].elem, k.ops[0].attrs["combiner"])
+            chunks = f"(k.reduced + {SPLIT_REDUCE_CHUNK - 1}) / {SPLIT_REDUCE_CHUNK}"
+            lines.append(f"        k.splits = {chunks} < {SPLIT_REDUCE_BLOCKS} / k.outputs ? {chunks} "
+                         f": {SPLIT_REDUCE_BLOCKS} / k.outputs;")
+            lines.append(f"        k.partial = ral->alloc_temp(ral, k.outputs * k.splits * "
+                         f"(int64_t)sizeof({COMPUTE[acc]}));")
+            lines.append("        if (k.partial == nullptr) return 1;")
+            lines.append(self._launch("reduce_split", f"disc_grid(k.outputs * k.splits, 1, {MAX_GRID})",
+                                      "        "))
+            lines.append(self._launch("reduce_partials", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
+                                      "        "))
+            lines.append("        ral->free_temp(ral, k.partial);  // stream-ordered")
             lines.append("      } else {")
             lines.append(self._launch("reduce_block", f"disc_grid(k.outputs, 1, {MAX_GRID})",
                                       "        "))

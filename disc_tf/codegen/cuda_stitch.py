@@ -2,7 +2,7 @@
 innermost dim with its producers and consumers, one warp or one block per row,
 partials meeting through warp shuffles and shared memory, the row cached in
 shared memory between passes when it fits) and reduce kernels (any other dims:
-thread-per-output and block-per-output versions).
+thread-per-output, block-per-output and split versions).
 """
 
 from __future__ import annotations
@@ -330,7 +330,8 @@ class CudaReductionEmitter:
         ])
 
     def generic_reduce(self) -> str:
-        """One reduction over ``reduce_dims``: thread- and block-per-output versions."""
+        """One reduction over ``reduce_dims``: thread-per-output, block-per-output and split
+        (several blocks per output, then their partials combined) versions."""
         k, r = self.k, self.rank
         if len(k.ops) == 1 and k.ops[0].op == "arg_reduce" and len(k.outputs) == 1:
             return self.arg_reduce()
@@ -357,10 +358,11 @@ class CudaReductionEmitter:
         thread, block = self.function("reduce_thread"), self.function("reduce_block")
         lines = [
             f"// {comment(op.tf_node)}: reduce dims {k.reduce_dims} of {r} by {op.attrs['combiner']}",
-            f"DISC_DEV {ct} {k.name}_fold(const {self.args}& a, int64_t o, int64_t q0, int64_t step) {{",
+            f"DISC_DEV {ct} {k.name}_fold(const {self.args}& a, int64_t o, int64_t q0, int64_t end, "
+            "int64_t step) {",
             *head[:1], *base, *self._accumulator(op, "acc", cascaded),
             *(["  int filled = 0;  // this thread's elements in its current block"] if cascaded else []),
-            "  for (int64_t q = q0; q < a.reduced; q += step) {", *offset, *fold, "  }",
+            "  for (int64_t q = q0; q < end; q += step) {", *offset, *fold, "  }",
             *(self._cascade_total("acc", op) if cascaded else []),
             "  return acc;", "}", "",
             "// One thread per output: adjacent threads read adjacent kept elements.",
@@ -368,7 +370,7 @@ class CudaReductionEmitter:
             *head[1:],
             "  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.outputs;"
             " o += (int64_t)gridDim.x * blockDim.x)",
-            f"    w0[o] = {store(f'{k.name}_fold(a, o, 0, 1)', out_elem)};",
+            f"    w0[o] = {store(f'{k.name}_fold(a, o, 0, a.reduced, 1)', out_elem)};",
             "}", "",
             "// One block per output, for few outputs over many elements.",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {block}(const {self.args} a) {{',
@@ -376,9 +378,41 @@ class CudaReductionEmitter:
             f"  __shared__ double smem[{BLOCK // 32}];  // one partial result per warp",
             "  const int tid = threadIdx.x;",
             "  for (int64_t o = blockIdx.x; o < a.outputs; o += gridDim.x) {",
-            f"    {ct} acc = {k.name}_fold(a, o, tid, {BLOCK});",
+            f"    {ct} acc = {k.name}_fold(a, o, tid, a.reduced, {BLOCK});",
         ]
-        lines += ["  " + x for x in self._group_reduce(op, "acc")]
-        lines = [x.replace("GROUP", str(BLOCK)) for x in lines]
-        lines += [f"    if (tid == 0) w0[o] = {store('acc', out_elem)};", "  }", "}"]
+        group = ["  " + x.replace("GROUP", str(BLOCK)) for x in self._group_reduce(op, "acc")]
+        lines += group
+        lines += [f"    if (tid == 0) w0[o] = {store('acc', out_elem)};", "  }", "}", ""]
+        split, partials = self.function("reduce_split"), self.function("reduce_partials")
+        comb_parts = cuda_expression(op.attrs["combiner"], ["acc", "part[s]"], acc_elem,
+                                     [acc_elem] * 2, {})
+        lines += [
+            "// Few outputs over very many elements: a.splits blocks per output, each folding",
+            "// one contiguous range of the reduced elements into a.partial (then",
+            f"// {partials} combines each output's partials in order: deterministic).",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {split}(const {self.args} a) {{',
+            f"  {ct}* __restrict__ partial = static_cast<{ct}*>(a.partial);",
+            f"  __shared__ double smem[{BLOCK // 32}];  // one partial result per warp",
+            "  const int tid = threadIdx.x;",
+            "  const int64_t chunk = (a.reduced + a.splits - 1) / a.splits;",
+            "  for (int64_t b = blockIdx.x; b < a.outputs * a.splits; b += gridDim.x) {",
+            "    const int64_t o = b / a.splits, begin = (b % a.splits) * chunk;",
+            "    const int64_t end = begin + chunk < a.reduced ? begin + chunk : a.reduced;",
+            f"    {ct} acc = {k.name}_fold(a, o, begin + tid, end, {BLOCK});",
+            *group,
+            "    if (tid == 0) partial[b] = acc;",
+            "  }",
+            "}",
+            "",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {partials}(const {self.args} a) {{',
+            *head[1:],
+            "  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.outputs;"
+            " o += (int64_t)gridDim.x * blockDim.x) {",
+            f"    const {ct}* part = static_cast<const {ct}*>(a.partial) + o * a.splits;",
+            f"    {ct} acc = part[0];",
+            f"    for (int64_t s = 1; s < a.splits; ++s) acc = {comb_parts};",
+            f"    w0[o] = {store('acc', out_elem)};",
+            "  }",
+            "}",
+        ]
         return "\n".join(lines)
