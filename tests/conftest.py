@@ -29,6 +29,10 @@ if "DISC_TF_CACHE_KEY_FILE" not in os.environ:
     os.environ["DISC_TF_CACHE_KEY_FILE"] = os.path.join(_session_dir("disc_tf_test_key_"),
                                                         "cache.key")
 os.environ.setdefault("DISC_TF_STRICT", "1")
+if os.environ.get("DISC_TF_TARGET") == "cuda":  # on a GPU: fp32 GEMMs in both TF and disc_tf
+    import tensorflow as tf  # (TF32, TF's GPU default, would leave them ~1e-3 apart)
+
+    tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 @pytest.fixture(autouse=True)

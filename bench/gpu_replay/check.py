@@ -32,6 +32,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DTYPE_CODES = {"float32": 1, "int32": 3, "int64": 9, "bool": 10, "bfloat16": 14, "float16": 19}
 NUMPY_TYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
                "bfloat16": np.uint16, "float16": np.float16}
+#: (rtol, atol) of float32 outputs when GEMMs ran on TF32 tensor cores (``--tf32``):
+#: operands keep 10 mantissa bits, so results move by ~1e-3 of their scale.
+TF32_TOLERANCE = (2e-2, 2e-2)
 #: Timed calls per case aim at this much GPU time (at least MIN_CALLS calls).
 TIMED_MS = 30.0
 MIN_CALLS = 5
@@ -90,7 +93,8 @@ class Library:
                                          ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
                                          ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p,
                                          ctypes.c_int32]
-        lib.replay_run.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_double),
+        lib.replay_run.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                   ctypes.POINTER(ctypes.c_double),
                                    ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int32]
         lib.replay_output_dims.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64)]
         lib.replay_output_copy.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
@@ -162,8 +166,9 @@ def compare(got: np.ndarray, want: dict, cases: pathlib.Path, tolerance: dict,
     return True, worst, ""
 
 
-def run_case(lib: Library, cases: pathlib.Path, case: dict, tolerance: dict) -> dict:
-    """Runs one case; returns its result (ok, errors, timings)."""
+def run_case(lib: Library, cases: pathlib.Path, case: dict, tolerance: dict, tf32: bool = False) -> dict:
+    """Runs one case; returns its result (ok, errors, timings). With ``tf32`` float GEMMs
+    run on TF32 tensor cores and float outputs are compared with TF32's tolerance."""
     err = ctypes.create_string_buffer(2048)
     out_codes = (ctypes.c_int32 * len(case["outputs"]))(*[DTYPE_CODES[o["dtype"]] for o in case["outputs"]])
     handle = lib.lib.replay_open(str(cases / case["artifact"]).encode(), len(case["inputs"]),
@@ -179,7 +184,7 @@ def run_case(lib: Library, cases: pathlib.Path, case: dict, tolerance: dict) -> 
                                         value.ctypes.data, value.nbytes, err, 2048):
                 return {**result, "ok": False, "reason": err.value.decode()}
         gpu, host = ctypes.c_double(), ctypes.c_double()
-        if lib.lib.replay_run(handle, 1, ctypes.byref(gpu), ctypes.byref(host), err, 2048):
+        if lib.lib.replay_run(handle, 1, tf32, ctypes.byref(gpu), ctypes.byref(host), err, 2048):
             return {**result, "ok": False, "reason": err.value.decode()}
         worst, reasons = 0.0, []
         for i, want in enumerate(case["outputs"]):
@@ -188,14 +193,15 @@ def run_case(lib: Library, cases: pathlib.Path, case: dict, tolerance: dict) -> 
             got = np.empty([dims[d] for d in range(rank)], NUMPY_TYPES[want["dtype"]])
             if lib.lib.replay_output_copy(handle, i, got.ctypes.data, got.nbytes, err, 2048):
                 return {**result, "ok": False, "reason": err.value.decode()}
-            ok, w, why = compare(got, want, cases, tolerance, case.get("compute_dtype", ""))
+            compute = case.get("compute_dtype", "") or ("tf32" if tf32 and want["dtype"] == "float32" else "")
+            ok, w, why = compare(got, want, cases, tolerance, compute)
             worst = max(worst, w)
             if not ok:
                 reasons.append(f"output {i}: {why}")
         # Timing: a probe of MIN_CALLS calls, then enough calls for TIMED_MS.
-        lib.lib.replay_run(handle, MIN_CALLS, ctypes.byref(gpu), ctypes.byref(host), err, 2048)
+        lib.lib.replay_run(handle, MIN_CALLS, tf32, ctypes.byref(gpu), ctypes.byref(host), err, 2048)
         calls = int(min(max(TIMED_MS / max(gpu.value / MIN_CALLS, 1e-3), MIN_CALLS), 500))
-        lib.lib.replay_run(handle, calls, ctypes.byref(gpu), ctypes.byref(host), err, 2048)
+        lib.lib.replay_run(handle, calls, tf32, ctypes.byref(gpu), ctypes.byref(host), err, 2048)
         return {**result, "ok": not reasons, "reason": "; ".join(reasons), "worst_error": worst,
                 "gpu_ms": gpu.value / calls, "host_ms": host.value / calls, "timed_calls": calls,
                 "peak_temp_bytes": lib.lib.replay_peak_temp_bytes(handle)}
@@ -203,9 +209,12 @@ def run_case(lib: Library, cases: pathlib.Path, case: dict, tolerance: dict) -> 
         lib.lib.replay_close(handle)
 
 
-def report(results: list[dict], refused: list[dict], device: str, cublas: str) -> str:
+def report(results: list[dict], refused: list[dict], device: str, cublas: str,
+           tf32: bool = False) -> str:
     """The markdown summary."""
-    lines = [f"# GPU replay: {device}", "",
+    mode = ("float GEMMs on TF32 tensor cores (TF's GPU default), float outputs compared with "
+            f"rtol, atol = {TF32_TOLERANCE}" if tf32 else "float GEMMs in strict fp32")
+    lines = [f"# GPU replay: {device}", "", f"Mode: {mode}.", "",
              f"cuBLAS: `{cublas or 'not found'}`. Each row: one compiled cluster at one call "
              "shape, run through the project's CUDA RAL with TF's inputs; `ok` when every "
              "output matches TF's (CPU) outputs. Times per call: GPU (CUDA events around "
@@ -227,8 +236,9 @@ def report(results: list[dict], refused: list[dict], device: str, cublas: str) -
 
 
 def run_models(lib_path: pathlib.Path, cases: pathlib.Path, manifest: dict, models: set[str],
-               calls: set[int] | None) -> list[dict]:
+               calls: set[int] | None, tf32: bool = False) -> list[dict]:
     """Runs the cases of ``models`` in this process (a child of ``main``)."""
+    tolerance = {"tf32": TF32_TOLERANCE, **manifest["tolerance"]}
     cublas = preload_cublas()
     lib = Library(lib_path)
     results = []
@@ -236,7 +246,7 @@ def run_models(lib_path: pathlib.Path, cases: pathlib.Path, manifest: dict, mode
         if case["model"] not in models or "refused" in case or (calls and case["call"] not in calls):
             continue
         started = time.perf_counter()
-        r = run_case(lib, cases, case, manifest["tolerance"])
+        r = run_case(lib, cases, case, tolerance, tf32)
         r["cublas"] = cublas
         results.append(r)
         print(f"{r['model']}/{r['cluster']}/{r['call']}: {'ok' if r['ok'] else 'FAILED ' + r['reason']}"
@@ -257,12 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per model")
     parser.add_argument("--prefix", default="", help="a command to run each child under "
                         "(e.g. 'compute-sanitizer --tool memcheck')")
+    parser.add_argument("--tf32", action="store_true", help="float GEMMs on TF32 tensor cores "
+                        "(TF's GPU default), compared with TF32's tolerance")
     parser.add_argument("--child", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     manifest = json.loads((args.cases / "manifest.json").read_text())
     calls = {int(c) for c in args.calls.split(",") if c} or None
     if args.child:  # write this model's results next to the library
-        results = run_models(args.child, args.cases, manifest, set(args.models.split(",")), calls)
+        results = run_models(args.child, args.cases, manifest, set(args.models.split(",")), calls,
+                             args.tf32)
         (args.out / f"part-{args.models}.json").write_text(json.dumps(results))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         part.unlink(missing_ok=True)
         cmd = [*args.prefix.split(), sys.executable, "-m", "bench.gpu_replay.check", "--cases",
                str(args.cases), "--out", str(args.out), "--models", model, "--calls", args.calls,
-               "--child", str(lib_path)]
+               "--child", str(lib_path), *(["--tf32"] if args.tf32 else [])]
         returncode = None
         try:
             proc = subprocess.run(cmd, cwd=ROOT, timeout=args.timeout, capture_output=True, text=True)
@@ -294,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     cublas = next((r.get("cublas", "") for r in results if r.get("cublas")), "")
     (args.out / "replay.json").write_text(json.dumps({"device": device, "results": results,
                                                       "refused": refused}, indent=1))
-    (args.out / "REPLAY.md").write_text(report(results, refused, device, cublas))
+    (args.out / "REPLAY.md").write_text(report(results, refused, device, cublas, args.tf32))
     print(f"{sum(r['ok'] for r in results)} of {len(results)} cases match TF", flush=True)
     return 0 if all(r["ok"] for r in results) and results else 1
 

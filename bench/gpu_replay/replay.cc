@@ -270,8 +270,9 @@ int32_t replay_set_input(void* handle, int32_t i, int32_t dtype, int32_t rank,
 // Runs the cluster `calls` times back to back on the stream and waits. Writes the
 // GPU time of all calls (events around them) and the host time spent in the
 // runner (its shape arithmetic and launches, without waiting) in milliseconds.
-int32_t replay_run(void* handle, int32_t calls, double* gpu_ms, double* host_ms, char* error,
-                   int32_t size) {
+// allow_tf32: float GEMMs on TF32 tensor cores (TF's default on a GPU).
+int32_t replay_run(void* handle, int32_t calls, int32_t allow_tf32, double* gpu_ms,
+                   double* host_ms, char* error, int32_t size) {
   auto* rp = static_cast<Replay*>(handle);
   const Api& api = *rp->api;
   CUevent start = nullptr, stop = nullptr;
@@ -284,7 +285,7 @@ int32_t replay_run(void* handle, int32_t calls, double* gpu_ms, double* host_ms,
   for (int32_t c = 0; c < calls; ++c) {
     rp->error.clear();
     auto t0 = std::chrono::steady_clock::now();
-    int32_t rc = rp->artifact.Run(&rp->cu, rp->stream);
+    int32_t rc = rp->artifact.Run(&rp->cu, rp->stream, allow_tf32 != 0);
     host += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ReleaseTemps(rp);
     if (rc != 0) return Fail(error, size, rp->error.empty() ? "the runner failed" : rp->error);

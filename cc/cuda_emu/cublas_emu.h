@@ -39,10 +39,21 @@ inline void StoreElement(void* base, int type, long long i, float v) {
   }
 }
 
+// A float as the tensor cores take it under CUBLAS_COMPUTE_32F_FAST_TF32: its
+// mantissa rounded to 10 bits, to nearest with ties away from zero (cvt.rna.tf32.f32).
+inline float RoundToTF32(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if ((u & 0x7F800000u) != 0x7F800000u) u = (u + 0x1000u) & ~0x1FFFu;  // not inf or NaN
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
 // C_q = alpha op(A_q) op(B_q) + beta C_q for q < batch, column-major:
 // element (i, j) of an [rows x cols] matrix X is X[i + j * ldx]; op(A) is
 // [m x k] (A stored [m x k], or [k x m] with transa = T); op(B) is [k x n].
-// beta == 0 does not read C. Returns a cuBLAS status.
+// beta == 0 does not read C. With CUBLAS_COMPUTE_32F_FAST_TF32 (float operands only)
+// A and B are rounded to TF32 first. Returns a cuBLAS status.
 inline int GemmStridedBatchedEx(void* handle, int transa, int transb, int m, int n, int k,
                                 const void* alpha, const void* a, int a_type, int lda,
                                 long long stride_a, const void* b, int b_type, int ldb,
@@ -62,9 +73,15 @@ inline int GemmStridedBatchedEx(void* handle, int transa, int transb, int m, int
   }
   const bool type_ok = a_type == b_type && b_type == c_type &&
                        (a_type == kCudaR32F || a_type == kCudaR16F || a_type == kCudaR16BF);
-  if (!type_ok || compute_type != kCublasCompute32F || algo != kCublasGemmDefault) {
+  const bool tf32 = compute_type == kCublasCompute32FFastTF32;
+  if (!type_ok || (compute_type != kCublasCompute32F && !(tf32 && a_type == kCudaR32F)) ||
+      algo != kCublasGemmDefault) {
     return kCublasStatusNotSupported;
   }
+  auto operand = [tf32](const void* x, int type, long long i) {
+    const float v = LoadElement(x, type, i);
+    return tf32 ? RoundToTF32(v) : v;
+  };
   if (m == 0 || n == 0 || batch == 0) return kCublasStatusSuccess;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   for (int q = 0; q < batch; ++q) {
@@ -76,7 +93,7 @@ inline int GemmStridedBatchedEx(void* handle, int transa, int transb, int m, int
                                                     : p + static_cast<long long>(i) * lda;
           const long long bi = transb == kCublasOpN ? p + static_cast<long long>(j) * ldb
                                                     : j + static_cast<long long>(p) * ldb;
-          acc += LoadElement(a, a_type, q * stride_a + ai) * LoadElement(b, b_type, q * stride_b + bi);
+          acc += operand(a, a_type, q * stride_a + ai) * operand(b, b_type, q * stride_b + bi);
         }
         const long long ci = q * stride_c + i + static_cast<long long>(j) * ldc;
         const float old = be == 0.0f ? 0.0f : be * LoadElement(c, c_type, ci);

@@ -9,6 +9,7 @@
 #include "cc/ral_cuda/disc_ral_cuda_impl.h"
 #include "cc/ral_cuda/ral_forward.h"
 #include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/platform/tensor_float_32_utils.h"
 #include "xla/stream_executor/stream.h"
 
 namespace disc_tf {
@@ -45,8 +46,10 @@ int32_t RunCudaArtifact(tensorflow::OpKernelContext* ctx, const LoadedArtifact& 
   void* stream = device_context->stream()->platform_specific_handle().stream;
   disc_cuda::ForwardingRal call;
   disc_cuda::InitForwarding(&call, ral->ral());
-  // Run makes the stream's CUDA context current for the call.
-  return cuda->Run(&call.cu, stream);
+  // Run makes the stream's CUDA context current for the call. Float GEMMs use TF32
+  // exactly when TF's own GPU MatMul would (tf.config.experimental.
+  // enable_tensor_float_32_execution; on by default).
+  return cuda->Run(&call.cu, stream, tensorflow::tensor_float_32_execution_enabled());
 }
 
 }  // namespace disc_tf

@@ -20,6 +20,7 @@ namespace disc_cuda {
 constexpr int kCublasOpN = 0, kCublasOpT = 1;                   // cublasOperation_t
 constexpr int kCudaR32F = 0, kCudaR16F = 2, kCudaR16BF = 14;  // cudaDataType_t
 constexpr int kCublasCompute32F = 68;                           // cublasComputeType_t
+constexpr int kCublasCompute32FFastTF32 = 77;                   // ... inputs rounded to TF32
 constexpr int kCublasGemmDefault = -1;                          // cublasGemmAlgo_t
 constexpr int kCublasStatusSuccess = 0, kCublasStatusInvalidValue = 7,
               kCublasStatusNotSupported = 15;
@@ -84,12 +85,20 @@ inline const char* MapRowMajorGemm(int32_t dtype, int64_t batch, int64_t m, int6
   return nullptr;
 }
 
+// The compute type of a call: fp32 accumulation; with allow_tf32, float operands
+// may be rounded to TF32 (10-bit mantissa) for the tensor cores, as TF's own GPU
+// MatMul does while tensor_float_32_execution is enabled (its default).
+inline int CublasComputeType(const CublasGemm& g, bool allow_tf32) {
+  return allow_tf32 && g.type == kCudaR32F ? kCublasCompute32FFastTF32 : kCublasCompute32F;
+}
+
 // Makes the call: alpha = 1, beta = 0, fp32 accumulation. Returns cuBLAS's status.
-inline int CallCublas(GemmStridedBatchedEx gemm, void* handle, const CublasGemm& g) {
+inline int CallCublas(GemmStridedBatchedEx gemm, void* handle, const CublasGemm& g,
+                      bool allow_tf32 = false) {
   const float one = 1.0f, zero = 0.0f;
   return gemm(handle, g.transa, g.transb, g.m, g.n, g.k, &one, g.a, g.type, g.lda, g.stride_a,
               g.b, g.type, g.ldb, g.stride_b, &zero, g.c, g.type, g.ldc, g.stride_c, g.batch,
-              kCublasCompute32F, kCublasGemmDefault);
+              CublasComputeType(g, allow_tf32), kCublasGemmDefault);
 }
 
 // Bytes of one element of a gemm_batched dtype.

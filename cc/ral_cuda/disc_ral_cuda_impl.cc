@@ -120,6 +120,7 @@ Blas& GetBlas() {
 struct CallState {
   CudaArtifact* artifact;
   CudaArtifact::Module* module;
+  bool allow_tf32;
 };
 
 CallState* State(disc_ral_cuda* ral) { return static_cast<CallState*>(ral->impl); }
@@ -174,7 +175,8 @@ int32_t GemmBatched(disc_ral_cuda* ral, int32_t dtype, int64_t batch, int64_t m,
   if (blas.set_stream(handle, static_cast<CUstream>(ral->stream)) != 0) {
     return Fail(ral, DISC_INTERNAL, "cublasSetStream failed");
   }
-  const int status = CallCublas(blas.gemm_strided_batched_ex, handle, call);
+  const int status =
+      CallCublas(blas.gemm_strided_batched_ex, handle, call, State(ral)->allow_tf32);
   if (status != 0) {
     return Fail(ral, DISC_INTERNAL, "cublasGemmStridedBatchedEx failed: status " +
                                         std::to_string(status));
@@ -290,8 +292,8 @@ void* CudaArtifact::Global(Module* module, const char* name, std::string* error)
   return p;
 }
 
-int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream) {
-  CallState state{this, nullptr};
+int32_t CudaArtifact::Run(disc_ral_cuda* ral, void* stream, bool allow_tf32) {
+  CallState state{this, nullptr, allow_tf32};
   ral->cuda_abi_version = DISC_RAL_CUDA_ABI_VERSION;
   ral->stream = stream;
   ral->impl = &state;

@@ -39,8 +39,9 @@ class CudaArtifact {
   // The embedder owns `ral` and has filled `ral->base` (its callbacks may
   // find the embedder's state from the disc_ral* they receive); Run fills the
   // CUDA members. Errors are reported through base.set_error and a non-zero
-  // return.
-  int32_t Run(disc_ral_cuda* ral, void* stream);
+  // return. With allow_tf32, float GEMMs may round their operands to TF32 (what
+  // TF's GPU MatMul does while tensor_float_32_execution is enabled).
+  int32_t Run(disc_ral_cuda* ral, void* stream, bool allow_tf32 = false);
 
   // The address of device global `name` in `module` (looked up once).
   void* Global(Module* module, const char* name, std::string* error);

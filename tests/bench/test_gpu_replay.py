@@ -91,6 +91,18 @@ def test_compare_accepts_tfs_output_and_rejects_wrong_ones(exported):
         assert not check.compare(shifted, entry, out, tol)[0]
 
 
+def test_tf32_runs_are_judged_by_tf32s_tolerance(exported):
+    out, manifest, model = exported
+    case, args = manifest["cases"][1], model.calls[1]
+    want = np.asarray(model.fn(*args))
+    off = want + 2e-3 * float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))  # TF32-sized
+    tolerance = {"tf32": check.TF32_TOLERANCE, **manifest["tolerance"]}
+    assert not check.compare(off, case["outputs"][0], out, tolerance)[0]
+    assert check.compare(off, case["outputs"][0], out, tolerance, "tf32")[0]
+    far = want + 0.2 * float(np.abs(want).max())
+    assert not check.compare(far, case["outputs"][0], out, tolerance, "tf32")[0]
+
+
 def test_compare_of_integers_is_exact(tmp_path):
     value = np.arange(-50, 50, dtype=np.int32).reshape(10, 10)
     store = export._Store(tmp_path)

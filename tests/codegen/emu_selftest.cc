@@ -129,17 +129,24 @@ int emu_block_sums(int* data, int blocks, char* e, int n) {
   return Report(&BlockSums, static_cast<unsigned>(blocks), 256, 0, Out{data, blocks * 256}, e, n);
 }
 
-// Row-major C[batch][m x n] = op(A) op(B), through the mapping the CUDA RAL uses.
-int emu_row_major_gemm(int dtype, long batch, long m, long n, long k, const void* a, long lda,
-                       long sa, int ta, const void* b, long ldb, long sb, int tb, void* c,
-                       long ldc, long sc) {
+// Row-major C[batch][m x n] = op(A) op(B), through the mapping the CUDA RAL uses
+// (float operands rounded to TF32 with allow_tf32, as the RAL asks when TF allows it).
+int emu_row_major_gemm_tf32(int dtype, long batch, long m, long n, long k, const void* a,
+                            long lda, long sa, int ta, const void* b, long ldb, long sb, int tb,
+                            void* c, long ldc, long sc, int allow_tf32) {
   disc_cuda::CublasGemm call{};
   if (disc_cuda::MapRowMajorGemm(dtype, batch, m, n, k, a, lda, sa, ta, b, ldb, sb, tb, c, ldc,
                                  sc, &call) != nullptr) {
     return -1;
   }
   static int handle;
-  return disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle, call);
+  return disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle, call, allow_tf32 != 0);
+}
+int emu_row_major_gemm(int dtype, long batch, long m, long n, long k, const void* a, long lda,
+                       long sa, int ta, const void* b, long ldb, long sb, int tb, void* c,
+                       long ldc, long sc) {
+  return emu_row_major_gemm_tf32(dtype, batch, m, n, k, a, lda, sa, ta, b, ldb, sb, tb, c, ldc,
+                                 sc, 0);
 }
 
 }  // extern "C"

@@ -30,6 +30,7 @@ def emu(tmp_path_factory) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
     lib.emu_row_major_gemm.argtypes = [i32, i64, i64, i64, i64, ptr, i64, i64, i32, ptr, i64,
                                        i64, i32, ptr, i64, i64]
+    lib.emu_row_major_gemm_tf32.argtypes = [*lib.emu_row_major_gemm.argtypes, i32]
     return lib
 
 
@@ -135,6 +136,37 @@ def test_row_major_gemm_maps_onto_column_major_cublas(emu, dtype, ta, tb):
     tol = 1e-5 if dtype == 1 else 3e-3
     np.testing.assert_allclose(c[..., :n].astype(np.float32), want, rtol=tol, atol=tol)
     assert (c[..., n:] == 7).all()  # padding columns untouched
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 (10 mantissa bits, ties away from zero)."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [1, 19])
+def test_tf32_gemms_round_float_operands_only(emu, dtype):
+    """With TF32 allowed (TF's default on a GPU) float operands are rounded to TF32 as
+    tensor cores take them; f16 GEMMs keep their compute type."""
+    rng = np.random.default_rng(3)
+    m, n, k = 6, 5, 64
+    nt = DTYPES[dtype]
+    a = (1 + rng.random((m, k)) * 1e-3).astype(nt)  # mantissa bits TF32 drops
+    b = rng.standard_normal((k, n)).astype(nt)
+    outs = {}
+    for allow in (0, 1):
+        c = np.zeros((m, n), nt)
+        assert emu.emu_row_major_gemm_tf32(dtype, 1, m, n, k, _ptr(a), k, 0, 0, _ptr(b), n, 0, 0,
+                                           _ptr(c), n, 0, allow) == 0
+        outs[allow] = c.astype(np.float64)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    if dtype == 1:
+        rounded = _tf32(a).astype(np.float64) @ _tf32(b).astype(np.float64)
+        np.testing.assert_allclose(outs[0], exact, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(outs[1], rounded, rtol=1e-5, atol=1e-5)
+        assert np.abs(outs[1] - exact).max() > 20 * np.abs(outs[0] - exact).max()
+    else:
+        np.testing.assert_array_equal(outs[1], outs[0])
 
 
 def test_cublas_stand_in_rejects_what_cublas_rejects(emu):
