@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bench.gpu_replay import check, export, kinds
+from bench.gpu_replay import check, export, kinds, runner_cost
 from bench.gpu_replay.synthetic import EDGE, SAMPLE, sample_positions, synthetic
 from disc_tf.runtime import native_build
 
@@ -135,3 +135,30 @@ def test_the_replay_library_compiles_against_the_cuda_ral(tmp_path):
     # No CUDA library at link time: the driver and cuBLAS are opened at run time.
     needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
     assert "libcuda" not in needed and "libcublas" not in needed
+
+
+def test_runner_cost_counts_what_one_call_launches(exported, tmp_path):
+    out, manifest, _ = exported
+    exe = runner_cost.build(tmp_path)
+    for case in manifest["cases"]:
+        m = runner_cost.measure(exe, out, case, calls=50)
+        assert m["launches"] == case["kernels"] and m["gemms"] == 0, m  # gather + stitch
+        assert m["allocations"] >= 1 and m["us_per_call"] > 0
+
+
+@tf.function(input_signature=[tf.TensorSpec([None, None, None, 16])] * 2)
+def _attention_scores(q, k):
+    """Scores of every head: operands read through a transpose (a two-level batch)."""
+    return tf.nn.softmax(tf.einsum("bshd,bthd->bhst", q, k))
+
+
+@pytest.mark.parametrize("batch,heads,calls", [(8, 2, 2), (2, 6, 2), (1, 5, 1)])
+def test_a_two_level_gemm_batch_makes_one_cublas_call_per_index_of_its_smaller_level(
+        tmp_path, batch, heads, calls):
+    rng = np.random.default_rng(0)
+    args = tuple(rng.standard_normal((batch, 7, heads, 16)).astype(np.float32) for _ in range(2))
+    model = export.Model("attention", _attention_scores, None, [args])
+    cases = export.export_model(model, export._Store(tmp_path))
+    exe = runner_cost.build(tmp_path)
+    gemms = sum(runner_cost.measure(exe, tmp_path, c, calls=10)["gemms"] for c in cases)
+    assert gemms == calls
