@@ -9,6 +9,11 @@
 #                            # that every module, flag and test path they use exists
 #                            # (CI runs this, so the script cannot rot)
 #
+# For a GPU machine with network access (it pip-installs TF with CUDA). A machine
+# without one gets no TF build for its GPU: run bench/gpu_replay/device.sh there
+# instead (the compiled clusters, exported with TF's outputs where TF is; see
+# bench/README.md, "GPU replay").
+#
 # Needs: an NVIDIA driver, python3, g++, and nvcc (CUDA codegen, and the headers
 # the GPU kernel is built against). The project pins tensorflow-cpu; this venv
 # installs tensorflow[and-cuda] of the same version instead and the project without
