@@ -66,6 +66,12 @@ class JitFunction:
         self._structured_outputs = concrete.structured_outputs
         self._input_structure = sig
 
+    @property
+    def graph_function(self):
+        """The rewritten graph as a TF function of the flat arguments (its nodes imported
+        under the name scope ``disc/``): for fetching what a cluster reads or writes."""
+        return self._wrapped
+
     def __call__(self, *args: Any) -> Any:
         flat = tf.nest.flatten(args)
         outs = self._wrapped(*flat)

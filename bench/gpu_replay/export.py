@@ -154,7 +154,7 @@ def export_model(model: Model, store: _Store) -> list[dict]:
     jitted = disc_tf.jit(model.fn, target="cuda", min_cluster_size=1, strict=False)
     compile_s = time.perf_counter() - started
     refused = [(c.name, c.error) for c in jitted.report.clusters if c.error]
-    wrapped = jitted._wrapped  # the rewritten graph, imported under "disc/"
+    wrapped = jitted.graph_function  # the rewritten graph, imported under "disc/"
     nodes = [n for n in jitted.graph_def.node if n.op == "DiscCluster"]
     ops = [wrapped.graph.get_operation_by_name("disc/" + n.name) for n in nodes]
     fetches = [t for op in ops for t in (*op.inputs, *op.outputs)]
