@@ -74,7 +74,7 @@ FILE_SECONDS = {
     "e2e/test_keras_models.py": (19, 15), "cluster/test_clustering.py": (18, 0),
     "serving/test_serving_host.py": (18, 0), "reliability/test_concurrency.py": (17, 0),
     "e2e/test_direct_call.py": (8, 15), "bench/test_bench_parts.py": (14, 0),
-    "bench/test_gemm_variant.py": (20, 0), "bench/test_gpu_replay.py": (20, 0),
+    "bench/test_gemm_variant.py": (20, 0), "bench/test_gpu_replay.py": (30, 0),
     "e2e/test_gemm_epilogue.py": (10, 14), "e2e/test_half_types.py": (13, 8),
     "runtime/test_remote_cache.py": (12, 0), "e2e/test_matmul.py": (11, 9),
     "ops/test_op_table.py": (11, 0), "e2e/test_saved_model.py": (11, 6),

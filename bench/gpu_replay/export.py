@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import disc_tf
 from bench.gpu_replay import kinds
 from bench.gpu_replay.synthetic import sample_positions, synthetic
 from bench.workloads import WORKLOADS
+from disc_tf.codegen import cuda_config
 
 log = logging.getLogger("disc_tf.bench")
 
@@ -221,16 +223,52 @@ def models(names: list[str], count: int) -> list[Model]:
     return out
 
 
+def parse_variant(text: str) -> dict[str, int]:
+    """``"WARP_ROW_MAX=0,THREAD_REDUCE_MIN=64"`` -> settings of ``cuda_config`` ("": none)."""
+    settings = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if not hasattr(cuda_config, name) or not isinstance(getattr(cuda_config, name), int):
+            raise ValueError(f"not an integer setting of disc_tf.codegen.cuda_config: {name}")
+        settings[name] = int(value)
+    return settings
+
+
+@contextlib.contextmanager
+def cuda_config_variant(settings: dict[str, int]):
+    """The CUDA backend's launch constants set to ``settings`` (in cuda_config and every
+    CUDA codegen module that imported them) while the block runs."""
+    modules = [m for n, m in sorted(sys.modules.items())
+               if n == "disc_tf.codegen.cuda_config" or n.startswith("disc_tf.codegen.cuda")]
+    saved = [(m, name, getattr(m, name)) for m in modules for name in settings if hasattr(m, name)]
+    try:
+        for m, name, _ in saved:
+            setattr(m, name, settings[name])
+        yield
+    finally:
+        for m, name, value in saved:
+            setattr(m, name, value)
+
+
 def export(out: pathlib.Path, names: list[str], count: int,
-           progress: Callable[[str], None] = print) -> dict:
-    """Exports ``names`` into ``out`` (manifest.json and the files it names)."""
+           progress: Callable[[str], None] = print, variants: tuple[str, ...] = ("",)) -> dict:
+    """Exports ``names`` into ``out`` (manifest.json and the files it names), once per
+    variant of the CUDA launch constants (a variant's models are named ``model[A=1+B=2]``,
+    so that one GPU run times the variants side by side)."""
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out)
     cases = []
-    for model in models(names, count):
-        started = time.perf_counter()
-        cases.extend(export_model(model, store))
-        progress(f"{model.name}: {time.perf_counter() - started:.1f} s, {store.bytes / 2**20:.1f} MiB so far")
+    for variant in variants:
+        settings = parse_variant(variant)
+        tag = "+".join(f"{k}={v}" for k, v in settings.items())
+        for model in models(names, count):
+            if tag:
+                model.name = f"{model.name}[{tag}]"
+            started = time.perf_counter()
+            with cuda_config_variant(settings):
+                cases.extend(export_model(model, store))
+            progress(f"{model.name}: {time.perf_counter() - started:.1f} s, "
+                     f"{store.bytes / 2**20:.1f} MiB so far")
     manifest = {"tolerance": TOLERANCE, "cases": cases, "tensorflow": tf.__version__}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
@@ -242,8 +280,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--models", default=",".join([*kinds.KINDS, *DEFAULT_MODELS]))
     parser.add_argument("--calls", type=int, default=3, help="calls (shapes) per model")
+    parser.add_argument("--variants", default="", help="';'-separated variants of the CUDA "
+                        "launch constants, each 'NAME=VALUE,...' of disc_tf/codegen/cuda_config.py "
+                        "('' is the default), e.g. ';WARP_ROW_MAX=0'")
     args = parser.parse_args(argv)
-    export(args.out, [m for m in args.models.split(",") if m], args.calls)
+    export(args.out, [m for m in args.models.split(",") if m], args.calls,
+           variants=tuple(args.variants.split(";")))
 
 
 #: The bench workloads exported by default (every kind of kernel the bench reaches).

@@ -46,6 +46,7 @@ from disc_tf.codegen.cuda_config import (
     THREAD_REDUCE_MIN,
     VEC,
     WARP_ROW_MAX,
+    WARP_ROWS_MIN,
 )
 from disc_tf.codegen.cuda_ops import (
     COMPUTE,
@@ -510,7 +511,8 @@ class CudaKernelEmitter(CudaReductionEmitter):
             rows = product(k.dims[:-1], plan) if r > 1 else "1"
             lines.append(f"    const int64_t rows = {rows};")
             lines.append("    if (rows > 0) {")
-            lines.append(f"      if (cols <= {WARP_ROW_MAX}) {{  // one warp per row")
+            few_rows = f" && rows >= {WARP_ROWS_MIN}" if WARP_ROWS_MIN else ""
+            lines.append(f"      if (cols <= {WARP_ROW_MAX}{few_rows}) {{  // one warp per row")
             lines.append(self._launch("warp_rows", f"disc_grid(rows, {BLOCK // 32}, {MAX_GRID})",
                                       "        "))
             per_col = sum(ITEMSIZE_COMPUTE[COMPUTE[self.buf(k.inputs[i]).elem]]
