@@ -251,17 +251,19 @@ def cuda_config_variant(settings: dict[str, int]):
 
 
 def export(out: pathlib.Path, names: list[str], count: int,
-           progress: Callable[[str], None] = print, variants: tuple[str, ...] = ("",)) -> dict:
+           progress: Callable[[str], None] = print, variants: tuple[str, ...] = ("",),
+           variant_names: list[str] | None = None) -> dict:
     """Exports ``names`` into ``out`` (manifest.json and the files it names), once per
     variant of the CUDA launch constants (a variant's models are named ``model[A=1+B=2]``,
-    so that one GPU run times the variants side by side)."""
+    so that one GPU run times the variants side by side; ``variant_names``, if given, are
+    the models the non-default variants export)."""
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out)
     cases = []
     for variant in variants:
         settings = parse_variant(variant)
         tag = "+".join(f"{k}={v}" for k, v in settings.items())
-        for model in models(names, count):
+        for model in models(variant_names if tag and variant_names else names, count):
             if tag:
                 model.name = f"{model.name}[{tag}]"
             started = time.perf_counter()
@@ -283,9 +285,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default="", help="';'-separated variants of the CUDA "
                         "launch constants, each 'NAME=VALUE,...' of disc_tf/codegen/cuda_config.py "
                         "('' is the default), e.g. ';WARP_ROW_MAX=0'")
+    parser.add_argument("--variant-models", default="",
+                        help="models of the non-default variants (default: --models)")
     args = parser.parse_args(argv)
     export(args.out, [m for m in args.models.split(",") if m], args.calls,
-           variants=tuple(args.variants.split(";")))
+           variants=tuple(args.variants.split(";")),
+           variant_names=[m for m in args.variant_models.split(",") if m] or None)
 
 
 #: The bench workloads exported by default (every kind of kernel the bench reaches).
