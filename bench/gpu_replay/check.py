@@ -41,7 +41,9 @@ MIN_CALLS = 5
 
 
 def cuda_include() -> str:
-    """The folder holding cuda.h: next to nvcc, else /usr/local/cuda/include."""
+    """The folder holding cuda.h: next to nvcc, else /usr/local/cuda/include. (The rule of
+    ``disc_tf.runtime.native_build.cuda_include_dir``, which this machine cannot import:
+    ``disc_tf`` imports TensorFlow.)"""
     nvcc = shutil.which("nvcc")
     candidates = [os.environ.get("DISC_TF_CUDA_INCLUDE", "")]
     if nvcc:
@@ -133,7 +135,8 @@ def compare(got: np.ndarray, want: dict, cases: pathlib.Path, tolerance: dict,
         return False, float("inf"), f"shape {list(got.shape)} != {want['shape']}"
     dtype = want["dtype"]
     flat = got.reshape(-1)
-    g = _as_float(flat[sample_positions(flat.size)], dtype)
+    positions = sample_positions(flat.size)
+    g = _as_float(flat[positions], dtype)
     w = _as_float(np.load(cases / want["sample"], allow_pickle=False), dtype)
     whole = _as_float(flat, dtype)
     n = max(flat.size, 1)
@@ -156,10 +159,10 @@ def compare(got: np.ndarray, want: dict, cases: pathlib.Path, tolerance: dict,
     sum_bound = 10 * atol * rms * n
     if finite and abs(whole.sum() - want["sum"]) > sum_bound:
         return False, worst, f"sum {whole.sum():.6g} != TF's {want['sum']:.6g}"
-    if finite and abs(np.square(whole).sum() - want["sum_squares"]) > 10 * atol * want["sum_squares"] + 1e-30:
-        return False, worst, f"sum of squares {np.square(whole).sum():.6g} != TF's {want['sum_squares']:.6g}"
+    squares = float(np.square(whole).sum())
+    if finite and abs(squares - want["sum_squares"]) > 10 * atol * want["sum_squares"] + 1e-30:
+        return False, worst, f"sum of squares {squares:.6g} != TF's {want['sum_squares']:.6g}"
     if worst > 1.0:
-        positions = sample_positions(flat.size)
         top = np.argsort(err)[-3:][::-1]
         detail = ", ".join(f"[{int(positions[t])}] {g[t]:.7g} vs {w[t]:.7g}" for t in top)
         return False, worst, f"error {worst:.2f}x its bound; worst (flat position, got vs TF): {detail}"

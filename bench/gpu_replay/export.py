@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
-import logging
 import os
 import pathlib
 import sys
@@ -38,9 +38,8 @@ import disc_tf
 from bench.gpu_replay import kinds
 from bench.gpu_replay.synthetic import sample_positions, synthetic
 from bench.workloads import WORKLOADS
+from disc_tf import strict
 from disc_tf.codegen import cuda_config
-
-log = logging.getLogger("disc_tf.bench")
 
 #: Float variables above this size are replaced by synthetic values, named by seed.
 SYNTHETIC_BYTES = 16 * 1024
@@ -52,7 +51,8 @@ TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2
 
 @dataclass
 class Model:
-    """A function to compile, its module (for its variables) and its call arguments."""
+    """A function to compile, its module (kept alive: a method's tf.function holds its
+    instance weakly) and its call arguments."""
 
     name: str
     fn: tf.types.experimental.PolymorphicFunction
@@ -68,7 +68,7 @@ def bench_model(name: str, count: int) -> Model:
     w = WORKLOADS[name]
     module = w.make_module()
     rng = np.random.default_rng(7)
-    shapes = w.shapes(seed=11, count=max(count - 1, 1))[: max(count - 1, 1)]
+    shapes = w.shapes(seed=11, count=max(count - 1, 1))
     biggest = tuple(max(s[d] for s in w.shapes(seed=3, count=64)) for d in range(len(shapes[0])))
     calls = [(w.value_sampler(rng, s),) for s in [*shapes, biggest][:count]]
     return Model(name, module.__call__, module, calls)
@@ -121,8 +121,6 @@ class _Store:
 
     def array(self, value: np.ndarray) -> str:
         raw = value.view(np.uint16) if value.dtype.name == "bfloat16" else value
-        import io
-
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(raw), allow_pickle=False)
         return self.put(buf.getvalue(), ".npy")
@@ -159,12 +157,12 @@ def export_model(model: Model, store: _Store) -> list[dict]:
     wrapped = jitted.graph_function  # the rewritten graph, imported under "disc/"
     nodes = [n for n in jitted.graph_def.node if n.op == "DiscCluster"]
     ops = [wrapped.graph.get_operation_by_name("disc/" + n.name) for n in nodes]
-    fetches = [t for op in ops for t in (*op.inputs, *op.outputs)]
-    n_args = len(model.calls[0])
-    pruned = wrapped.prune(feeds=wrapped.inputs[:n_args], fetches=fetches) if fetches else None
+    # every cluster's inputs and outputs, then the function's outputs
+    fetches = [t for op in ops for t in (*op.inputs, *op.outputs)] + list(wrapped.outputs)
+    run = wrapped.prune(feeds=wrapped.inputs[:len(model.calls[0])], fetches=fetches)
     entries = []
     with _fallback_allowed():
-        _run_calls(model, jitted, nodes, ops, pruned, store, made, compile_s, entries)
+        _run_calls(model, nodes, ops, run, store, made, compile_s, entries)
     if refused:
         entries.append({"model": model.name, "refused": refused})
     return entries
@@ -173,24 +171,24 @@ def export_model(model: Model, store: _Store) -> list[dict]:
 @contextlib.contextmanager
 def _fallback_allowed():
     """Strict mode off: the CPU kernel must run each CUDA cluster's fallback (TF)."""
-    old = os.environ.get("DISC_TF_STRICT")
-    os.environ["DISC_TF_STRICT"] = "0"
+    old = os.environ.get(strict.ENV)
+    os.environ[strict.ENV] = "0"
     try:
         yield
     finally:
         if old is None:
-            del os.environ["DISC_TF_STRICT"]
+            del os.environ[strict.ENV]
         else:
-            os.environ["DISC_TF_STRICT"] = old
+            os.environ[strict.ENV] = old
 
 
-def _run_calls(model, jitted, nodes, ops, pruned, store, made, compile_s, entries) -> None:
+def _run_calls(model, nodes, ops, run, store, made, compile_s, entries) -> None:
     """Runs ``model``'s calls on the CPU and appends a manifest entry per cluster and call."""
     for call, args in enumerate(model.calls):
-        values = [np.asarray(v) for v in pruned(*map(tf.constant, args))] if pruned else []
+        values = [np.asarray(v) for v in run(*map(tf.constant, args))]
         want = [np.asarray(v) for v in tf.nest.flatten(model.fn(*args))]
-        got = [np.asarray(v) for v in tf.nest.flatten(jitted(*args))]
-        for w, g in zip(want, got):  # the CPU ran every cluster's fallback: TF's answer
+        got = values[len(values) - len(want):]
+        for w, g in zip(want, got, strict=True):  # the CPU ran every cluster's fallback: TF's answer
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
         at = 0
         for node, op in zip(nodes, ops):
@@ -238,8 +236,7 @@ def parse_variant(text: str) -> dict[str, int]:
 def cuda_config_variant(settings: dict[str, int]):
     """The CUDA backend's launch constants set to ``settings`` (in cuda_config and every
     CUDA codegen module that imported them) while the block runs."""
-    modules = [m for n, m in sorted(sys.modules.items())
-               if n == "disc_tf.codegen.cuda_config" or n.startswith("disc_tf.codegen.cuda")]
+    modules = [m for n, m in sorted(sys.modules.items()) if n.startswith("disc_tf.codegen.cuda")]
     saved = [(m, name, getattr(m, name)) for m in modules for name in settings if hasattr(m, name)]
     try:
         for m, name, _ in saved:

@@ -14,8 +14,8 @@ import tensorflow as tf
 F32 = tf.float32
 
 
-def _spec(*shape, dtype=F32):
-    return tf.TensorSpec(list(shape), dtype)
+def _spec(*shape):
+    return tf.TensorSpec(list(shape), F32)
 
 
 def _dims(rng: np.random.Generator, call: int, small: tuple, large: tuple) -> list[int]:
@@ -25,8 +25,8 @@ def _dims(rng: np.random.Generator, call: int, small: tuple, large: tuple) -> li
     return [int(rng.integers(a, b + 1)) for a, b in zip(lo, hi)]
 
 
-def _normal(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
+def _normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 @tf.function(input_signature=[_spec(None, 64), tf.TensorSpec([None], tf.int32)])

@@ -43,6 +43,7 @@ struct Api {
   CUresult (*default_mem_pool)(CUmemoryPool*, CUdevice);
   CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute, void*);
   CUresult (*event_create)(CUevent*, unsigned);
+  CUresult (*event_destroy)(CUevent);
   CUresult (*event_record)(CUevent, CUstream);
   CUresult (*event_synchronize)(CUevent);
   CUresult (*event_elapsed)(float*, CUevent, CUevent);
@@ -74,6 +75,7 @@ const Api* LoadApi(std::string* error) {
     get("cuDeviceGetDefaultMemPool", &api.default_mem_pool);
     get("cuMemPoolSetAttribute", &api.mem_pool_set_attribute);
     get("cuEventCreate", &api.event_create);
+    get("cuEventDestroy_v2", &api.event_destroy);
     get("cuEventRecord", &api.event_record);
     get("cuEventSynchronize", &api.event_synchronize);
     get("cuEventElapsedTime_v2", &api.event_elapsed);
@@ -278,8 +280,14 @@ int32_t replay_run(void* handle, int32_t calls, int32_t allow_tf32, double* gpu_
   CUevent start = nullptr, stop = nullptr;
   if (api.event_create(&start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
       api.event_create(&stop, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+    if (start) api.event_destroy(start);
     return Fail(error, size, "cuEventCreate failed");
   }
+  struct Events {  // destroyed on every return
+    const Api& api;
+    CUevent start, stop;
+    ~Events() { api.event_destroy(start), api.event_destroy(stop); }
+  } events{api, start, stop};
   api.event_record(start, rp->stream);
   double host = 0;
   for (int32_t c = 0; c < calls; ++c) {

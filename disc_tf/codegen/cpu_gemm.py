@@ -297,21 +297,22 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title, epi, fn, closure, full_rows = _conv_heading(
         em, buffer_ptr, epilogue, "GEMMs over overlapping windows of the input", "block",
         "ow")
-    # The epilogue of a GEMM over output columns [r0, r1) sees its rows shifted by r0.
-    shift = [
-        "    struct Rows {",
-        "      disc_gemm_epilogue_fn fn;",
-        "      void* closure;",
-        "      int64_t r0;",
-        "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
-        "int64_t j1) {",
-        "        const Rows& h = *static_cast<const Rows*>(p);",
-        "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
-        "      }",
-        "    };",
-    ] if epilogue is not None else []
-    shift_decl = [f"      Rows shift{{{fn}, {closure}, r0}};"] if epilogue is not None else []
-    shifted = "&Rows::run, &shift" if epilogue is not None else "nullptr, nullptr"
+    shift, shift_decl, shifted = [], [], "nullptr, nullptr"
+    if epilogue is not None:  # a GEMM over output columns [r0, r1) sees its rows shifted by r0
+        shift = [
+            "    struct Rows {",
+            "      disc_gemm_epilogue_fn fn;",
+            "      void* closure;",
+            "      int64_t r0;",
+            "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
+            "int64_t j1) {",
+            "        const Rows& h = *static_cast<const Rows*>(p);",
+            "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
+            "      }",
+            "    };",
+        ]
+        shift_decl = [f"      Rows shift{{{fn}, {closure}, r0}};"]
+        shifted = "&Rows::run, &shift"
     return [
         title,
         *dims,

@@ -407,6 +407,20 @@ class CudaKernelEmitter(CudaReductionEmitter):
         size = ITEMSIZE[lhs.elem]
         g = strided_gemm_exprs(f, lhs, rhs, plan)
         sa, sb = g["sa"], g["sb"]
+
+        def call(indent: str, batch: str, level: str) -> list[str]:
+            """One gemm_batched of ``batch`` products, at index ``q`` of ``level`` ("inner",
+            "outer", or "" for both levels as one batch), batched over the other level."""
+            offsets = {"outer": ("sa_outer", "sb_outer", "inner * m * n"),
+                       "inner": ("sa_inner", "sb_inner", "m * n")}.get(level)
+            a, b, c = ((f"{base} + q * {st} * {size}" for base, st in zip(("a0", "b0", "c0"), offsets))
+                       if offsets else ("a0", "b0", "c0"))
+            stride, c_stride = ("outer", "inner * m * n") if level == "inner" else ("inner", "m * n")
+            return [f"{indent}if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, {batch}, m, n, kk, "
+                    f"{a}, {g['lda']}, sa_{stride}, {int(f['transpose_a'])},",
+                    f"{indent}                     {b}, {g['ldb']}, sb_{stride}, "
+                    f"{int(f['transpose_b'])}, {c}, n, {c_stride})) return 1;"]
+
         return [
             f"  {{  // {k.name}: library GEMM for {comment(k.ops[0].tf_node)}, operands in place",
             *g["lines"],
@@ -418,23 +432,14 @@ class CudaKernelEmitter(CudaReductionEmitter):
             f"      const int64_t sb_outer = {sb[0]}, sb_inner = {sb[1]};",
             "      if (outer == 1 || (sa_outer == inner * sa_inner && sb_outer == inner * sb_inner)) {",
             "        // one batch of outer * inner products",
-            f"        if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, outer * inner, m, n, kk, a0, "
-            f"{g['lda']}, sa_inner, {int(f['transpose_a'])},",
-            f"                              b0, {g['ldb']}, sb_inner, {int(f['transpose_b'])}, c0, n, "
-            "m * n)) return 1;",
+            *call("        ", "outer * inner", ""),
             "      } else if (inner <= outer) {  // a call per inner index, batched over outer",
-            "        for (int64_t qi = 0; qi < inner; ++qi) {",
-            f"          if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, outer, m, n, kk, "
-            f"a0 + qi * sa_inner * {size}, {g['lda']}, sa_outer, {int(f['transpose_a'])},",
-            f"                                b0 + qi * sb_inner * {size}, {g['ldb']}, sb_outer, "
-            f"{int(f['transpose_b'])}, c0 + qi * m * n * {size}, n, inner * m * n)) return 1;",
+            "        for (int64_t q = 0; q < inner; ++q) {",
+            *call("          ", "outer", "inner"),
             "        }",
             "      } else {  // a call per outer index, batched over inner",
-            "        for (int64_t qo = 0; qo < outer; ++qo) {",
-            f"          if (cu->gemm_batched(cu, {RAL_DTYPE[lhs.elem]}, inner, m, n, kk, "
-            f"a0 + qo * sa_outer * {size}, {g['lda']}, sa_inner, {int(f['transpose_a'])},",
-            f"                                b0 + qo * sb_outer * {size}, {g['ldb']}, sb_inner, "
-            f"{int(f['transpose_b'])}, c0 + qo * inner * m * n * {size}, n, m * n)) return 1;",
+            "        for (int64_t q = 0; q < outer; ++q) {",
+            *call("          ", "inner", "outer"),
             "        }",
             "      }",
             "    }",
