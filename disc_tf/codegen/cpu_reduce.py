@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, expression, literal
 from disc_tf.codegen.cpu_text import accumulator_elem, comment, product, rounds_once
+from disc_tf.ops.elementwise import arg_reduce_start
 
 if TYPE_CHECKING:
     from disc_tf.codegen.cpu_kernels import KernelEmitter
@@ -193,22 +194,25 @@ def _strided(line: str, stride: bool, n_in: int) -> str:
 
 
 def arg_reduce(em: KernelEmitter, kept: list[int]) -> str:
-    """ArgMax/ArgMin over one dim: the position of the first extreme value."""
+    """ArgMax/ArgMin over one dim: the position of the first extreme value, by TF's
+    rule (from the type's lowest value at position 0: NaNs never count)."""
     k = em.k
     (op,) = k.ops
     (axis,) = k.reduce_dims
-    vt = COMPUTE[em.buf(k.inputs[0]).elem]
+    in_elem = em.buf(k.inputs[0]).elem
+    vt = COMPUTE[in_elem]
     out = STORAGE[em.plan.buffers[k.outputs[0][1]].elem]
     better = ">" if op.attrs["direction"] == "max" else "<"
+    start = arg_reduce_start(in_elem, op.attrs["direction"])
     return "\n".join([
         f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
         f"DISC_CLONES DISC_ENTRY void {em.fn}_reduce(void* p, int64_t begin, int64_t end) {{",
         f"  const {em.args}& a = *static_cast<const {em.args}*>(p);",
         "  for (int64_t o = begin; o < end; ++o) {",
         *_kept_bases(em, kept, 1),
-        f"    {vt} best = ({vt})a.in0[base0];",
+        f"    {vt} best = {start};",
         "    int64_t at = 0;",
-        "    for (int64_t q = 1; q < a.reduced; ++q) {",
+        "    for (int64_t q = 0; q < a.reduced; ++q) {",
         f"      const {vt} v = ({vt})a.in0[base0 + q * a.in0_strides[{axis}]];",
         f"      if (v {better} best) {{ best = v; at = q; }}",
         "    }",

@@ -97,7 +97,7 @@ class CudaIndexEmitter(IndexKernelEmitter):
         r = self.rank
         body = [f"int64_t c[{max(r, 1)}] = {{0}};", "int64_t rem = t;"]
         for d in range(r - 1, 0, -1):
-            body += [f"c[{d}] = rem % a.dims[{d}];", f"rem /= a.dims[{d}];"]
+            body.append(f"c[{d}] = disc_divmod(rem, a.dims[{d}]);")
         body.append("c[0] = rem;" if r else "(void)rem;")
         try:
             body += self.body()
@@ -123,7 +123,7 @@ class CudaIndexEmitter(IndexKernelEmitter):
         body = [f"const int64_t n = a.dims[{axis}];", f"const int64_t step = a.in0_strides[{axis}];",
                 "int64_t rem = t;", "int64_t base = 0;"]
         for d in reversed([d for d in range(self.rank) if d != axis]):
-            body += [f"base += (rem % a.dims[{d}]) * a.in0_strides[{d}];", f"rem /= a.dims[{d}];"]
+            body.append(f"base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
         index = "n - 1 - q" if op.attrs["reverse"] else "q"
         identity = cuda_literal(0 if combiner == "add" else 1, acc_elem)
         write = f"a.out0[off] = {store(f'({value})', self.out_elem)};"
@@ -143,10 +143,11 @@ class CudaIndexEmitter(IndexKernelEmitter):
         sh, sw, dh, dw = self._window_steps()
         ct = COMPUTE[accumulator_elem(self.op.elem)]
         body = [
-            "const int64_t co = t % a.dims[3];",
-            "const int64_t ow = (t / a.dims[3]) % a.dims[2];",
-            "const int64_t oh = (t / (a.dims[3] * a.dims[2])) % a.dims[1];",
-            "const int64_t nb = t / (a.dims[3] * a.dims[2] * a.dims[1]);",
+            "int64_t rem = t;",
+            "const int64_t co = disc_divmod(rem, a.dims[3]);",
+            "const int64_t ow = disc_divmod(rem, a.dims[2]);",
+            "const int64_t oh = disc_divmod(rem, a.dims[1]);",
+            "const int64_t nb = rem;",
             f"const int64_t ci = co / (a.in1_dims[3] / {attrs['groups']});  // its input channel",
             f"{ct} acc = 0;",
             f"for (int64_t ky = 0; ky < {attrs['kh']}; ++ky) {{",

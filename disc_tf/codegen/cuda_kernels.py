@@ -22,7 +22,6 @@ no CUDA headers) and nvcc lay them out identically.
 from __future__ import annotations
 
 from disc_tf.codegen.cpu_text import (
-    accumulator_elem,
     comment,
     concat_end_lines,
     concat_ops,
@@ -35,18 +34,10 @@ from disc_tf.codegen.cpu_text import (
 )
 from disc_tf.codegen.cuda_config import (
     BLOCK,
-    ITEMSIZE_COMPUTE,
     KINDS,
     MAX_GRID,
-    ROW_CACHE_BYTES,
     ROWS_MIN_INNER,
-    SPLIT_REDUCE_BLOCKS,
-    SPLIT_REDUCE_CHUNK,
-    SPLIT_REDUCE_MIN,
-    THREAD_REDUCE_MIN,
     VEC,
-    WARP_ROW_MAX,
-    WARP_ROWS_MIN,
 )
 from disc_tf.codegen.cuda_ops import (
     COMPUTE,
@@ -151,6 +142,9 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines.append("  int64_t outputs;")
             lines.append("  void* partial;  // split reductions: outputs x splits partial results")
             lines.append("  int64_t splits;")
+            if len(self.k.reduce_dims) > 1:
+                lines.append("  int64_t reduced_stride;  // reduced dims laid out as one run: its "
+                             "stride (else 0)")
         if self.rank:
             lines.append(f"  int64_t dims[{self.rank}];")
         for i, a in enumerate(self.k.inputs):
@@ -266,8 +260,7 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines.append(f"    int64_t c[{r}];")
         lines.append("    int64_t rem = i;")
         lines.append(f"    for (int d = {r - 1}; d >= 0; --d) {{")
-        lines.append("      c[d] = rem % a.dims[d];")
-        lines.append("      rem /= a.dims[d];")
+        lines.append("      c[d] = disc_divmod(rem, a.dims[d]);")
         lines.append("    }")
         for n, op in self.concats():
             ax, parts = op.attrs["axis"], len(op.operands)
@@ -313,9 +306,9 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines.append(self._grid_stride("a.n"))
         lines.append("    int64_t rem = i;")
         lines += [f"    int64_t off{i} = 0;" for i in range(n_in)]
-        lines.append(f"    for (int d = {self.rank - 1}; d >= 0; --d) {{")
-        lines.append("      const int64_t idx = rem % a.dims[d];")
-        lines.append("      rem /= a.dims[d];")
+        lines.append(f"    for (int d = {self.rank - 1}; d >= 0 && rem != 0; --d) {{  // rem 0: "
+                     "the outer coordinates are 0")
+        lines.append("      const int64_t idx = disc_divmod(rem, a.dims[d]);")
         lines += [f"      off{i} += idx * a.in{i}_strides[d];" for i in range(n_in)]
         lines.append("    }")
         loads = [load(f"r{i}[off{i}]", self.buf(acc).elem) for i, acc in enumerate(self.k.inputs)]
@@ -337,8 +330,7 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines += [f"    int64_t off{i} = 0;" for i in range(n_in)]
         if r > 1:
             lines.append(f"    for (int d = {r - 2}; d >= 0; --d) {{")
-            lines.append("      const int64_t idx = rem % a.dims[d];")
-            lines.append("      rem /= a.dims[d];")
+            lines.append("      const int64_t idx = disc_divmod(rem, a.dims[d]);")
             lines += [f"      off{i} += idx * a.in{i}_strides[d];" for i in range(n_in)]
             lines.append("    }")
         lines += [f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];" for i in range(n_in)]
@@ -510,59 +502,9 @@ class CudaKernelEmitter(CudaReductionEmitter):
         lines += concat_end_lines(k, plan)
         lines.append("    void* params[] = {&k};")
         if k.kind == "stitch":
-            lines.append(f"    const int64_t cols = k.dims[{r - 1}];")
-            # rows from the dims, not k.n / cols: empty rows (cols == 0) still get their
-            # reductions' initial values
-            rows = product(k.dims[:-1], plan) if r > 1 else "1"
-            lines.append(f"    const int64_t rows = {rows};")
-            lines.append("    if (rows > 0) {")
-            few_rows = f" && rows >= {WARP_ROWS_MIN}" if WARP_ROWS_MIN else ""
-            lines.append(f"      if (cols <= {WARP_ROW_MAX}{few_rows}) {{  // one warp per row")
-            lines.append(self._launch("warp_rows", f"disc_grid(rows, {BLOCK // 32}, {MAX_GRID})",
-                                      "        "))
-            per_col = sum(ITEMSIZE_COMPUTE[COMPUTE[self.buf(k.inputs[i]).elem]]
-                          for i in self._cached_inputs())
-            if per_col:
-                lines.append(f"      }} else if (cols * {per_col} <= {ROW_CACHE_BYTES}) {{"
-                             "  // one block per row, row cached in shared memory")
-                lines.append(self._launch("block_rows_cached", f"disc_grid(rows, 1, {MAX_GRID})",
-                                          "        ", f"(uint32_t)(cols * {per_col})"))
-            lines.append("      } else {  // one block per row")
-            lines.append(self._launch("block_rows", f"disc_grid(rows, 1, {MAX_GRID})", "        "))
-            lines += ["      }", "    }", "  }"]
-            return lines
+            return lines + self.stitch_launch()
         if k.kind == "reduce":
-            kept = [s for d, s in enumerate(k.dims) if d not in k.reduce_dims]
-            reduced = [s for d, s in enumerate(k.dims) if d in k.reduce_dims]
-            lines.append(f"    k.reduced = {product(reduced, plan)};")
-            lines.append(f"    k.outputs = {product(kept, plan)};")
-            lines.append("    if (k.outputs > 0) {")
-            if k.ops[-1].op == "arg_reduce":  # one thread per output only
-                lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, "
-                                          f"{MAX_GRID})", "      "))
-                return lines + ["    }", "  }"]
-            lines.append(f"      if (k.outputs >= {THREAD_REDUCE_MIN} || k.reduced < {BLOCK}) {{")
-            lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
-                                      "        "))
-            lines.append(f"      }} else if (k.reduced >= {SPLIT_REDUCE_MIN} && k.outputs < "
-                         f"{SPLIT_REDUCE_BLOCKS}) {{  // few outputs, many elements: split")
-            acc = accumulator_elem(k.ops[0].elem, k.ops[0].attrs["combiner"])
-            chunks = f"(k.reduced + {SPLIT_REDUCE_CHUNK - 1}) / {SPLIT_REDUCE_CHUNK}"
-            lines.append(f"        k.splits = {chunks} < {SPLIT_REDUCE_BLOCKS} / k.outputs ? {chunks} "
-                         f": {SPLIT_REDUCE_BLOCKS} / k.outputs;")
-            lines.append(f"        k.partial = ral->alloc_temp(ral, k.outputs * k.splits * "
-                         f"(int64_t)sizeof({COMPUTE[acc]}));")
-            lines.append("        if (k.partial == nullptr) return 1;")
-            lines.append(self._launch("reduce_split", f"disc_grid(k.outputs * k.splits, 1, {MAX_GRID})",
-                                      "        "))
-            lines.append(self._launch("reduce_partials", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
-                                      "        "))
-            lines.append("        ral->free_temp(ral, k.partial);  // stream-ordered")
-            lines.append("      } else {")
-            lines.append(self._launch("reduce_block", f"disc_grid(k.outputs, 1, {MAX_GRID})",
-                                      "        "))
-            lines += ["      }", "    }", "  }"]
-            return lines
+            return lines + self.reduce_launch()
         grid = f"disc_grid(k.n, {BLOCK}, {MAX_GRID})"
         vec_grid = f"disc_grid(k.n / {VEC}, {BLOCK}, {MAX_GRID})"
         lines.append("    if (k.n > 0) {")
@@ -578,10 +520,15 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines.append(self._launch("bcast", grid, "        "))
         elif self.strided_versions:
             inner = f"k.dims[{r - 1}]"
-            lines.append(f"      }} else if ({inner} >= {ROWS_MIN_INNER}) {{  // one block per row")
-            lines.append(self._launch("bcast_rows", f"disc_grid(k.n / {inner}, 1, {MAX_GRID})",
-                                      "        "))
-            lines.append("      } else {")
-            lines.append(self._launch("bcast", grid, "        "))
+            strides = ", ".join(f"k.in{i}_strides" for i in range(len(k.inputs)))
+            lines += ["      } else {  // strided: first merge the dims every input reads as one run",
+                      f"        int64_t* strides[] = {{{strides}}};",
+                      f"        disc_collapse_dims({r}, k.dims, {len(k.inputs)}, strides);",
+                      f"        if ({inner} >= {ROWS_MIN_INNER}) {{  // one block per row",
+                      self._launch("bcast_rows", f"disc_grid(k.n / {inner}, 1, {MAX_GRID})",
+                                   "          "),
+                      "        } else {",
+                      self._launch("bcast", grid, "          "),
+                      "        }"]
         lines += ["      }", "    }", "  }"]
         return lines

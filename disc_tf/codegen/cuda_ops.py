@@ -101,6 +101,19 @@ DISC_DEV float disc_round_bf16(float x) { return __bfloat162float(__float2bfloat
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 DISC_DEV float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
 DISC_DEV float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// Index arithmetic: idx = rem % dim, rem /= dim, in 32 bits when both fit (a GPU
+// divides 64-bit integers in a software routine several times as long).
+DISC_DEV int64_t disc_divmod(int64_t& rem, int64_t dim) {
+  if ((((uint64_t)rem | (uint64_t)dim) >> 32) == 0) {
+    const uint32_t q = (uint32_t)rem / (uint32_t)dim;
+    const int64_t idx = (int64_t)((uint32_t)rem - q * (uint32_t)dim);
+    rem = (int64_t)q;
+    return idx;
+  }
+  const int64_t q = rem / dim, idx = rem - q * dim;
+  rem = q;
+  return idx;
+}
 // Butterfly exchange inside a warp for every compute type.
 DISC_DEV float disc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 DISC_DEV int32_t disc_shfl_xor(int32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -146,5 +159,33 @@ static inline uint32_t disc_grid(int64_t work, int64_t per_block, int64_t cap) {
 #define DISC_OUT(T) void*
 static inline bool disc_aligned(const void* p, uint64_t bytes) {
   return ((uint64_t)(uintptr_t)p % bytes) == 0;
+}
+// Merges adjacent dims of a strided elementwise kernel that every input reads as one
+// run (stride[d] == stride[d + 1] * dims[d + 1], or either dim of size 1), keeping the
+// row-major order of the elements: the merged dims end at rank - 1 and the dims before
+// them become 1 (stride 0). E.g. a bias [12, 64] added to [b, s, 12, 64]: [1, 1, b*s, 768],
+// one block per row of 768 instead of a division per dim for every element.
+static inline void disc_collapse_dims(int rank, int64_t* dims, int inputs, int64_t** strides) {
+  int w = rank - 1;  // the dim being merged into
+  for (int d = rank - 2; d >= 0; --d) {
+    bool merge = true;
+    if (dims[d] != 1 && dims[w] != 1) {
+      for (int j = 0; j < inputs && merge; ++j) merge = strides[j][d] == strides[j][w] * dims[w];
+    }
+    if (merge) {
+      if (dims[w] == 1) {
+        for (int j = 0; j < inputs; ++j) strides[j][w] = strides[j][d];
+      }
+      dims[w] *= dims[d];
+    } else {
+      --w;
+      dims[w] = dims[d];
+      for (int j = 0; j < inputs; ++j) strides[j][w] = strides[j][d];
+    }
+  }
+  for (int d = w - 1; d >= 0; --d) {
+    dims[d] = 1;
+    for (int j = 0; j < inputs; ++j) strides[j][d] = 0;
+  }
 }
 """

@@ -11,11 +11,20 @@ from disc_tf.codegen.cpu_text import (
     CASCADED_COMBINERS,
     accumulator_elem,
     comment,
+    product,
     rounds_once,
 )
 from disc_tf.codegen.cuda_config import (
     BLOCK,
     ITEMSIZE_COMPUTE,
+    MAX_GRID,
+    ROW_CACHE_BYTES,
+    SPLIT_REDUCE_BLOCKS,
+    SPLIT_REDUCE_CHUNK,
+    SPLIT_REDUCE_MIN,
+    THREAD_REDUCE_MIN,
+    WARP_ROW_MAX,
+    WARP_ROWS_MIN,
 )
 from disc_tf.codegen.cuda_ops import (
     COMPUTE,
@@ -27,6 +36,7 @@ from disc_tf.codegen.cuda_ops import (
     store,
 )
 from disc_tf.fusion.plan import KernelOp
+from disc_tf.ops.elementwise import arg_reduce_start
 
 
 class CudaReductionEmitter:
@@ -189,8 +199,7 @@ class CudaReductionEmitter:
         lines += [f"  int64_t off{i} = 0;" for i in range(len(k.inputs))]
         if r > 1:
             lines.append(f"  for (int d = {r - 2}; d >= 0; --d) {{")
-            lines.append("    const int64_t idx = rem % a.dims[d];")
-            lines.append("    rem /= a.dims[d];")
+            lines.append("    const int64_t idx = disc_divmod(rem, a.dims[d]);")
             lines += [f"    off{i} += idx * a.in{i}_strides[d];" for i in range(len(k.inputs))]
             lines.append("  }")
         for i, acc in enumerate(k.inputs):
@@ -308,19 +317,83 @@ class CudaReductionEmitter:
         better = ">" if op.attrs["direction"] == "max" else "<"
         base = ["    int64_t rem = o;", "    int64_t base = 0;"]
         for d in reversed(kept):
-            base += [f"    base += (rem % a.dims[{d}]) * a.in0_strides[{d}];", f"    rem /= a.dims[{d}];"]
+            base.append(f"    base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
         thread = self.function("reduce_thread")
-        return "\n".join([
-            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}",
+        warp, block = self.function("reduce_warp"), self.function("reduce_block")
+        better_pair = f"pv {better} best || (pv == best && pa < at)"
+        start = arg_reduce_start(in_elem, op.attrs["direction"])
+        group = [
+            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}, GROUP threads",
+            "// per output (a warp or a block), thread t folding elements t, t + GROUP, ...;",
+            "// the best of theirs, ties to the lowest position. TF's rule: from the type's",
+            "// extreme value at position 0 (-1 here until the reduction ends), to strictly",
+            "// better elements only (so a NaN never counts).",
+            "template <int GROUP>",
+            f"DISC_DEV int64_t {k.name}_arg_group(const {self.args}& a, int64_t o, int tid, "
+            f"{vt}* smem_v, int64_t* smem_i) {{",
+            f"  const {st}* __restrict__ r0 = static_cast<const {st}*>(a.in0);",
+            *[x[2:] for x in base],
+            f"  const int64_t stride = a.in0_strides[{axis}];",
+            f"  {vt} best = {start};",
+            "  int64_t at = -1;  // no element counted yet",
+            "  for (int64_t q = tid; q < a.reduced; q += GROUP) {",
+            f"    const {vt} v = {load('r0[base + q * stride]', in_elem)};",
+            f"    if (v {better} best) {{ best = v; at = q; }}",
+            "  }",
+            "  for (int m = 16; m > 0; m >>= 1) {",
+            f"    const {vt} pv = disc_shfl_xor(best, m);",
+            "    const int64_t pa = disc_shfl_xor(at, m);",
+            f"    if ({better_pair}) {{ best = pv; at = pa; }}",
+            "  }",
+            "  if (GROUP > 32) {  // across the warps of the block, through shared memory",
+            "    if ((tid & 31) == 0) { smem_v[tid >> 5] = best; smem_i[tid >> 5] = at; }",
+            "    __syncthreads();",
+            "    best = smem_v[0];",
+            "    at = smem_i[0];",
+            "    for (int w = 1; w < GROUP / 32; ++w) {",
+            f"      const {vt} pv = smem_v[w];",
+            "      const int64_t pa = smem_i[w];",
+            f"      if ({better_pair}) {{ best = pv; at = pa; }}",
+            "    }",
+            "    __syncthreads();",
+            "  }",
+            "  return at < 0 ? 0 : at;",
+            "}",
+            "",
+            "// One warp per output (many outputs, or short reduced dims).",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {warp}(const {self.args} a) {{',
+            f"  {STORAGE[out_elem]}* __restrict__ w0 = static_cast<{STORAGE[out_elem]}*>(a.out0);",
+            "  const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;",
+            "  for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; "
+            "o < a.outputs; o += warps) {",
+            f"    const int64_t at = {k.name}_arg_group<32>(a, o, threadIdx.x & 31, nullptr, nullptr);",
+            f"    if ((threadIdx.x & 31) == 0) w0[o] = {store('at', out_elem)};",
+            "  }",
+            "}",
+            "",
+            "// One block per output (few outputs over many elements).",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {block}(const {self.args} a) {{',
+            f"  {STORAGE[out_elem]}* __restrict__ w0 = static_cast<{STORAGE[out_elem]}*>(a.out0);",
+            f"  __shared__ {vt} smem_v[{BLOCK // 32}];  // each warp's best",
+            f"  __shared__ int64_t smem_i[{BLOCK // 32}];",
+            "  for (int64_t o = blockIdx.x; o < a.outputs; o += gridDim.x) {",
+            f"    const int64_t at = {k.name}_arg_group<{BLOCK}>(a, o, threadIdx.x, smem_v, smem_i);",
+            f"    if (threadIdx.x == 0) w0[o] = {store('at', out_elem)};",
+            "  }",
+            "}",
+            "",
+        ]
+        return "\n".join(group + [
+            f"// {comment(op.tf_node)}: arg{op.attrs['direction']} along dim {axis}, one thread per output",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {thread}(const {self.args} a) {{',
             f"  const {st}* __restrict__ r0 = static_cast<const {st}*>(a.in0);",
             f"  {STORAGE[out_elem]}* __restrict__ w0 = static_cast<{STORAGE[out_elem]}*>(a.out0);",
             "  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.outputs;"
             " o += (int64_t)gridDim.x * blockDim.x) {",
             *base,
-            f"    {vt} best = {load('r0[base]', in_elem)};",
+            f"    {vt} best = {start};  // TF's rule, as above",
             "    int64_t at = 0;",
-            "    for (int64_t q = 1; q < a.reduced; ++q) {",
+            "    for (int64_t q = 0; q < a.reduced; ++q) {",
             f"      const {vt} v = {load(f'r0[base + q * a.in0_strides[{axis}]]', in_elem)};",
             f"      if (v {better} best) {{ best = v; at = q; }}",
             "    }",
@@ -346,10 +419,16 @@ class CudaReductionEmitter:
         cascaded = op.attrs["combiner"] in CASCADED_COMBINERS
         base = ["  int64_t rem = o;", "  int64_t base = 0;"]
         for d in reversed(kept):
-            base += [f"  base += (rem % a.dims[{d}]) * a.in0_strides[{d}];", f"  rem /= a.dims[{d}];"]
-        offset = ["    int64_t rq = q;", "    int64_t off = base;"]
-        for d in reversed(k.reduce_dims):
-            offset += [f"    off += (rq % a.dims[{d}]) * a.in0_strides[{d}];", f"    rq /= a.dims[{d}];"]
+            base.append(f"  base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
+        if len(k.reduce_dims) == 1:  # q indexes the one reduced dim: no division
+            offset = [f"    const int64_t off = base + q * a.in0_strides[{k.reduce_dims[0]}];"]
+        else:  # one run (the host found the dims' strides chained), else per dim
+            offset = ["    int64_t off = base + q * a.reduced_stride;",
+                      "    if (a.reduced_stride == 0) {",
+                      "      int64_t rq = q;", "      off = base;"]
+            for d in reversed(k.reduce_dims):
+                offset.append(f"      off += disc_divmod(rq, a.dims[{d}]) * a.in0_strides[{d}];")
+            offset.append("    }")
         fold = [f"    const {ct} x = {load('r0[off]', in_elem)};", f"    acc = {comb};",
                 *self._block_end(["acc"] if cascaded else [], [op])]
         st = STORAGE[in_elem]
@@ -383,6 +462,24 @@ class CudaReductionEmitter:
         group = ["  " + x.replace("GROUP", str(BLOCK)) for x in self._group_reduce(op, "acc")]
         lines += group
         lines += [f"    if (tid == 0) w0[o] = {store('acc', out_elem)};", "  }", "}", ""]
+        warp = self.function("reduce_warp")
+        lines += [
+            "// One warp per output, for many outputs whose reduced elements are contiguous:",
+            "// the lanes read adjacent elements (a thread per output would not coalesce).",
+            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {warp}(const {self.args} a) {{',
+            *head[1:],
+            f"  __shared__ double smem[{BLOCK // 32}];  // unused: a group is one warp",
+            "  const int tid = threadIdx.x & 31;",
+            "  const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;",
+            "  for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; "
+            "o < a.outputs; o += warps) {",
+            f"    {ct} acc = {k.name}_fold(a, o, tid, a.reduced, 32);",
+            *["  " + x.replace("GROUP", "32") for x in self._group_reduce(op, "acc")],
+            f"    if (tid == 0) w0[o] = {store('acc', out_elem)};",
+            "  }",
+            "}",
+            "",
+        ]
         split, partials = self.function("reduce_split"), self.function("reduce_partials")
         comb_parts = cuda_expression(op.attrs["combiner"], ["acc", "part[s]"], acc_elem,
                                      [acc_elem] * 2, {})
@@ -404,15 +501,98 @@ class CudaReductionEmitter:
             "  }",
             "}",
             "",
+            "// One block per output: thread t combines partials t, t + block, ... and the",
+            "// block combines the threads' results in a fixed tree (deterministic).",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {partials}(const {self.args} a) {{',
             *head[1:],
-            "  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.outputs;"
-            " o += (int64_t)gridDim.x * blockDim.x) {",
+            f"  __shared__ double smem[{BLOCK // 32}];  // one partial result per warp",
+            "  const int tid = threadIdx.x;",
+            "  for (int64_t o = blockIdx.x; o < a.outputs; o += gridDim.x) {",
             f"    const {ct}* part = static_cast<const {ct}*>(a.partial) + o * a.splits;",
-            f"    {ct} acc = part[0];",
-            f"    for (int64_t s = 1; s < a.splits; ++s) acc = {comb_parts};",
-            f"    w0[o] = {store('acc', out_elem)};",
+            f"    {ct} acc = {cuda_literal(op.attrs['init'], acc_elem)};",
+            f"    for (int64_t s = tid; s < a.splits; s += {BLOCK}) acc = {comb_parts};",
+            *group,
+            f"    if (tid == 0) w0[o] = {store('acc', out_elem)};",
             "  }",
             "}",
         ]
         return "\n".join(lines)
+
+    def stitch_launch(self) -> list[str]:
+        """Host-runner lines after the args of a stitch kernel: the warp-per-row,
+        cached block-per-row or block-per-row version, by row count and length."""
+        plan, k, r = self.plan, self.k, self.rank
+        # rows from the dims, not k.n / cols: empty rows (cols == 0) still get their
+        # reductions' initial values
+        rows = product(k.dims[:-1], plan) if r > 1 else "1"
+        lines = [f"    const int64_t cols = k.dims[{r - 1}];", f"    const int64_t rows = {rows};",
+                 "    if (rows > 0) {"]
+        few_rows = f" && rows >= {WARP_ROWS_MIN}" if WARP_ROWS_MIN else ""
+        lines.append(f"      if (cols <= {WARP_ROW_MAX}{few_rows}) {{  // one warp per row")
+        lines.append(self._launch("warp_rows", f"disc_grid(rows, {BLOCK // 32}, {MAX_GRID})",
+                                  "        "))
+        per_col = sum(ITEMSIZE_COMPUTE[COMPUTE[self.buf(k.inputs[i]).elem]]
+                      for i in self._cached_inputs())
+        if per_col:
+            lines.append(f"      }} else if (cols * {per_col} <= {ROW_CACHE_BYTES}) {{"
+                         "  // one block per row, row cached in shared memory")
+            lines.append(self._launch("block_rows_cached", f"disc_grid(rows, 1, {MAX_GRID})",
+                                      "        ", f"(uint32_t)(cols * {per_col})"))
+        lines.append("      } else {  // one block per row")
+        lines.append(self._launch("block_rows", f"disc_grid(rows, 1, {MAX_GRID})", "        "))
+        lines += ["      }", "    }", "  }"]
+        return lines
+
+    def reduce_launch(self) -> list[str]:
+        """Host-runner lines after the args of a reduce kernel: the thread, warp, block
+        or split version, by output count, reduced count and the reduced elements'
+        layout (adjacent in memory or not)."""
+        plan, k, r = self.plan, self.k, self.rank
+        kept = [s for d, s in enumerate(k.dims) if d not in k.reduce_dims]
+        reduced = [s for d, s in enumerate(k.dims) if d in k.reduce_dims]
+        lines = [f"    k.reduced = {product(reduced, plan)};", f"    k.outputs = {product(kept, plan)};"]
+        rd = k.reduce_dims
+        if len(rd) > 1 and rd == list(range(rd[0], rd[-1] + 1)):  # adjacent dims
+            chain = " && ".join(f"k.in0_strides[{d}] == k.in0_strides[{d + 1}] * k.dims[{d + 1}]"
+                                for d in rd[:-1])
+            lines.append(f"    if ({chain}) k.reduced_stride = k.in0_strides[{rd[-1]}];"
+                         "  // one run: no per-element division")
+        # reduced elements adjacent in memory: a thread per output would not coalesce
+        contiguous = f"k.in0_strides[{r - 1}] == 1" if r - 1 in k.reduce_dims else "false"
+        arg = k.ops[-1].op == "arg_reduce"
+        lines += ["    if (k.outputs > 0) {", f"      const bool contiguous = {contiguous};"]
+        thread_cond = (f"k.reduced < 32 || (!contiguous && k.outputs >= {THREAD_REDUCE_MIN})"
+                       if arg else f"contiguous ? k.reduced < 32 : (k.outputs >= "
+                       f"{THREAD_REDUCE_MIN} || k.reduced < {BLOCK})")
+        lines.append(f"      if ({thread_cond}) {{  // one thread per output")
+        lines.append(self._launch("reduce_thread", f"disc_grid(k.outputs, {BLOCK}, {MAX_GRID})",
+                                  "        "))
+        warp_cond = f"k.outputs >= {THREAD_REDUCE_MIN} || k.reduced < {BLOCK}"
+        lines.append(f"      }} else if ({warp_cond if arg else f'contiguous && ({warp_cond})'}) "
+                     "{  // one warp per output")
+        lines.append(self._launch("reduce_warp", f"disc_grid(k.outputs, {BLOCK // 32}, {MAX_GRID})",
+                                  "        "))
+        if arg:  # no split version
+            lines.append("      } else {  // one block per output")
+            lines.append(self._launch("reduce_block", f"disc_grid(k.outputs, 1, {MAX_GRID})",
+                                      "        "))
+            return lines + ["      }", "    }", "  }"]
+        lines.append(f"      }} else if (k.reduced >= {SPLIT_REDUCE_MIN} && k.outputs < "
+                     f"{SPLIT_REDUCE_BLOCKS}) {{  // few outputs, many elements: split")
+        acc = accumulator_elem(k.ops[0].elem, k.ops[0].attrs["combiner"])
+        chunks = f"(k.reduced + {SPLIT_REDUCE_CHUNK - 1}) / {SPLIT_REDUCE_CHUNK}"
+        lines.append(f"        k.splits = {chunks} < {SPLIT_REDUCE_BLOCKS} / k.outputs ? {chunks} "
+                     f": {SPLIT_REDUCE_BLOCKS} / k.outputs;")
+        lines.append(f"        k.partial = ral->alloc_temp(ral, k.outputs * k.splits * "
+                     f"(int64_t)sizeof({COMPUTE[acc]}));")
+        lines.append("        if (k.partial == nullptr) return 1;")
+        lines.append(self._launch("reduce_split", f"disc_grid(k.outputs * k.splits, 1, {MAX_GRID})",
+                                  "        "))
+        lines.append(self._launch("reduce_partials", f"disc_grid(k.outputs, 1, {MAX_GRID})",
+                                  "        "))
+        lines.append("        ral->free_temp(ral, k.partial);  // stream-ordered")
+        lines.append("      } else {")
+        lines.append(self._launch("reduce_block", f"disc_grid(k.outputs, 1, {MAX_GRID})",
+                                  "        "))
+        lines += ["      }", "    }", "  }"]
+        return lines

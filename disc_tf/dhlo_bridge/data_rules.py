@@ -543,8 +543,10 @@ def _resource_gather(b: DhloBuilder, node: node_def_pb2.NodeDef,
     return [index_select(b, params, indices, batch, batch)]
 
 
-_ARG_INIT = {"f32": ("0xFF800000", "0x7F800000"), "f16": ("0xFC00", "0x7C00"),
-             "bf16": ("0xFF80", "0x7F80"),
+#: An ArgMax/ArgMin starts from the type's lowest/highest finite value (TF's CPU kernel:
+#: NaNs, infinities of the wrong sign and that value itself never count).
+_ARG_INIT = {"f32": ("0xFF7FFFFF", "0x7F7FFFFF"), "f16": ("0xFBFF", "0x7BFF"),
+             "bf16": ("0xFF7F", "0x7F7F"),
              "i32": ("-2147483648", "2147483647"), "i64": ("-9223372036854775808",
                                                            "9223372036854775807")}
 

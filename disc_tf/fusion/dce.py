@@ -65,7 +65,7 @@ def forward_copies(func: DFunc) -> DFunc:
     producer = {r: op for op in func.ops for r in op.results}
 
     def elem(v: str) -> str:
-        return func.args[int(v[4:])][0] if v.startswith("%arg") else producer[v].result_types[0][0]
+        return func.args[int(v[4:])][0] if v.startswith("%arg") else producer[v].elem_of(v)
 
     forward: dict[str, str] = {}
     for op in func.ops:

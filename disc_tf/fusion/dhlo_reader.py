@@ -34,6 +34,11 @@ class DOp:
     #: transpose: result dim i is operand dim ``permutation[i]``
     permutation: list[int] | None = None
 
+    def elem_of(self, value: str) -> str:
+        """Element type of ``value``, one of this op's results (an ArgMax's reduce has
+        two: the extreme values and their positions)."""
+        return self.result_types[self.results.index(value)][0]
+
     def ints_attr(self, name: str) -> list[int]:
         """An integer array attribute such as ``array<i64: 1, 2>``."""
         text = self.attrs[name]

@@ -127,7 +127,7 @@ class _Planner(DataKernelPlacement):
                 name, elem, self.a.value_dims[base], "const", const_value=op.const_value
             )
         else:
-            name = self._temp(self.producer[base].result_types[0][0], self.a.value_dims[base])
+            name = self._temp(self.producer[base].elem_of(base), self.a.value_dims[base])
         self.buffer_of[base] = name
         return name
 
@@ -494,7 +494,7 @@ class _Planner(DataKernelPlacement):
             if op.name in NOT_COMPUTE:
                 raise ShapeError(f"result {i} is a constant")
             name = f"result{i}"
-            self.buffers[name] = Buffer(name, op.result_types[0][0], self.a.value_dims[base],
+            self.buffers[name] = Buffer(name, op.elem_of(base), self.a.value_dims[base],
                                         "output", i)
             self.buffer_of[base] = name
         # An ArgMax's iota is the reduce kernel's loop counter, never a tensor.

@@ -123,7 +123,7 @@ class ValueAccess:
         """The element type of ``value``."""
         if value.startswith("%arg"):
             return self.func.args[int(value[4:])][0]
-        return self.producer[value].result_types[0][0]
+        return self.producer[value].elem_of(value)
 
     def describe(self) -> str:
         """One line per value read through something other than its own memory."""

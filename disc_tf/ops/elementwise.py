@@ -84,6 +84,25 @@ def literal(value: object, elem: str) -> str:
     return f"int32_t({int(value)})"
 
 
+#: The most negative finite value of each float type: TF's CPU ArgMax (Eigen's arg
+#: reducer) starts from it at position 0 and moves only to a strictly greater element, so
+#: NaNs, -inf and this value itself never count, and a row of only those gives 0.
+_LOWEST = {"f32": -3.4028234663852886e38, "f16": -65504.0, "bf16": -3.3895313892515355e38,
+           "f64": -1.7976931348623157e308}
+
+
+def arg_reduce_start(elem: str, direction: str) -> str:
+    """C++ literal (in the compute type) of the value an ArgMax (``direction`` "max") or
+    ArgMin over ``elem`` elements starts from at position 0: the type's lowest (highest)
+    finite value, as in TF's CPU kernel."""
+    if elem in ("i32", "i64"):
+        return f"INT{elem[1:]}_{'MIN' if direction == 'max' else 'MAX'}"
+    if elem not in _LOWEST:
+        raise ValueError(f"ArgMax/ArgMin over {elem} elements")
+    low = _LOWEST[elem]
+    return literal(low if direction == "max" else -low, "f64" if elem == "f64" else "f32")
+
+
 def _infix(template: str) -> Expression:
     """``template`` over the operands ({0}, {1}); integer results are cast back to
     their type (C++ promotes narrow ints), half-type results rounded once."""

@@ -165,8 +165,9 @@ def test_a_two_level_gemm_batch_makes_one_cublas_call_per_index_of_its_smaller_l
 
 
 def test_variants_of_the_cuda_launch_constants_export_side_by_side(tmp_path):
-    from disc_tf.codegen import cuda_config, cuda_kernels
+    from disc_tf.codegen import cuda_config, cuda_stitch
 
+    default = cuda_config.WARP_ROWS_MIN
     manifest = export.export(tmp_path, ["long_softmax"], 1, progress=lambda _: None,
                              variants=("", "WARP_ROWS_MIN=64"))
     by_model = {}
@@ -174,6 +175,6 @@ def test_variants_of_the_cuda_launch_constants_export_side_by_side(tmp_path):
         by_model.setdefault(case["model"], set()).add(case["artifact"])
     assert set(by_model) == {"long_softmax", "long_softmax[WARP_ROWS_MIN=64]"}
     assert by_model["long_softmax"].isdisjoint(by_model["long_softmax[WARP_ROWS_MIN=64]"])
-    assert cuda_config.WARP_ROWS_MIN == cuda_kernels.WARP_ROWS_MIN == 0  # restored
+    assert cuda_config.WARP_ROWS_MIN == cuda_stitch.WARP_ROWS_MIN == default != 64  # restored
     with pytest.raises(ValueError):
         export.parse_variant("NO_SUCH_SETTING=1")

@@ -53,6 +53,9 @@ CLUSTERS = {
     "row_sum": (lambda x: tf.reduce_sum(x, axis=-1), dyn(2)),
     "column_sum": (lambda x: tf.reduce_sum(x, axis=0), dyn(2)),
     "row_prod": (lambda x: tf.reduce_prod(x, axis=-1), dyn(2)),
+    "inner_sum": (lambda x: tf.reduce_sum(x, axis=[1, 2]), dyn(3)),
+    "argmax_last": (lambda x: tf.argmax(x, axis=-1, output_type=tf.int32), dyn(2)),
+    "argmin_first": (lambda x: tf.argmin(x, axis=0, output_type=tf.int32), dyn(2)),
 }
 
 
@@ -136,13 +139,38 @@ def test_artifact_exports_and_is_refused_by_a_cpu_host(built, tmp_path):
 
 def test_mock_host_picks_warp_or_block_rows_from_row_length(built, mock_host, tmp_path):
     art = built["softmax"][1].data
-    short = run_mock(mock_host, art, tmp_path, f"{F32}:4x3x100")
-    assert "alloc_output 0 [4,3,100]" in short
-    assert "launch kernel0_warp_rows grid=2 block=256" in short and short.endswith("rc 0\n")
+    short = run_mock(mock_host, art, tmp_path, f"{F32}:1000x3x100")
+    assert "alloc_output 0 [1000,3,100]" in short
+    assert "launch kernel0_warp_rows grid=375 block=256" in short and short.endswith("rc 0\n")
+    few = run_mock(mock_host, art, tmp_path, f"{F32}:4x3x100")  # under WARP_ROWS_MIN rows
+    assert "launch kernel0_block_rows_cached grid=12 block=256" in few
     long = run_mock(mock_host, art, tmp_path, f"{F32}:2x1x5000")
     assert "launch kernel0_block_rows_cached grid=2 block=256" in long
     huge = run_mock(mock_host, art, tmp_path, f"{F32}:2x1x20000")
     assert "launch kernel0_block_rows grid=2 block=256" in huge
+
+
+@pytest.mark.parametrize("name,shape,launches", [
+    # adjacent reduced elements: thread (under a warp's worth), warp (many outputs),
+    # block (few outputs), split (few outputs over many elements, partials combined)
+    ("inner_sum", "5x3x7", ["reduce_thread grid=1"]),
+    ("inner_sum", "3000x4x10", ["reduce_warp grid=375"]),
+    ("inner_sum", "5x20x30", ["reduce_block grid=5"]),
+    ("inner_sum", "2x300x200", ["reduce_split grid=16", "reduce_partials grid=2"]),
+    ("argmax_last", "3000x10", ["reduce_thread grid=12"]),
+    ("argmax_last", "3000x40", ["reduce_warp grid=375"]),
+    ("argmax_last", "5x200", ["reduce_warp grid=1"]),
+    ("argmax_last", "5x3000", ["reduce_block grid=5"]),
+    # strided reduced elements: thread (many outputs), warp (short), block (few, long)
+    ("argmin_first", "40x3000", ["reduce_thread grid=12"]),
+    ("argmin_first", "100x50", ["reduce_warp grid=7"]),
+    ("argmin_first", "3000x5", ["reduce_block grid=5"]),
+])
+def test_mock_host_picks_reduce_versions(built, mock_host, tmp_path, name, shape, launches):
+    out = run_mock(mock_host, built[name][1].data, tmp_path, f"{F32}:{shape}")
+    got = [line.split(" block=")[0].split("_", 1)[1] for line in out.splitlines()
+           if line.startswith("launch kernel")]
+    assert got == launches, out
 
 
 def test_mock_host_broadcast_vector_and_flat_versions(built, mock_host, tmp_path):
@@ -151,6 +179,9 @@ def test_mock_host_broadcast_vector_and_flat_versions(built, mock_host, tmp_path
     assert "launch kernel0_bcast grid=1" in out and "alloc_output 0 [2,3,4]" in out
     rows = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x300", f"{F32}:1x1x300")
     assert "launch kernel0_bcast_rows grid=6 block=256" in rows
+    # [4, 64] read as one run by both inputs: rows of 256 instead of a strided element each
+    merged = run_mock(mock_host, art, tmp_path, f"{F32}:3x4x64", f"{F32}:1x4x64")
+    assert "launch kernel0_bcast_rows grid=3 block=256" in merged
     assert "launch kernel0_vec" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:2x3x4")
     assert "launch kernel0_flat" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x5",
                                                   f"{F32}:2x3x5")

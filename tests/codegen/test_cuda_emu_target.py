@@ -35,6 +35,12 @@ CASES = {
     "row_sum": (lambda x: tf.reduce_sum(x, axis=-1), dyn(2)),
     "column_sum": (lambda x: tf.reduce_sum(x, axis=0), dyn(2)),
     "row_prod": (lambda x: tf.reduce_prod(x, axis=-1), dyn(2)),
+    "argmax_last": (lambda x: tf.argmax(x, axis=-1, output_type=tf.int32), dyn(2)),
+    "argmin_first": (lambda x: tf.argmin(x, axis=0, output_type=tf.int32), dyn(2)),
+    "inner_sum": (lambda x: tf.reduce_sum(x, axis=[1, 2]), dyn(3)),
+    "inner_sum_transposed": (lambda x: tf.reduce_sum(tf.transpose(x, [0, 2, 1]), axis=[1, 2]),
+                             dyn(3)),
+    "transposed_row_sum": (lambda x: tf.reduce_sum(tf.transpose(x), axis=-1), dyn(2)),
     "layer_norm_f16": (layer_norm, dyn(3, tf.float16), dyn(1, tf.float16), dyn(1, tf.float16)),
     "constants": (lambda x: x * tf.constant([1.0, 2.0, 3.0]) + tf.constant([0.5, 0.25, 0.125]),
                   tf.TensorSpec([None, 3])),
@@ -86,8 +92,13 @@ def test_bias_gelu_vector_and_flat_versions(shapes):
     check("bias_gelu", *(rand(rng, *s) for s in shapes))
 
 
+# strided per element, flat, vectorized, rows; dims merged (the inner two: rows of 256),
+# merged through a size-1 dim, and not mergeable (a broadcast in the middle)
 @pytest.mark.parametrize("shapes", [((2, 3, 4), (1, 3, 1)), ((2, 3, 4), (2, 3, 4)),
-                                    ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200))])
+                                    ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200)),
+                                    ((3, 4, 64), (1, 4, 64)), ((3, 1, 70), (1, 1, 70)),
+                                    ((2, 1, 64), (2, 5, 64)), ((2, 5, 1), (1, 5, 30)),
+                                    ((3, 70, 1), (1, 70, 1))])
 def test_broadcast_versions(shapes):
     rng = np.random.default_rng(4)
     check("broadcast", *(rand(rng, *s) for s in shapes))
@@ -107,6 +118,51 @@ def test_batched_transposed_matmul():
 @pytest.mark.parametrize("shape", [(5, 3000), (600, 3)])  # thread per output, block per output
 def test_column_reduce_versions(shape):
     check("column_reduce", rand(np.random.default_rng(6), *shape))
+
+
+# rows of adjacent elements: thread per output (short rows), warp per output (many rows,
+# or rows shorter than a block), block per output, split over blocks (few long rows)
+@pytest.mark.parametrize("shape", [(3000, 10), (3000, 40), (5, 300), (5, 3000), (3, 70000)])
+def test_row_sum_versions(shape):
+    check("row_sum", rand(np.random.default_rng(11), *shape), rtol=1e-5, atol=1e-4)
+
+
+# a reduce kernel over adjacent elements: thread (under a warp's worth), warp (many
+# outputs), block (few outputs), split (few outputs over very many elements)
+@pytest.mark.parametrize("shape", [(5, 3, 7), (3000, 4, 10), (5, 20, 30), (2, 300, 200)])
+def test_inner_sum_versions(shape):
+    x = rand(np.random.default_rng(15), *shape)
+    check("inner_sum", x, rtol=1e-5, atol=1e-4)  # the reduced dims as one run
+    check("inner_sum_transposed", x, rtol=1e-5, atol=1e-4)  # strides not chained: per dim
+
+
+@pytest.mark.parametrize("shape", [(40, 3000), (3000, 5)])  # reduced elements strided
+def test_transposed_row_sum(shape):
+    check("transposed_row_sum", rand(np.random.default_rng(12), *shape), rtol=1e-5, atol=1e-4)
+
+
+def ties_and_nans(rng, *shape):
+    """Few distinct values (ties everywhere), NaNs first in some rows, later in others."""
+    x = rng.integers(0, 4, shape).astype(np.float32)
+    x[rng.random(shape) < 0.01] = np.nan
+    x.reshape(-1, shape[-1])[::7, 0] = np.nan
+    return x
+
+
+# thread per output, warp per output (many outputs, or short), block per output
+@pytest.mark.parametrize("shape", [(3000, 10), (3000, 40), (5, 200), (5, 3000), (2, 70000)])
+def test_argmax_versions(shape):
+    rng = np.random.default_rng(13)
+    check("argmax_last", rand(rng, *shape))
+    check("argmax_last", ties_and_nans(rng, *shape))
+
+
+# reduced elements strided: thread (many outputs), warp (short), block (few, long)
+@pytest.mark.parametrize("shape", [(40, 3000), (100, 50), (3000, 5)])
+def test_argmin_strided_versions(shape):
+    rng = np.random.default_rng(14)
+    check("argmin_first", rand(rng, *shape))
+    check("argmin_first", ties_and_nans(rng, *shape[::-1]).T.copy())
 
 
 # 1 + 2^-12: a thread's float running sum drops the 2^-12 of every element once it

@@ -178,3 +178,24 @@ def test_cublas_stand_in_rejects_what_cublas_rejects(emu):
                                   _ptr(a), 4, 0) == 7
     assert emu.emu_row_major_gemm(3, 1, 4, 4, 4, _ptr(a), 4, 0, 0, _ptr(a), 4, 0, 0,
                                   _ptr(a), 4, 0) == -1  # int32: no GEMM dtype
+
+
+def test_index_divmod_is_exact_in_both_widths(tmp_path):
+    """``disc_divmod`` (the device prelude's index split) divides in 32 bits when both
+    operands fit and in 64 bits otherwise: both give the exact quotient and remainder."""
+    from disc_tf.codegen.cuda_ops import DEVICE_PRELUDE
+
+    src = tmp_path / "divmod.cc"
+    src.write_text(DEVICE_PRELUDE + '\nextern "C" int64_t divmod(int64_t* rem, int64_t dim) '
+                   "{ return disc_divmod(*rem, dim); }\n")
+    so = tmp_path / "divmod.so"
+    subprocess.run([compiler.resolve(compiler.cxx()), *cuda_emu_build.FLAGS, "-include",
+                    str(cuda_emu_build.header_dirs()["emu"] / "cuda_emulator.h"), "-shared",
+                    *cuda_emu_build.device_includes(), str(src), "-o", str(so)], check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.divmod.restype = ctypes.c_int64
+    lib.divmod.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
+    for rem, dim in [(10, 3), (0, 7), (2**32 - 1, 2**32 - 1), (2**32 - 1, 10), (2**32, 10),
+                     (2**32 + 5, 7), (2**40 + 12345, 2**33 + 1), (5, 2**32), (2**62 + 3, 3)]:
+        r = ctypes.c_int64(rem)
+        assert (lib.divmod(ctypes.byref(r), dim), r.value) == (rem % dim, rem // dim), (rem, dim)

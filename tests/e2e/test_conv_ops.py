@@ -314,6 +314,41 @@ def test_argmax_argmin_first_extreme_like_tf(dtype, axis):
             assert_same(tf_fn(x), jitted(x), tf.int64)
 
 
+def edge_rows(dtype: tf.DType, direction: str) -> np.ndarray:
+    """Rows where a start from the first element and TF's rule (start from the type's
+    extreme value at position 0, move only to a strictly better element) disagree:
+    NaN first, infinities and the extreme finite value that never count."""
+    np_type = dtype.as_numpy_dtype
+    if dtype.is_integer:
+        low, high = np.iinfo(np_type).min, np.iinfo(np_type).max
+        rows = [[low, low, low], [high, high, high], [low, 3, low], [high, 3, high], [3, 3, 3]]
+    else:
+        low = float(tf.as_dtype(dtype).min)
+        nan, inf = np.nan, np.inf
+        rows = [[nan, 1, 3], [-inf, -inf, -inf], [nan, -inf, -inf], [low, low, low],
+                [1, nan, 3], [nan, nan, nan], [nan, low, 2], [-inf, low, -inf], [3, nan, 3]]
+    x = np.array(rows, np_type)
+    return x if direction == "max" or dtype.is_integer else -x
+
+
+@pytest.mark.parametrize("dtype", [F32, tf.float16, tf.bfloat16, tf.int32], ids=lambda d: d.name)
+@pytest.mark.parametrize("direction", ["max", "min"])
+def test_arg_reduce_of_nans_and_extremes_like_tf(dtype, direction):
+    """TF's CPU kernel never counts a NaN, even first, nor the type's extreme values
+    (a start from the first element gave 0 for [NaN, 1, 3]; TF gives 2). Along the
+    row and along the columns, short and long (each backend's versions)."""
+    arg = tf.argmax if direction == "max" else tf.argmin
+    rows = edge_rows(dtype, direction)
+    for axis in (-1, 0):
+        tf_fn = tf.function(lambda x, a=axis: arg(x, axis=a, output_type=tf.int32),
+                            input_signature=[dyn(2, dtype)])
+        jitted = compiled(tf_fn)
+        for repeat in (1, 700):
+            x = np.tile(rows, (1, repeat))
+            x = x if axis == -1 else np.ascontiguousarray(x.T)
+            assert_same(tf_fn(x), jitted(x), tf.int32)
+
+
 def test_argmax_of_an_empty_axis_is_invalid_argument():
     tf_fn = tf.function(lambda x: tf.argmax(x * 2.0, axis=1), input_signature=[dyn(2)])
     jitted = compiled(tf_fn)
