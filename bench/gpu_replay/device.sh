@@ -32,7 +32,7 @@ PROFILE=${PROFILE:-"bert_base:2 fastspeech_conv:2 mobilenet_v2:2 gpt2_decoder:2"
 if command -v ncu >/dev/null; then
   for job in $PROFILE; do
     left=$((deadline - SECONDS))
-    ((left > 90)) || break
+    ((left > 40)) || break  # a profile took 10-15 s on the H200
     echo "== ncu: ${job%%:*} call ${job##*:}" | tee -a "$out/profile.txt"
     timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
       -c 120 python3 -m bench.gpu_replay.check --cases "$cases" --out "$work/replay" \
