@@ -16,8 +16,11 @@ WARP_ROW_MAX = 1024
 WARP_ROWS_MIN = 2112
 #: Reduce kernels with at least this many outputs run one thread per output.
 THREAD_REDUCE_MIN = 2048
-#: Broadcasting loop kernels run one block per row from this row length on.
+#: Broadcasting loop kernels run one block per row from this row length on ...
 ROWS_MIN_INNER = 128
+#: ... when there are this many rows (2 blocks per SM of a 132-SM GPU, about): fewer
+#: rows run per element, or a merge of dims to one long row would run in one block.
+BCAST_ROWS_MIN = 256
 #: Most dynamic shared memory a stitch kernel uses to cache its row (the
 #: default limit of every GPU since sm_20, no opt-in needed).
 ROW_CACHE_BYTES = 48 * 1024

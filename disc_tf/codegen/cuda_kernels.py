@@ -33,6 +33,7 @@ from disc_tf.codegen.cpu_text import (
     window_offset,
 )
 from disc_tf.codegen.cuda_config import (
+    BCAST_ROWS_MIN,
     BLOCK,
     KINDS,
     MAX_GRID,
@@ -524,7 +525,8 @@ class CudaKernelEmitter(CudaReductionEmitter):
             lines += ["      } else {  // strided: first merge the dims every input reads as one run",
                       f"        int64_t* strides[] = {{{strides}}};",
                       f"        disc_collapse_dims({r}, k.dims, {len(k.inputs)}, strides);",
-                      f"        if ({inner} >= {ROWS_MIN_INNER}) {{  // one block per row",
+                      f"        if ({inner} >= {ROWS_MIN_INNER} && k.n / {inner} >= {BCAST_ROWS_MIN}) "
+                      "{  // one block per row",
                       self._launch("bcast_rows", f"disc_grid(k.n / {inner}, 1, {MAX_GRID})",
                                    "          "),
                       "        } else {",

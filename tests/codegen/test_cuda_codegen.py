@@ -35,7 +35,7 @@ CUDA_INCLUDE = next((d for d in (_nvcc_root / "include", pathlib.Path("/usr/loca
                      if (d / "cuda.h").is_file()), pathlib.Path("/nonexistent"))
 pytestmark = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (CUDA toolkit) not installed")
 
-F32, F16, I32 = 1, 19, 3  # TF dtype enums, as the mock host takes them
+F32, F16, I32, I64 = 1, 19, 3, 9  # TF dtype enums, as the mock host takes them
 
 
 def layer_norm(x, g, b):
@@ -56,6 +56,9 @@ CLUSTERS = {
     "inner_sum": (lambda x: tf.reduce_sum(x, axis=[1, 2]), dyn(3)),
     "argmax_last": (lambda x: tf.argmax(x, axis=-1, output_type=tf.int32), dyn(2)),
     "argmin_first": (lambda x: tf.argmin(x, axis=0, output_type=tf.int32), dyn(2)),
+    "window_scale": (lambda x: x[1:] * 2.0, dyn(2)),
+    # the start value of an integer ArgMax is INT64_MIN: nvcc must see it
+    "argmax_i64": (lambda x: tf.argmax(x, axis=-1, output_type=tf.int32), dyn(2, tf.int64)),
 }
 
 
@@ -165,9 +168,11 @@ def test_mock_host_picks_warp_or_block_rows_from_row_length(built, mock_host, tm
     ("argmin_first", "40x3000", ["reduce_thread grid=12"]),
     ("argmin_first", "100x50", ["reduce_warp grid=7"]),
     ("argmin_first", "3000x5", ["reduce_block grid=5"]),
+    ("argmax_i64", "3000x40", ["reduce_warp grid=375"]),
 ])
 def test_mock_host_picks_reduce_versions(built, mock_host, tmp_path, name, shape, launches):
-    out = run_mock(mock_host, built[name][1].data, tmp_path, f"{F32}:{shape}")
+    dtype = I64 if name.endswith("_i64") else F32
+    out = run_mock(mock_host, built[name][1].data, tmp_path, f"{dtype}:{shape}")
     got = [line.split(" block=")[0].split("_", 1)[1] for line in out.splitlines()
            if line.startswith("launch kernel")]
     assert got == launches, out
@@ -177,11 +182,17 @@ def test_mock_host_broadcast_vector_and_flat_versions(built, mock_host, tmp_path
     art = built["broadcast"][1].data
     out = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:1x3x1")
     assert "launch kernel0_bcast grid=1" in out and "alloc_output 0 [2,3,4]" in out
-    rows = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x300", f"{F32}:1x1x300")
-    assert "launch kernel0_bcast_rows grid=6 block=256" in rows
+    rows = run_mock(mock_host, art, tmp_path, f"{F32}:100x3x300", f"{F32}:1x1x300")
+    assert "launch kernel0_bcast_rows grid=300 block=256" in rows
+    few = run_mock(mock_host, art, tmp_path, f"{F32}:2x3x300", f"{F32}:1x1x300")
+    assert "launch kernel0_bcast grid=8 block=256" in few  # 6 rows: per element
     # [4, 64] read as one run by both inputs: rows of 256 instead of a strided element each
-    merged = run_mock(mock_host, art, tmp_path, f"{F32}:3x4x64", f"{F32}:1x4x64")
-    assert "launch kernel0_bcast_rows grid=3 block=256" in merged
+    merged = run_mock(mock_host, art, tmp_path, f"{F32}:300x4x64", f"{F32}:1x4x64")
+    assert "launch kernel0_bcast_rows grid=300 block=256" in merged
+    # a window of a contiguous buffer: every dim merges into one row, which runs per
+    # element, not in one block
+    window = run_mock(mock_host, built["window_scale"][1].data, tmp_path, f"{F32}:4097x4096")
+    assert "launch kernel0_bcast grid=65535 block=256" in window, window
     assert "launch kernel0_vec" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x4", f"{F32}:2x3x4")
     assert "launch kernel0_flat" in run_mock(mock_host, art, tmp_path, f"{F32}:2x3x5",
                                                   f"{F32}:2x3x5")

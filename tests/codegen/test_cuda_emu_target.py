@@ -92,13 +92,13 @@ def test_bias_gelu_vector_and_flat_versions(shapes):
     check("bias_gelu", *(rand(rng, *s) for s in shapes))
 
 
-# strided per element, flat, vectorized, rows; dims merged (the inner two: rows of 256),
-# merged through a size-1 dim, and not mergeable (a broadcast in the middle)
+# strided per element, flat, vectorized, few rows (per element); dims merged (the inner
+# two), merged through a size-1 dim, not mergeable (a broadcast in the middle); rows
 @pytest.mark.parametrize("shapes", [((2, 3, 4), (1, 3, 1)), ((2, 3, 4), (2, 3, 4)),
                                     ((2, 3, 5), (2, 3, 5)), ((1, 2, 200), (3, 1, 200)),
                                     ((3, 4, 64), (1, 4, 64)), ((3, 1, 70), (1, 1, 70)),
                                     ((2, 1, 64), (2, 5, 64)), ((2, 5, 1), (1, 5, 30)),
-                                    ((3, 70, 1), (1, 70, 1))])
+                                    ((3, 70, 1), (1, 70, 1)), ((260, 1, 130), (1, 1, 130))])
 def test_broadcast_versions(shapes):
     rng = np.random.default_rng(4)
     check("broadcast", *(rand(rng, *s) for s in shapes))
