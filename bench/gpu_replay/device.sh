@@ -4,7 +4,8 @@
 # replays the larger models with TF32 GEMMs (REPLAY-tf32.md), profiles, and
 # runs the small call of every model again under compute-sanitizer's memcheck (an
 # out-of-bounds access there fails the model), and profiles the kernels of one call of
-# each model in PROFILE with Nsight Compute (each kernel's GPU time, to profile.txt).
+# each model in PROFILE with Nsight Compute (each kernel's GPU time, to profile.txt), and
+# the kernels named in SOL with its SpeedOfLight section.
 #
 #   bench/gpu_replay/device.sh CASES_DIR OUT_DIR [SECONDS]
 set -uo pipefail
@@ -38,6 +39,17 @@ if command -v ncu >/dev/null; then
       -c 120 python3 -m bench.gpu_replay.check --cases "$cases" --out "$work/replay" \
       --models "${job%%:*}" --calls "${job##*:}" --child "$work/replay/libreplay.so" \
       >>"$out/profile.txt" 2>&1
+  done
+  # SOL="model:call:regex ...": Nsight Compute's SpeedOfLight section (compute vs memory
+  # throughput) for the kernels whose names match, appended to profile.txt
+  for job in ${SOL:-}; do
+    left=$((deadline - SECONDS))
+    ((left > 40)) || break
+    IFS=: read -r model call regex <<<"$job"
+    echo "== ncu SpeedOfLight: $model call $call, kernels ~ $regex" | tee -a "$out/profile.txt"
+    timeout 60 ncu --clock-control none --section SpeedOfLight -k "regex:$regex" -c 16 \
+      python3 -m bench.gpu_replay.check --cases "$cases" --out "$work/replay" --models "$model" \
+      --calls "$call" --child "$work/replay/libreplay.so" >>"$out/profile.txt" 2>&1
   done
 fi
 left=$((deadline - SECONDS))
