@@ -403,7 +403,7 @@ class CudaReductionEmitter:
         ])
 
     def generic_reduce(self) -> str:
-        """One reduction over ``reduce_dims``: thread-per-output, block-per-output and split
+        """One reduction over ``reduce_dims``: thread-, warp- and block-per-output and split
         (several blocks per output, then their partials combined) versions."""
         k, r = self.k, self.rank
         if len(k.ops) == 1 and k.ops[0].op == "arg_reduce" and len(k.outputs) == 1:
@@ -464,8 +464,8 @@ class CudaReductionEmitter:
         lines += [f"    if (tid == 0) w0[o] = {store('acc', out_elem)};", "  }", "}", ""]
         warp = self.function("reduce_warp")
         lines += [
-            "// One warp per output, for many outputs whose reduced elements are contiguous:",
-            "// the lanes read adjacent elements (a thread per output would not coalesce).",
+            "// One warp per output, for contiguous reduced elements (many outputs, or fewer",
+            "// elements than a block): lanes read adjacent ones (a thread each would not coalesce).",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {warp}(const {self.args} a) {{',
             *head[1:],
             f"  __shared__ double smem[{BLOCK // 32}];  // unused: a group is one warp",
@@ -486,7 +486,7 @@ class CudaReductionEmitter:
         lines += [
             "// Few outputs over very many elements: a.splits blocks per output, each folding",
             "// one contiguous range of the reduced elements into a.partial (then",
-            f"// {partials} combines each output's partials in order: deterministic).",
+            f"// {partials} combines each output's partials in a fixed order: deterministic).",
             f'extern "C" __global__ void __launch_bounds__({BLOCK}) {split}(const {self.args} a) {{',
             f"  {ct}* __restrict__ partial = static_cast<{ct}*>(a.partial);",
             f"  __shared__ double smem[{BLOCK // 32}];  // one partial result per warp",
