@@ -32,6 +32,11 @@ from bench.progress import ProgressBar
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 ORT_VENV = BENCH_DIR / ".venv-ort"
+#: Seconds of quiet before each hot pass: a peer's pool threads keep polling for work
+#: after its pass (ONNX Runtime's took a whole core for about 60 ms on a 2-core AVX2
+#: host; disc_tf's poll for 200 us, DISC_TF_SPIN_US), which would take a core from the
+#: next peer's pass.
+SETTLE_S = 0.15
 
 Record = dict[str, Any]
 
@@ -205,6 +210,7 @@ def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pat
             pp = live[peer][0]
             if bar is not None:
                 bar.label = f"{name} hot {round_no + 1}/{hot_repeats} {peer}"
+            time.sleep(SETTLE_S)  # the previous peer's pool threads stop polling
             if not pp.send("hot") or pp.wait_event(deadline()) != "@hotdone":
                 close(peer)
     if bar is not None and hot_repeats:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds build/gemm_libs: the harness, the RAL's two GEMM microkernel objects
+# Builds build/gemm_libs (and build/split_race): the harness, the RAL's two GEMM microkernel objects
 # (cc/ral/gemm_kernel_{avx2,avx512}.cc with native_build.py's ISA flags), and
 # every library that setup.sh installed (each one absent is left out).
 #   bench/gemm_libs/build.sh     # then run.py (or build/gemm_libs, flags in its header)
@@ -49,4 +49,7 @@ fi
 "$CXX" "${base[@]}" -fopenmp "${defs[@]}" "${inc[@]}" "$here/gemm_libs.cc" \
   "$out/gemm_kernel_avx2.o" "$out/gemm_kernel_avx512.o" -o "$out/gemm_libs" \
   -Wl,--no-as-needed "${libs[@]}" -lgomp -lpthread -ldl -lrt -lm
+# split_race: ways of cutting one prepacked product for two threads (split_race.cc)
+"$CXX" "${base[@]}" -mavx2 -mfma "$here/split_race.cc" "$out/gemm_kernel_avx2.o" \
+  -o "$out/split_race" -lpthread
 echo "built $out/gemm_libs with: ${defs[*]}"

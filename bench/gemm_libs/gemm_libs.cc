@@ -50,6 +50,7 @@
 #include "cc/ral/gemm_kernels.h"
 #include "cc/ral/gemm_split.h"
 #include "cc/ral/run_tasks.h"
+#include "cc/ral/spin_pool.h"
 
 #ifdef HAVE_MKL
 #include <mkl.h>
@@ -96,54 +97,17 @@ struct FreeDeleter {
 };
 using Floats = std::unique_ptr<float, FreeDeleter>;
 
-// ---- A one-helper pool and RunTasks, as the RAL runs a GEMM's blocks on TF's
-// intra-op pool: the caller and the helper take tasks from a shared counter.
+// ---- The RAL's task pool (cc/ral/spin_pool.h) with one worker: the caller and
+// the worker take tasks from a shared counter, as in the RAL.
 class Helper {
  public:
-  Helper() : thread_([this] { Loop(); }) {}
-  ~Helper() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      gen_.fetch_add(1);
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  int NumThreads() const { return 2; }  // the caller's and this one
-  void Schedule(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job_ = std::move(job);
-      gen_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_one();
-  }
+  Helper() : pool_(kSpinMicros) { pool_.Reserve(1); }
+  int NumThreads() const { return 2; }  // the caller's and the worker
+  void Schedule(std::function<void()> job) { pool_.Schedule(std::move(job)); }
 
  private:
-  void Loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      // Spin briefly (as Eigen's pool threads do), then sleep.
-      for (int spin = 0; spin < 20000 && gen_.load(std::memory_order_acquire) == seen; ++spin)
-        __builtin_ia32_pause();
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return gen_.load() != seen; });
-        seen = gen_.load();
-        if (stop_) return;
-        job = std::move(job_);
-      }
-      if (job) job();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  bool stop_ = false;
-  std::function<void()> job_;
-  std::thread thread_;  // last: starts after the members above exist
+  static constexpr int64_t kSpinMicros = 200;  // the RAL's default (DISC_TF_SPIN_US)
+  disc_tf::SpinPool pool_;
 };
 
 // Tasks run as the RAL runs them: cc/ral/run_tasks.h (the caller and one helper).
@@ -151,13 +115,14 @@ using disc_tf::RunTasks;
 
 // ---- The RAL's split of a prepacked product: cc/ral/gemm_split.h.
 
-// Runs block(i0, i1, j0, j1) over the RAL's blocks of C (j0: a multiple of 64).
-void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k,
+// Runs block(i0, i1, j0, j1) over the RAL's blocks of C (j0: a multiple of 64);
+// row_block as the RAL passes it for the ISA (disc_ral_tf.cc, RowBlock).
+void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k, int64_t row_block,
                const std::function<void(int64_t, int64_t, int64_t, int64_t)>& block) {
   const double work = static_cast<double>(m) * n * k;
   disc_tf::GemmSplit split;
   if (pool != nullptr && work >= disc_tf::kSmallGemm)
-    split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false);
+    split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false, row_block);
   const int64_t rows = split.rows(m), cols = split.cols(n);
   const int64_t col_blocks = (n + cols - 1) / cols;
   const int64_t blocks = (m + rows - 1) / rows * col_blocks;
@@ -176,6 +141,9 @@ struct Problem {
   int threads;
   std::string isa;  // microkernel entry: avx512 | avx2
 };
+
+// The RAL's row blocks for this ISA (disc_ral_tf.cc, RowBlock): AVX2 only.
+int64_t RowBlock(const Problem& p) { return p.isa == "avx2" ? disc_tf::kRowBlockRows : 0; }
 
 class Candidate {
  public:
@@ -211,7 +179,7 @@ class Disc : public Candidate {
   }
   void Run(float* c) override {
     const Problem& p = p_;
-    SplitGemm(pool_, p.m, p.n, p.k, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    SplitGemm(pool_, p.m, p.n, p.k, RowBlock(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
       block_(i1 - i0, j1 - j0, p.k, p.a + i0 * p.k, p.k, 0, packed_.get() + j0 * p.k,
              c + i0 * p.n + j0, p.n, 0);
     });
@@ -280,7 +248,7 @@ class Xsmm : public Candidate {
   }
   void Run(float* c) override {
     const Problem& p = p_;
-    SplitGemm(pool_, p.m, p.n, p.k, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    SplitGemm(pool_, p.m, p.n, p.k, RowBlock(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
       Block(i1 - i0, j0, j1, p.a + i0 * p.k, c + i0 * p.n);
     });
   }

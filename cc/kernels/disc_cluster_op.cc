@@ -334,7 +334,10 @@ class DiscClusterOp : public AsyncOpKernel {
                    std::vector<Tensor> inputs) {
     absl::Status s;
     {
-      TfRal ral(ctx, std::move(inputs), cluster_name_);
+      // The launch profile's cluster: its name and artifact, so that clusters of one
+      // name in different models (each model's first is disc_cluster_0) stay apart.
+      TfRal ral(ctx, std::move(inputs),
+                absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8)));
       if (!constant_inputs_.empty() && !on_gpu_) {
         ral.packed_weights = &packed_weights_;
         ral.constant_inputs = &constant_inputs_;

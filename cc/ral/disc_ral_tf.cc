@@ -5,6 +5,7 @@
 #include "cc/ral/gemm_kernels.h"
 #include "cc/ral/gemm_split.h"
 #include "cc/ral/run_tasks.h"
+#include "cc/ral/spin_pool.h"
 #include "cc/ral/launch_profile.h"
 
 #include <algorithm>
@@ -46,6 +47,63 @@ tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
       r->ctx->device()->tensorflow_cpu_worker_threads();
   if (workers == nullptr || workers->num_threads <= 1) return nullptr;
   return workers->workers;
+}
+
+// How long the RAL's workers poll for the next task after one (DISC_TF_SPIN_US,
+// microseconds; default 200, 0: they sleep at once).
+int64_t SpinMicros() {
+  const char* v = std::getenv("DISC_TF_SPIN_US");
+  if (v == nullptr || *v == '\0') return 200;
+  char* end = nullptr;
+  const long long us = std::strtoll(v, &end, 10);
+  return end != v && *end == '\0' && us >= 0 ? std::min<long long>(us, 1000000) : 200;
+}
+
+// The pool a launch runs its tasks on (RunTasks' Pool): the RAL's SpinPool
+// (spin_pool.h), or with DISC_TF_TASK_POOL=tf the kernel's intra-op pool itself;
+// `threads` counts the caller, as the intra-op pool's size does. No pool (tasks
+// inline) when the intra-op pool has one thread or none.
+struct TaskPool {
+  SpinPool* spin = nullptr;
+  tensorflow::thread::ThreadPool* intra_op = nullptr;
+  int threads = 1;
+  bool none() const { return spin == nullptr && intra_op == nullptr; }
+  int NumThreads() const { return threads; }
+  void Schedule(std::function<void()> job) const {
+    if (spin != nullptr) {
+      spin->Schedule(std::move(job));
+    } else {
+      intra_op->Schedule(std::move(job));
+    }
+  }
+};
+
+bool UseIntraOpPool() {
+  const char* v = std::getenv("DISC_TF_TASK_POOL");
+  return v != nullptr && std::string(v) == "tf";
+}
+
+// The workers are shared by every call of the process and never stopped.
+TaskPool TaskPoolOf(TfRal* r) {
+  tensorflow::thread::ThreadPool* intra_op = IntraOpPool(r);
+  if (intra_op == nullptr) return {};
+  const int threads = intra_op->NumThreads();
+  static const bool use_intra_op = UseIntraOpPool();
+  if (use_intra_op) return {nullptr, intra_op, threads};
+  static SpinPool* const pool = new SpinPool(SpinMicros());
+  static std::atomic<int> started{0};
+  if (started.load(std::memory_order_acquire) < threads - 1) {
+    pool->Reserve(threads - 1);
+    started.store(pool->Workers(), std::memory_order_release);
+  }
+  return {pool, nullptr, threads};
+}
+
+// RunTasks on TaskPoolOf(r), or inline with `inline_only`.
+void RunOnPool(TfRal* r, int64_t tasks, const std::function<void(int64_t)>& fn,
+               bool inline_only = false) {
+  const TaskPool pool = inline_only ? TaskPool{} : TaskPoolOf(r);
+  RunTasks(pool.none() ? nullptr : &pool, tasks, fn);
 }
 
 bool CheckInput(TfRal* r, int32_t i, const char* what) {
@@ -189,20 +247,20 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
   TfRal* r = TfRal::From(ral);
   profile::LaunchTimer timer(r->profile_key(), &r->launches, "kernel");
   if (r->profiling) timer.detail = absl::StrCat("n=", total, " cost=", cost_per_unit);
-  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
+  const TaskPool pool = TaskPoolOf(r);
   if (!(cost_per_unit >= 1.0)) cost_per_unit = 1.0;  // also catches NaN
   const double work = static_cast<double>(total) * cost_per_unit;
-  if (pool == nullptr || total == 1 || work < kInlineCostThreshold) {
+  if (pool.none() || total == 1 || work < kInlineCostThreshold) {
     fn(closure, 0, total);
     return;
   }
   // Ranges of equal length: up to two per thread, none cheaper than running
   // inline would be.
-  const int64_t most = std::min<int64_t>(2 * pool->NumThreads(), total);
+  const int64_t most = std::min<int64_t>(2 * pool.NumThreads(), total);
   const int64_t tasks =
       std::max<int64_t>(1, std::min<double>(most, std::floor(work / kInlineCostThreshold)));
   const int64_t chunk = (total + tasks - 1) / tasks;
-  RunTasks(pool, (total + chunk - 1) / chunk, [&](int64_t t) {
+  RunOnPool(r, (total + chunk - 1) / chunk, [&](int64_t t) {
     fn(closure, t * chunk, std::min(total, (t + 1) * chunk));
   });
 }
@@ -235,6 +293,12 @@ struct GemmIsa {
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
   }
+
+// Rows per block of ChoosePrepackedSplit's row blocks on this ISA: measured on
+// AVX2 only (gemm_split.h); the AVX-512 block keeps the split it was measured with.
+int64_t RowBlock(const GemmIsa& isa) {
+  return std::string(isa.name) == "avx2" ? kRowBlockRows : 0;
+}
 
 // The GEMM for this CPU (no block: the Eigen fallback).
 // The cap DISC_TF_GEMM_ISA, else DISC_TF_ISA, asks for ("" for none).
@@ -345,8 +409,8 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
     if (base != nullptr && b >= base && b + extent <= base + t.NumElements())
       return r->packed_weights->Get(
           i, t, b, k, n, ldb, tb, isa.packer,
-          [pool = IntraOpPool(r)](int64_t tasks, const std::function<void(int64_t)>& fn) {
-            RunTasks(pool, tasks, fn);
+          [r](int64_t tasks, const std::function<void(int64_t)>& fn) {
+            RunOnPool(r, tasks, fn);
           });
   }
   return nullptr;
@@ -392,18 +456,20 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C. A product is split only
     // when it is big and the products are too few to keep the pool busy.
-    const int64_t threads = pool ? pool->NumThreads() : 1;
+    const int64_t threads = TaskPoolOf(r).NumThreads();
     GemmSplit split;
-    if (pool != nullptr && work >= kSmallGemm && batch < threads) {
+    if (threads > 1 && work >= kSmallGemm && batch < threads) {
       const int64_t per_product = (threads + batch - 1) / batch;
       split = packed_b != nullptr
-                  ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows)
+                  ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows,
+                                         RowBlock(isa))
                   : ChooseGemmSplit(m, n, k, per_product, epilogue.full_rows);
     }
     const int64_t rows = split.rows(m), cols = split.cols(n);
     const int64_t row_blocks = (m + rows - 1) / rows;
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks * col_blocks;
+    if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks, "x", col_blocks);
     auto task = [=](int64_t t) {
       const int64_t q = t / blocks;
       const int64_t i0 = (t % blocks) / col_blocks * rows;
@@ -422,7 +488,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     };
     const int64_t tasks = batch * blocks;
     // Small products run on the caller alone: a helper's wake-up costs more.
-    RunTasks(work * batch < kSmallGemm ? nullptr : pool, tasks, task);
+    RunOnPool(r, tasks, task, /*inline_only=*/work * batch < kSmallGemm);
     return;
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
@@ -548,14 +614,19 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   std::vector<std::shared_ptr<const PackedOperand>> packed(count);
   for (int32_t p = 0; p < count; ++p)
     packed[p] = PrepackedB(r, isa, b[p], k, n[p], ldb[p], transpose_b[p] != 0);
-  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
+  // A B not packed is packed by every block that reads it: no small row blocks then.
+  const bool all_packed = std::all_of(packed.begin(), packed.end(),
+                                      [](const auto& p) { return p != nullptr; });
+  const int threads = TaskPoolOf(r).NumThreads();
   const double work = static_cast<double>(m) * total_n * k;
   GemmSplit split;
-  if (pool != nullptr && work >= kSmallGemm)
-    split = ChoosePrepackedSplit(m, total_n, k, pool->NumThreads(), /*full_rows=*/true);
+  if (threads > 1 && work >= kSmallGemm)
+    split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,
+                                 all_packed ? RowBlock(isa) : 0);
   const int64_t rows = split.rows(m);
   const int64_t tasks = (m + rows - 1) / rows;
-  RunTasks(work < kSmallGemm ? nullptr : pool, tasks, [&](int64_t t) {
+  if (r->profiling) timer.detail += absl::StrCat(" blocks=", tasks, "x1");
+  RunOnPool(r, tasks, [&](int64_t t) {
     const int64_t i0 = t * rows, i1 = std::min(m, i0 + rows);
     for (int32_t p = 0; p < count; ++p) {
       if (n[p] == 0) continue;
@@ -568,7 +639,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
       }
     }
     epilogue(0, i0, i1, 0, last_n);
-  });
+  }, /*inline_only=*/work < kSmallGemm);
 }
 
 void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,

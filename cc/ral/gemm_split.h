@@ -55,22 +55,43 @@ inline GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, 
   return best;
 }
 
+// Row blocks of a prepacked product (AVX2, see ChoosePrepackedSplit): about this
+// many rows each, when packed B holds at most kRowBlockMaxPackedFloats.
+constexpr int64_t kRowBlockRows = 48;
+constexpr double kRowBlockMaxPackedFloats = 640.0 * 1024;
+
 // The split of a product whose B is packed already: no block packs
 // anything, so rows cost nothing to cut. Up to two blocks per thread (of at
 // least kMinBlockWork multiply-adds each) let the threads that start first
 // take the blocks of one that starts late (1, 2, 4 or 8 per thread measured
 // the same within noise on the keras_encoder shapes).
+//
+// With row_block > 0 (the RAL passes kRowBlockRows on AVX2), a product of at
+// least threads * row_block rows whose packed B is at most
+// kRowBlockMaxPackedFloats is instead cut by rows only, into a multiple of
+// `threads` blocks of about row_block rows: each block's C (48 x 512 floats:
+// 96 KiB) is still in L2 when its epilogue runs, and a thread slowed by other
+// work leaves many small blocks to the others. Measured on Zen 3 (AVX2, 2
+// threads, bias + ReLU per block, interleaved rounds; bench/GEMM.md): 1.23x
+// at 2048 x 64 x 512, 1.12-1.22x at k x n = 256 x 1024 and 256 x 256, 1.04x
+// at 768 x 768; with a larger B (3072 x 768: 9 MiB re-read from L3 by every
+// block) it lost 9%, hence the bound.
 constexpr double kMinBlockWork = 1 << 20;
 inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
-                               bool full_rows) {
+                                      bool full_rows, int64_t row_block = 0) {
+  GemmSplit split;
+  split.row_align = 6;  // whole register tiles of every ISA's GEMM block
+  if (row_block > 0 && threads > 1 && m >= threads * row_block &&
+      static_cast<double>(k) * n <= kRowBlockMaxPackedFloats) {
+    split.row_blocks = threads * ((m + threads * row_block - 1) / (threads * row_block));
+    return split;
+  }
   const double work = static_cast<double>(m) * n * k;
   const int64_t want = std::max<int64_t>(
       threads, std::min<int64_t>(2 * threads, static_cast<int64_t>(work / kMinBlockWork)));
-  GemmSplit split;
   split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
   const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
   split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
-  split.row_align = 6;  // whole register tiles of every ISA's GEMM block
   return split;
 }
 

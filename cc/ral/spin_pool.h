@@ -1,0 +1,139 @@
+// spin_pool.h -- the RAL's own worker threads for RunTasks: after each job a
+// worker keeps polling for the next one for a short while before it sleeps.
+// Header-only and free of TensorFlow, so that a benchmark harness
+// (bench/gemm_libs) runs GEMM blocks on the same pool.
+//
+// Why not TensorFlow's intra-op pool: its threads sleep a few microseconds
+// after their last job, and waking a sleeping thread (a futex wake, and on a
+// virtual machine the wake of an idle virtual CPU) took longer than a small
+// GEMM block. A 16 x 512 x 256 product (27 us on two threads when the helper
+// is awake) took 44 us on TF's pool, no faster than one thread (47 us; AVX2,
+// 2 cores, bench/GEMM.md). The launches of one cluster call come a few
+// microseconds apart, and a serving loop's calls tens of microseconds apart,
+// so a worker that polls for `spin_us` after each job is awake for all of
+// them, and sleeps when the process is idle. ONNX Runtime's intra-op threads
+// poll the same way.
+#ifndef DISC_TF_CC_RAL_SPIN_POOL_H_
+#define DISC_TF_CC_RAL_SPIN_POOL_H_
+
+#include <stdint.h>
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace disc_tf {
+
+// Worker threads taking jobs from one queue. Thread-safe; jobs of several
+// callers may be queued at once. Workers are started on demand (Reserve) and
+// live as long as the pool.
+class SpinPool {
+ public:
+  // spin_us: how long a worker polls for a job after its last one (0: it
+  // sleeps at once).
+  explicit SpinPool(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
+
+  ~SpinPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  SpinPool(const SpinPool&) = delete;
+  SpinPool& operator=(const SpinPool&) = delete;
+
+  // Starts workers until there are at least `workers`.
+  void Reserve(int workers) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (static_cast<int>(threads_.size()) < workers) {
+      threads_.emplace_back([this] { Loop(); });
+#if defined(__linux__)
+      pthread_setname_np(threads_.back().native_handle(), "disc_tf_worker");
+#endif
+    }
+  }
+
+  int Workers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(threads_.size());
+  }
+
+  // Queues `job` for the next free worker.
+  void Schedule(std::function<void()> job) {
+    bool sleeping;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+      queued_.fetch_add(1, std::memory_order_release);
+      sleeping = sleepers_ > 0;
+    }
+    if (sleeping) wake_.notify_one();
+  }
+
+ private:
+  // Takes a queued job, if any (mu_ held).
+  bool PopLocked(std::function<void()>* job) {
+    if (jobs_.empty()) return false;
+    *job = std::move(jobs_.front());
+    jobs_.pop_front();
+    queued_.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // Polls for a job until spin_ has passed since the last one.
+  bool PollFor(std::function<void()>* job) {
+    if (spin_.count() <= 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + spin_;
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (queued_.load(std::memory_order_acquire) > 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (PopLocked(job)) return true;
+        }
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+    }
+  }
+
+  void Loop() {
+    for (;;) {
+      std::function<void()> job;
+      if (!PollFor(&job)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        ++sleepers_;
+        wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        --sleepers_;
+        if (!PopLocked(&job)) return;  // stopping, nothing queued
+      }
+      job();
+    }
+  }
+
+  const std::chrono::nanoseconds spin_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  std::atomic<int64_t> queued_{0};
+  int sleepers_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace disc_tf
+
+#endif  // DISC_TF_CC_RAL_SPIN_POOL_H_

@@ -1,0 +1,140 @@
+"""How the RAL runs a GEMM's blocks on threads: its own polling workers
+(cc/ral/spin_pool.h) or TF's intra-op pool (DISC_TF_TASK_POOL=tf), and the row
+blocks of a prepacked product on AVX2 (cc/ral/gemm_split.h). Results against TF at
+random shapes; the split each launch took is read from its launch profile."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from tests import fresh_python
+
+#: The RAL's CPU GEMM blocks and pool (cuda-emu runs GEMMs in its own cuBLAS).
+pytestmark = pytest.mark.cpu_backend
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _cpu_flags() -> set[str]:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+_SCRIPT = """
+import concurrent.futures, pathlib, sys
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(2)  # a caller and one worker
+import disc_tf
+
+rng = np.random.default_rng(0)
+def var(*shape):
+    return tf.Variable((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32))
+
+class Model(tf.Module):
+    def __init__(self):
+        self.w1, self.b1 = var(64, 512), var(512)
+        self.w2 = var(256, 256)
+        self.w3, self.b3 = var(1024, 768), var(768)
+        self.wq, self.wk, self.wv = var(128, 128), var(128, 128), var(128, 128)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64])])
+    def dense(self, x):  # a loop epilogue (bias + ReLU)
+        return tf.nn.relu(tf.matmul(x, self.w1) + self.b1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64])])
+    def dense_few(self, x):  # the same product (another cluster), first called with few rows
+        return tf.nn.relu(tf.matmul(x, self.w1) - self.b1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 256])])
+    def softmax(self, x):  # a row-wise epilogue: whole rows per block
+        return tf.nn.softmax(tf.matmul(x, self.w2) * 0.5, axis=-1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 1024])])
+    def wide(self, x):  # packed B of 786 K floats: over the row blocks' bound
+        return tf.matmul(x, self.w3) + self.b3
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 128])])
+    def qkv(self, x):  # three products of one A: one launch
+        return tf.matmul(x, self.wq) * tf.matmul(x, self.wk) + tf.matmul(x, self.wv)
+
+model = Model()
+fns = ["dense", "dense_few", "softmax", "wide", "qkv"]
+first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "qkv": 500}
+jitted = {}
+for name in fns:  # the first call's sizes are the profile's
+    tf_fn = getattr(model, name)
+    j = disc_tf.jit(tf_fn)
+    assert j.report.compiled, (name, j.report)
+    k = tf_fn.input_signature[0].shape[1]
+    x = rng.standard_normal((first[name], k)).astype(np.float32)
+    np.testing.assert_allclose(j(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    jitted[name] = (tf_fn, j, k)
+
+def check(name, m, seed):
+    tf_fn, j, k = jitted[name]
+    x = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
+    np.testing.assert_allclose(j(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+
+# row counts around the block sizes; then many callers at once on the shared workers
+sizes = [1, 5, 95, 96, 97, 191, 383, 1031, 2048]
+for name in fns:
+    for i, m in enumerate(sizes):
+        check(name, m, i)
+with concurrent.futures.ThreadPoolExecutor(6) as pool:
+    jobs = [pool.submit(check, fns[i % len(fns)], int(m), i)
+            for i, m in enumerate(np.random.default_rng(1).integers(1, 1500, 40))]
+    for job in jobs:
+        job.result()
+assert disc_tf.stats()["fallbacks"] == 0
+names = [p.read_text().strip() for p in pathlib.Path("/proc/self/task").glob("*/comm")]
+print("WORKERS", names.count("disc_tf_worker"))
+print("OK")
+"""
+
+
+def _run(tmp_path: pathlib.Path, **env: str) -> tuple[int, list[list[str]]]:
+    """Runs the script; returns its worker-thread count and launch-profile rows."""
+    profile = tmp_path / "profile.txt"
+    full = dict(os.environ, DISC_TF_GEMM_ISA="avx2", DISC_TF_PROFILE=str(profile),
+                PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env)
+    for unset in ("DISC_TF_TASK_POOL", "DISC_TF_SPIN_US"):
+        if unset not in env:
+            full.pop(unset, None)
+    proc = fresh_python.run(["-c", _SCRIPT], env=full, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    workers = int(next(line.split()[1] for line in proc.stdout.splitlines()
+                       if line.startswith("WORKERS")))
+    rows = [line.split() for line in profile.read_text().splitlines()[2:]]
+    return workers, [r for r in rows if len(r) > 2 and r[2] == "gemm"]
+
+
+def _blocks(rows: list[list[str]], sizes: str) -> str:
+    """The ``blocks=RxC`` of the GEMM launch whose first call had ``sizes``."""
+    row = next(r for r in rows if sizes in " ".join(r))
+    return next(w for w in row if w.startswith("blocks="))
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(), reason="the AVX2 block needs AVX2+FMA")
+@pytest.mark.parametrize("pool", ["spin", "sleep", "tf"])
+def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
+    """Every pool setting gives TF's answers, from one caller and from six at once;
+    the RAL's own workers run unless DISC_TF_TASK_POOL=tf asks for TF's pool, and
+    prepacked products of many rows are cut into row blocks (about 48 rows each,
+    an even count) when their packed B is small, else as before."""
+    env = {"spin": {}, "sleep": {"DISC_TF_SPIN_US": "0"},
+           "tf": {"DISC_TF_TASK_POOL": "tf"}}[pool]
+    workers, rows = _run(tmp_path, **env)
+    assert workers == (0 if pool == "tf" else 1)
+    # bias + ReLU at 1000 rows: 2 * ceil(1000 / 96) = 22 blocks wanted, of 46 rows
+    # rounded up to whole 6-row tiles: 21 blocks of 48 rows (the last of 40)
+    assert _blocks(rows, "m=1000 n=512 k=64") == "blocks=21x1"
+    # 90 rows are fewer than 2 blocks of 48: columns cut, as before
+    assert _blocks(rows, "m=90 n=512 k=64") == "blocks=1x2"
+    assert _blocks(rows, "m=300 n=256 k=256") == "blocks=8x1"  # softmax on whole rows
+    assert _blocks(rows, "m=200 n=768 k=1024") == "blocks=1x4"  # B over the bound
+    assert _blocks(rows, "shared A: 3 products m=500 k=128 n=384") == "blocks=12x1"
