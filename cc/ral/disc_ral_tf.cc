@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -297,7 +298,7 @@ struct GemmIsa {
 // Rows per block of ChoosePrepackedSplit's row blocks on this ISA: measured on
 // AVX2 only (gemm_split.h); the AVX-512 block keeps the split it was measured with.
 int64_t RowBlock(const GemmIsa& isa) {
-  return std::string(isa.name) == "avx2" ? kRowBlockRows : 0;
+  return std::strcmp(isa.name, "avx2") == 0 ? kRowBlockRows : 0;
 }
 
 // The GEMM for this CPU (no block: the Eigen fallback).
