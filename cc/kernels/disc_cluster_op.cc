@@ -26,6 +26,7 @@
 #endif
 #include "cc/kernels/stats.h"
 #include "cc/ral/disc_ral_tf.h"
+#include "cc/ral/launch_profile.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/op.h"
@@ -337,7 +338,9 @@ class DiscClusterOp : public AsyncOpKernel {
       // The launch profile's cluster: its name and artifact, so that clusters of one
       // name in different models (each model's first is disc_cluster_0) stay apart.
       TfRal ral(ctx, std::move(inputs),
-                absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8)));
+                profile::Enabled()
+                    ? absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8))
+                    : std::string());
       if (!constant_inputs_.empty() && !on_gpu_) {
         ral.packed_weights = &packed_weights_;
         ral.constant_inputs = &constant_inputs_;

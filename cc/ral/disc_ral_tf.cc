@@ -26,6 +26,7 @@
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
@@ -84,7 +85,9 @@ bool UseIntraOpPool() {
   return v != nullptr && std::string(v) == "tf";
 }
 
-// The workers are shared by every call of the process and never stopped.
+// The workers are shared by every call of the process and never stopped. When
+// the system refuses a worker thread, the launches use the workers there are
+// (none: tasks inline), with one warning.
 TaskPool TaskPoolOf(TfRal* r) {
   tensorflow::thread::ThreadPool* intra_op = IntraOpPool(r);
   if (intra_op == nullptr) return {};
@@ -92,12 +95,21 @@ TaskPool TaskPoolOf(TfRal* r) {
   static const bool use_intra_op = UseIntraOpPool();
   if (use_intra_op) return {nullptr, intra_op, threads};
   static SpinPool* const pool = new SpinPool(SpinMicros());
-  static std::atomic<int> started{0};
-  if (started.load(std::memory_order_acquire) < threads - 1) {
-    pool->Reserve(threads - 1);
-    started.store(pool->Workers(), std::memory_order_release);
+  static std::atomic<int> workers{0};  // started so far (only grows)
+  static std::atomic<bool> refused{false};
+  int have = workers.load(std::memory_order_acquire);
+  if (have < threads - 1 && !refused.load(std::memory_order_relaxed)) {
+    have = pool->Reserve(threads - 1);
+    for (int seen = workers.load(); seen < have && !workers.compare_exchange_weak(seen, have);) {
+    }
+    if (have < threads - 1 && pool->Refused() && !refused.exchange(true)) {
+      LOG(WARNING) << "disc_tf: the system refused a RAL worker thread; kernels run on "
+                   << have + 1 << " thread(s) instead of " << threads;
+    }
   }
-  return {pool, nullptr, threads};
+  const int usable = std::min(threads, have + 1);
+  if (usable <= 1) return {};
+  return {pool, nullptr, usable};
 }
 
 // RunTasks on TaskPoolOf(r), or inline with `inline_only`.

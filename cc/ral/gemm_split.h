@@ -68,8 +68,9 @@ constexpr double kRowBlockMaxPackedFloats = 640.0 * 1024;
 //
 // With row_block > 0 (the RAL passes kRowBlockRows on AVX2), a product of at
 // least threads * row_block rows whose packed B is at most
-// kRowBlockMaxPackedFloats is instead cut by rows only, into a multiple of
-// `threads` blocks of about row_block rows: each block's C (48 x 512 floats:
+// kRowBlockMaxPackedFloats is instead cut by rows only, into blocks of about
+// row_block rows (threads * ceil(m / (threads * row_block)) asked for; rows
+// rounded up to whole 6-row tiles, which may leave a block or two fewer): each block's C (48 x 512 floats:
 // 96 KiB) is still in L2 when its epilogue runs, and a thread slowed by other
 // work leaves many small blocks to the others. Measured on Zen 3 (AVX2, 2
 // threads, bias + ReLU per block, interleaved rounds; bench/GEMM.md): 1.23x

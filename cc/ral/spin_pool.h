@@ -54,15 +54,30 @@ class SpinPool {
   SpinPool(const SpinPool&) = delete;
   SpinPool& operator=(const SpinPool&) = delete;
 
-  // Starts workers until there are at least `workers`.
-  void Reserve(int workers) {
+  // Starts workers until there are at least `workers`; returns how many there
+  // are. Never throws: when the system refuses a thread (a thread limit, no
+  // memory) the pool stays at the workers it has and stops trying.
+  // Workers inherit the starting thread's CPU affinity and signal mask.
+  int Reserve(int workers) {
     std::lock_guard<std::mutex> lock(mu_);
-    while (static_cast<int>(threads_.size()) < workers) {
-      threads_.emplace_back([this] { Loop(); });
+    while (!refused_ && static_cast<int>(threads_.size()) < workers) {
+      try {
+        threads_.emplace_back([this] { Loop(); });
+      } catch (...) {  // std::system_error from std::thread, or bad_alloc
+        refused_ = true;
+        break;
+      }
 #if defined(__linux__)
       pthread_setname_np(threads_.back().native_handle(), "disc_tf_worker");
 #endif
     }
+    return static_cast<int>(threads_.size());
+  }
+
+  // True once the system refused a thread.
+  bool Refused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refused_;
   }
 
   int Workers() {
@@ -131,6 +146,7 @@ class SpinPool {
   std::atomic<int64_t> queued_{0};
   int sleepers_ = 0;
   bool stop_ = false;
+  bool refused_ = false;
   std::vector<std::thread> threads_;
 };
 

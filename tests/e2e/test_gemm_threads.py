@@ -124,8 +124,8 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
 def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
     """Every pool setting gives TF's answers, from one caller and from six at once;
     the RAL's own workers run unless DISC_TF_TASK_POOL=tf asks for TF's pool, and
-    prepacked products of many rows are cut into row blocks (about 48 rows each,
-    an even count) when their packed B is small, else as before."""
+    prepacked products of many rows are cut into row blocks of about 48 rows when
+    their packed B is small, else as before."""
     env = {"spin": {}, "sleep": {"DISC_TF_SPIN_US": "0"},
            "tf": {"DISC_TF_TASK_POOL": "tf"}}[pool]
     workers, rows = _run(tmp_path, **env)
