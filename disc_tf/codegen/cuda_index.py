@@ -25,6 +25,7 @@ from disc_tf.codegen.cuda_ops import (
     check_elem,
     cuda_expression,
     cuda_literal,
+    dims_offset,
     store,
 )
 from disc_tf.fusion.plan import FusionPlan, Kernel
@@ -122,8 +123,7 @@ class CudaIndexEmitter(IndexKernelEmitter):
             value = f"({ct})disc_round_{op.elem}((float)({value}))"
         body = [f"const int64_t n = a.dims[{axis}];", f"const int64_t step = a.in0_strides[{axis}];",
                 "int64_t rem = t;", "int64_t base = 0;"]
-        for d in reversed([d for d in range(self.rank) if d != axis]):
-            body.append(f"base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
+        body += dims_offset([d for d in range(self.rank) if d != axis], "")
         index = "n - 1 - q" if op.attrs["reverse"] else "q"
         identity = cuda_literal(0 if combiner == "add" else 1, acc_elem)
         write = f"a.out0[off] = {store(f'({value})', self.out_elem)};"

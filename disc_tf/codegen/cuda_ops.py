@@ -64,6 +64,13 @@ def store(expr: str, elem: str) -> str:
     return f"({STORAGE[elem]})({expr})"
 
 
+def dims_offset(dims: list[int], indent: str, rem: str = "rem", off: str = "base") -> list[str]:
+    """Device lines adding to ``off`` input 0's offset of the coordinates ``rem`` holds
+    over ``dims`` (innermost last), dividing ``rem`` down dim by dim (``disc_divmod``)."""
+    return [f"{indent}{off} += disc_divmod({rem}, a.dims[{d}]) * a.in0_strides[{d}];"
+            for d in reversed(dims)]
+
+
 def cuda_expression(op: str, args: list[str], elem: str, operand_elems: list[str],
                     attrs: dict) -> str:
     """The device expression computing DHLO ``op`` on compute-type ``args``."""

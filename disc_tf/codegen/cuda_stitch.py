@@ -32,6 +32,7 @@ from disc_tf.codegen.cuda_ops import (
     CudaCodegenError,
     cuda_expression,
     cuda_literal,
+    dims_offset,
     load,
     store,
 )
@@ -315,9 +316,7 @@ class CudaReductionEmitter:
         in_elem, out_elem = self.buf(k.inputs[0]).elem, self.out_elem(0)
         vt, st = COMPUTE[in_elem], STORAGE[in_elem]
         better = ">" if op.attrs["direction"] == "max" else "<"
-        base = ["    int64_t rem = o;", "    int64_t base = 0;"]
-        for d in reversed(kept):
-            base.append(f"    base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
+        base = ["    int64_t rem = o;", "    int64_t base = 0;", *dims_offset(kept, "    ")]
         thread = self.function("reduce_thread")
         warp, block = self.function("reduce_warp"), self.function("reduce_block")
         better_pair = f"pv {better} best || (pv == best && pa < at)"
@@ -417,18 +416,14 @@ class CudaReductionEmitter:
         ct = COMPUTE[acc_elem]
         comb = cuda_expression(op.attrs["combiner"], ["acc", "x"], acc_elem, [acc_elem] * 2, {})
         cascaded = op.attrs["combiner"] in CASCADED_COMBINERS
-        base = ["  int64_t rem = o;", "  int64_t base = 0;"]
-        for d in reversed(kept):
-            base.append(f"  base += disc_divmod(rem, a.dims[{d}]) * a.in0_strides[{d}];")
+        base = ["  int64_t rem = o;", "  int64_t base = 0;", *dims_offset(kept, "  ")]
         if len(k.reduce_dims) == 1:  # q indexes the one reduced dim: no division
             offset = [f"    const int64_t off = base + q * a.in0_strides[{k.reduce_dims[0]}];"]
         else:  # one run (the host found the dims' strides chained), else per dim
             offset = ["    int64_t off = base + q * a.reduced_stride;",
                       "    if (a.reduced_stride == 0) {",
-                      "      int64_t rq = q;", "      off = base;"]
-            for d in reversed(k.reduce_dims):
-                offset.append(f"      off += disc_divmod(rq, a.dims[{d}]) * a.in0_strides[{d}];")
-            offset.append("    }")
+                      "      int64_t rq = q;", "      off = base;",
+                      *dims_offset(k.reduce_dims, "      ", rem="rq", off="off"), "    }"]
         fold = [f"    const {ct} x = {load('r0[off]', in_elem)};", f"    acc = {comb};",
                 *self._block_end(["acc"] if cascaded else [], [op])]
         st = STORAGE[in_elem]

@@ -16,6 +16,7 @@ from tensorflow.core.framework import node_def_pb2
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.rules import LoweringError, host_shape
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
+from disc_tf.ops.elementwise import arg_reduce_init
 from disc_tf.ops.table import ALL_TYPES, FLOAT_TYPES, INT_TYPES, MOVE_TYPES, NUMERIC_TYPES, tf_op
 
 
@@ -543,14 +544,6 @@ def _resource_gather(b: DhloBuilder, node: node_def_pb2.NodeDef,
     return [index_select(b, params, indices, batch, batch)]
 
 
-#: An ArgMax/ArgMin starts from the type's lowest/highest finite value (TF's CPU kernel:
-#: NaNs, infinities of the wrong sign and that value itself never count).
-_ARG_INIT = {"f32": ("0xFF7FFFFF", "0x7F7FFFFF"), "f16": ("0xFBFF", "0x7BFF"),
-             "bf16": ("0xFF7F", "0x7F7F"),
-             "i32": ("-2147483648", "2147483647"), "i64": ("-9223372036854775808",
-                                                           "9223372036854775807")}
-
-
 @tf_op("ArgMax", "ArgMin", dtypes=NUMERIC_TYPES, const_inputs=(1,))
 def _arg_max(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
     x, axis_v = xs
@@ -562,7 +555,8 @@ def _arg_max(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     b.require_equal_extents([b.shape_from([b.index_arith("maxsi", dim, b.index_const(1))]),
                              b.shape_from([dim])], 1)
     direction = "max" if node.op == "ArgMax" else "min"
-    init = _ARG_INIT[x.elem][0 if direction == "max" else 1]
+    # TF's start: the type's lowest/highest finite value (NaNs never count)
+    init = arg_reduce_init(x.elem, direction)
     out = MLIR_TYPE[tf.as_dtype(node.attr["output_type"].type)]
     return [b.arg_reduce(x, axis, direction, out, init)]
 

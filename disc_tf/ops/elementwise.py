@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from collections.abc import Callable
 
 from disc_tf.ops.table import BOOL_TYPES, FLOAT_TYPES, NUMERIC_TYPES, tf_op
@@ -89,6 +90,21 @@ def literal(value: object, elem: str) -> str:
 #: NaNs, -inf and this value itself never count, and a row of only those gives 0.
 _LOWEST = {"f32": -3.4028234663852886e38, "f16": -65504.0, "bf16": -3.3895313892515355e38,
            "f64": -1.7976931348623157e308}
+
+
+def arg_reduce_init(elem: str, direction: str) -> str:
+    """The same start value as a DHLO ``dense<...>`` literal: the bit pattern of the
+    float types (``0xFF7FFFFF`` for an f32 ArgMax), the decimal bound of the int types."""
+    if elem in ("i32", "i64"):
+        bits = int(elem[1:])
+        return str(-(1 << (bits - 1)) if direction == "max" else (1 << (bits - 1)) - 1)
+    if elem not in _LOWEST or elem == "f64":
+        raise ValueError(f"ArgMax/ArgMin over {elem} elements")
+    low = _LOWEST[elem] if direction == "max" else -_LOWEST[elem]
+    if elem == "f16":
+        return f"0x{struct.unpack('<H', struct.pack('<e', low))[0]:04X}"
+    f32 = struct.unpack("<I", struct.pack("<f", low))[0]
+    return f"0x{f32 >> 16:04X}" if elem == "bf16" else f"0x{f32:08X}"  # bf16: f32's top half
 
 
 def arg_reduce_start(elem: str, direction: str) -> str:
