@@ -112,11 +112,10 @@ TaskPool TaskPoolOf(TfRal* r) {
   return {pool, nullptr, usable};
 }
 
-// RunTasks on TaskPoolOf(r), or inline with `inline_only`.
-void RunOnPool(TfRal* r, int64_t tasks, const std::function<void(int64_t)>& fn,
-               bool inline_only = false) {
-  const TaskPool pool = inline_only ? TaskPool{} : TaskPoolOf(r);
-  RunTasks(pool.none() ? nullptr : &pool, tasks, fn);
+// RunTasks on `pool` (inline when it is none, or with `inline_only`).
+void RunOn(const TaskPool& pool, int64_t tasks, const std::function<void(int64_t)>& fn,
+           bool inline_only = false) {
+  RunTasks(pool.none() || inline_only ? nullptr : &pool, tasks, fn);
 }
 
 bool CheckInput(TfRal* r, int32_t i, const char* what) {
@@ -273,7 +272,7 @@ void RalParallelFor(disc_ral* ral, int64_t total, double cost_per_unit,
   const int64_t tasks =
       std::max<int64_t>(1, std::min<double>(most, std::floor(work / kInlineCostThreshold)));
   const int64_t chunk = (total + tasks - 1) / tasks;
-  RunOnPool(r, (total + chunk - 1) / chunk, [&](int64_t t) {
+  RunOn(pool, (total + chunk - 1) / chunk, [&](int64_t t) {
     fn(closure, t * chunk, std::min(total, (t + 1) * chunk));
   });
 }
@@ -423,7 +422,7 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
       return r->packed_weights->Get(
           i, t, b, k, n, ldb, tb, isa.packer,
           [r](int64_t tasks, const std::function<void(int64_t)>& fn) {
-            RunOnPool(r, tasks, fn);
+            RunOn(TaskPoolOf(r), tasks, fn);
           });
   }
   return nullptr;
@@ -469,7 +468,8 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C. A product is split only
     // when it is big and the products are too few to keep the pool busy.
-    const int64_t threads = TaskPoolOf(r).NumThreads();
+    const TaskPool tasks_pool = TaskPoolOf(r);
+    const int64_t threads = tasks_pool.NumThreads();
     GemmSplit split;
     if (threads > 1 && work >= kSmallGemm && batch < threads) {
       const int64_t per_product = (threads + batch - 1) / batch;
@@ -501,7 +501,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     };
     const int64_t tasks = batch * blocks;
     // Small products run on the caller alone: a helper's wake-up costs more.
-    RunOnPool(r, tasks, task, /*inline_only=*/work * batch < kSmallGemm);
+    RunOn(tasks_pool, tasks, task, /*inline_only=*/work * batch < kSmallGemm);
     return;
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
@@ -630,7 +630,8 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   // A B not packed is packed by every block that reads it: no small row blocks then.
   const bool all_packed = std::all_of(packed.begin(), packed.end(),
                                       [](const auto& p) { return p != nullptr; });
-  const int threads = TaskPoolOf(r).NumThreads();
+  const TaskPool tasks_pool = TaskPoolOf(r);
+  const int threads = tasks_pool.NumThreads();
   const double work = static_cast<double>(m) * total_n * k;
   GemmSplit split;
   if (threads > 1 && work >= kSmallGemm)
@@ -639,7 +640,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   const int64_t rows = split.rows(m);
   const int64_t tasks = (m + rows - 1) / rows;
   if (r->profiling) timer.detail += absl::StrCat(" blocks=", tasks, "x1");
-  RunOnPool(r, tasks, [&](int64_t t) {
+  RunOn(tasks_pool, tasks, [&](int64_t t) {
     const int64_t i0 = t * rows, i1 = std::min(m, i0 + rows);
     for (int32_t p = 0; p < count; ++p) {
       if (n[p] == 0) continue;

@@ -80,11 +80,6 @@ class SpinPool {
     return refused_;
   }
 
-  int Workers() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int>(threads_.size());
-  }
-
   // Queues `job` for the next free worker.
   void Schedule(std::function<void()> job) {
     bool sleeping;

@@ -11,21 +11,16 @@ import subprocess
 
 import pytest
 
+from disc_tf.runtime import isa
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD = REPO / "bench" / "gemm_libs" / "build.sh"
 #: Odd sizes: row, column and depth remainders of the 6 x 16 tile and of the 4-times unroll.
 SHAPES = "7x37x19,13x301x70,1x5x3,50x1026x33"
 
 
-def _cpu_flags() -> set[str]:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the harness")
-@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(), reason="the AVX2 block needs AVX2+FMA")
+@pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
 def test_variant_build_races_the_ral_block_with_the_same_values(tmp_path: pathlib.Path) -> None:
     env = {**os.environ, "GEMM_LIBS_OUT": str(tmp_path),
            "DISC_VARIANT_FLAGS": "-DDISC_GEMM_K_UNROLL=1"}

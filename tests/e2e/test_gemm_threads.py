@@ -10,19 +10,13 @@ import pathlib
 
 import pytest
 
+from disc_tf.runtime import isa
 from tests import fresh_python
 
 #: The RAL's CPU GEMM blocks and pool (cuda-emu runs GEMMs in its own cuBLAS).
 pytestmark = pytest.mark.cpu_backend
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _cpu_flags() -> set[str]:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 _SCRIPT = """
@@ -119,7 +113,7 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
     return next(w for w in row if w.startswith("blocks="))
 
 
-@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(), reason="the AVX2 block needs AVX2+FMA")
+@pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
 @pytest.mark.parametrize("pool", ["spin", "sleep", "tf"])
 def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
     """Every pool setting gives TF's answers, from one caller and from six at once;
