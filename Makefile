@@ -31,7 +31,9 @@ demo: install
 
 # One pytest worker per core (at most 4); a test file stays on one worker, so its
 # module fixtures are built once. Workers share the artifact cache and its key.
-PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+# A worker that crashes ends the run (its test is named): pytest-xdist's loadfile
+# scheduling can hang for good once it replaces a crashed worker.
+PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile --max-worker-restart 0
 # pytest caches its assertion-rewritten test modules as bytecode, unless
 # $$PYTHONDONTWRITEBYTECODE is set: then every worker of both runs rewrote them
 # all again (collection 12 s against 8 s of CPU per worker).

@@ -72,7 +72,10 @@ inline int32_t GemmBatched(disc_ral_cuda* r, int32_t dtype, int64_t batch, int64
                                                    c, ldc, stride_c, &call)) {
     return Fail(r, DISC_INVALID_ARGUMENT, why);
   }
-  if (k == 0) return r->memset_zero(r, c, batch * stride_c * disc_cuda::GemmItemSize(dtype));
+  if (k == 0) {
+    auto zero = [r](void* p, int64_t bytes) { return r->memset_zero(r, p, bytes); };
+    return disc_cuda::ZeroGemmOutput(dtype, batch, m, n, c, ldc, stride_c, zero);
+  }
   static int handle_storage;  // the stand-in only checks that a handle is given
   const int status = disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle_storage, call);
   if (status != disc_cuda::kCublasStatusSuccess) {

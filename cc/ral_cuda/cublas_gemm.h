@@ -52,7 +52,8 @@ struct CublasGemm {
 // C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so cuBLAS's "A" is B,
 // its "B" is A and m, n trade places. Returns nullptr and fills *out, or the
 // reason the call cannot be made (a dtype cuBLAS is not given, a size over
-// INT_MAX). k == 0 is the caller's (cuBLAS would leave C untouched).
+// INT_MAX). k == 0 is the caller's (cuBLAS would leave C untouched):
+// ZeroGemmOutput.
 inline const char* MapRowMajorGemm(int32_t dtype, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, const void* a, int64_t lda, int64_t stride_a,
                                    int32_t transpose_a, const void* b, int64_t ldb,
@@ -103,6 +104,34 @@ inline int CallCublas(GemmStridedBatchedEx gemm, void* handle, const CublasGemm&
 
 // Bytes of one element of a gemm_batched dtype.
 inline int64_t GemmItemSize(int32_t dtype) { return dtype == DISC_F32 ? 4 : 2; }
+
+// C = 0 for a k == 0 product: row i of matrix q is the n elements at
+// q * stride_c + i * ldc. C may be a window of a larger tensor (a GEMM that writes
+// its reader's layout: ldc > n, or matrices that interleave), so zeroing
+// batch * stride_c elements from c would clear what is not C and run past the
+// tensor's end. Calls zero(ptr, bytes) once per contiguous run of C (once when C
+// is dense, once per matrix when its rows are, else once per row) and returns
+// the first non-zero status.
+template <typename Zero>
+int32_t ZeroGemmOutput(int32_t dtype, int64_t batch, int64_t m, int64_t n, void* c, int64_t ldc,
+                       int64_t stride_c, Zero zero) {
+  if (batch <= 0 || m <= 0 || n <= 0) return 0;
+  const int64_t item = GemmItemSize(dtype);
+  char* const base = static_cast<char*>(c);
+  const bool rows_dense = m == 1 || ldc == n;  // each matrix one run of m * n
+  if (rows_dense && (batch == 1 || stride_c == m * n)) return zero(base, batch * m * n * item);
+  for (int64_t q = 0; q < batch; ++q) {
+    char* const matrix = base + q * stride_c * item;
+    if (rows_dense) {
+      if (const int32_t s = zero(matrix, m * n * item)) return s;
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      if (const int32_t s = zero(matrix + i * ldc * item, n * item)) return s;
+    }
+  }
+  return 0;
+}
 
 }  // namespace disc_cuda
 

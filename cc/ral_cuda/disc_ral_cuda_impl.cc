@@ -160,7 +160,9 @@ int32_t GemmBatched(disc_ral_cuda* ral, int32_t dtype, int64_t batch, int64_t m,
     return Fail(ral, DISC_INVALID_ARGUMENT, why);
   }
   if (k == 0) {  // C = 0, explicitly rather than through cuBLAS
-    return ral->memset_zero(ral, c, batch * stride_c * GemmItemSize(dtype));
+    return ZeroGemmOutput(dtype, batch, m, n, c, ldc, stride_c, [ral](void* p, int64_t bytes) {
+      return ral->memset_zero(ral, p, bytes);
+    });
   }
   Blas& blas = GetBlas();
   if (!blas.error.empty()) return Fail(ral, DISC_INTERNAL, blas.error);

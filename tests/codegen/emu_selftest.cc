@@ -3,6 +3,8 @@
 // cuBLAS mapping with the cuBLAS stand-in; driven by test_cuda_emulator.py
 // through ctypes. Compiled with -include cuda_emulator.h and linked with the launch
 // loop (emu_runtime.o), as artifacts are.
+#include <cstring>
+
 #include "cublas_emu.h"
 #include "cublas_gemm.h"
 
@@ -141,6 +143,17 @@ int emu_row_major_gemm_tf32(int dtype, long batch, long m, long n, long k, const
   }
   static int handle;
   return disc_cuda::CallCublas(&disc_emu::GemmStridedBatchedEx, &handle, call, allow_tf32 != 0);
+}
+// Zeroes C of a k == 0 product as both CUDA RALs do (disc_cuda::ZeroGemmOutput);
+// returns how many contiguous runs it cleared, or -1 on a failure.
+int emu_zero_gemm_output(int dtype, long batch, long m, long n, void* c, long ldc, long sc) {
+  int runs = 0;
+  auto zero = [&runs](void* p, int64_t bytes) {
+    std::memset(p, 0, static_cast<size_t>(bytes));
+    ++runs;
+    return 0;
+  };
+  return disc_cuda::ZeroGemmOutput(dtype, batch, m, n, c, ldc, sc, zero) == 0 ? runs : -1;
 }
 int emu_row_major_gemm(int dtype, long batch, long m, long n, long k, const void* a, long lda,
                        long sa, int ta, const void* b, long ldb, long sb, int tb, void* c,

@@ -31,6 +31,7 @@ def emu(tmp_path_factory) -> ctypes.CDLL:
     lib.emu_row_major_gemm.argtypes = [i32, i64, i64, i64, i64, ptr, i64, i64, i32, ptr, i64,
                                        i64, i32, ptr, i64, i64]
     lib.emu_row_major_gemm_tf32.argtypes = [*lib.emu_row_major_gemm.argtypes, i32]
+    lib.emu_zero_gemm_output.argtypes = [i32, i64, i64, i64, ptr, i64, i64]
     return lib
 
 
@@ -167,6 +168,35 @@ def test_tf32_gemms_round_float_operands_only(emu, dtype):
         assert np.abs(outs[1] - exact).max() > 20 * np.abs(outs[0] - exact).max()
     else:
         np.testing.assert_array_equal(outs[1], outs[0])
+
+
+# (batch, m, n, ldc, stride_c, offset of C in its tensor, contiguous runs to zero)
+K0_LAYOUTS = {
+    "dense": (6, 5, 4, 4, 20, 0, 1),
+    "padded_rows": (3, 5, 4, 6, 30, 0, 3 * 5),
+    # einsum acbe,aecd->abcd: the [b x d] matrices of batch c interleave in [a, b, c, d]
+    # (here the window of a = 1, c = 0..1, in a [3, 5, 2, 4] tensor)
+    "interleaved": (2, 5, 4, 8, 4, 40, 2 * 5),
+    "one_row_each": (3, 1, 4, 4, 8, 0, 3),
+    "dense_rows": (3, 2, 4, 4, 10, 2, 3),
+}
+
+
+@pytest.mark.parametrize("layout", K0_LAYOUTS)
+def test_k0_gemm_zeroes_only_its_window(emu, layout):
+    """A k == 0 product zeroes exactly C's elements, in as few memsets as its layout
+    allows. C is a window of a larger tensor when a GEMM writes its reader's layout;
+    zeroing batch * stride_c elements from C's start cleared what is not C and ran past
+    the tensor's end (heap corruption under the cuda-emu einsum tests)."""
+    batch, m, n, ldc, sc, offset, runs = K0_LAYOUTS[layout]
+    q, i, j = np.meshgrid(np.arange(batch), np.arange(m), np.arange(n), indexing="ij")
+    inside = (offset + q * sc + i * ldc + j).ravel()
+    buf = np.full(inside.max() + 9, 7.0, np.float32)  # a tail past C's last element
+    c = ctypes.c_void_p(buf.ctypes.data + offset * 4)
+    assert emu.emu_zero_gemm_output(1, batch, m, n, c, ldc, sc) == runs
+    expected = np.full_like(buf, 7.0)
+    expected[inside] = 0.0
+    np.testing.assert_array_equal(buf, expected)
 
 
 def test_cublas_stand_in_rejects_what_cublas_rejects(emu):
