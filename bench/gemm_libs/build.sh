@@ -51,5 +51,6 @@ fi
   -Wl,--no-as-needed "${libs[@]}" -lgomp -lpthread -ldl -lrt -lm
 # split_race: ways of cutting one prepacked product for two threads (split_race.cc)
 "$CXX" "${base[@]}" -mavx2 -mfma "$here/split_race.cc" "$out/gemm_kernel_avx2.o" \
+  "$out/gemm_kernel_avx512.o" \
   -o "$out/split_race" -lpthread
 echo "built $out/gemm_libs with: ${defs[*]}"

@@ -116,13 +116,13 @@ using disc_tf::RunTasks;
 // ---- The RAL's split of a prepacked product: cc/ral/gemm_split.h.
 
 // Runs block(i0, i1, j0, j1) over the RAL's blocks of C (j0: a multiple of 64);
-// row_block as the RAL passes it for the ISA (disc_ral_tf.cc, RowBlock).
-void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k, int64_t row_block,
+// `rows` as the RAL passes it for the ISA (gemm_split.h, PrepackedRowsFor).
+void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k, disc_tf::PrepackedRows rows_rule,
                const std::function<void(int64_t, int64_t, int64_t, int64_t)>& block) {
   const double work = static_cast<double>(m) * n * k;
   disc_tf::GemmSplit split;
   if (pool != nullptr && work >= disc_tf::kSmallGemm)
-    split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false, row_block);
+    split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false, rows_rule);
   const int64_t rows = split.rows(m), cols = split.cols(n);
   const int64_t col_blocks = (n + cols - 1) / cols;
   const int64_t blocks = (m + rows - 1) / rows * col_blocks;
@@ -142,8 +142,8 @@ struct Problem {
   std::string isa;  // microkernel entry: avx512 | avx2
 };
 
-// The RAL's row blocks for this ISA (disc_ral_tf.cc, RowBlock): AVX2 only.
-int64_t RowBlock(const Problem& p) { return p.isa == "avx2" ? disc_tf::kRowBlockRows : 0; }
+// The RAL's rule for sharing a product among threads on this ISA.
+disc_tf::PrepackedRows RowRule(const Problem& p) { return disc_tf::PrepackedRowsFor(p.isa.c_str()); }
 
 class Candidate {
  public:
@@ -179,7 +179,7 @@ class Disc : public Candidate {
   }
   void Run(float* c) override {
     const Problem& p = p_;
-    SplitGemm(pool_, p.m, p.n, p.k, RowBlock(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    SplitGemm(pool_, p.m, p.n, p.k, RowRule(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
       block_(i1 - i0, j1 - j0, p.k, p.a + i0 * p.k, p.k, 0, packed_.get() + j0 * p.k,
              c + i0 * p.n + j0, p.n, 0);
     });
@@ -248,7 +248,7 @@ class Xsmm : public Candidate {
   }
   void Run(float* c) override {
     const Problem& p = p_;
-    SplitGemm(pool_, p.m, p.n, p.k, RowBlock(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    SplitGemm(pool_, p.m, p.n, p.k, RowRule(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
       Block(i1 - i0, j0, j1, p.a + i0 * p.k, c + i0 * p.n);
     });
   }

@@ -1,16 +1,19 @@
 // split_race.cc -- ways of cutting one prepacked GEMM for two threads, raced in
-// one process: the RAL's AVX2 block, its task pool (cc/ral/spin_pool.h) and
-// RunTasks, a bias + ReLU epilogue on each block right after it, as the RAL runs it.
+// one process: the RAL's AVX2 (or AVX-512) block, its task pool
+// (cc/ral/spin_pool.h) and RunTasks, a bias + ReLU epilogue on each block right
+// after it, as the RAL runs it.
 //
-//   split_race M K N [ROUNDS]      # built by build.sh next to gemm_libs
+//   split_race M K N [ROUNDS [avx2|avx512]]   # built by build.sh next to gemm_libs
 //
-// Candidates: `before` (ChoosePrepackedSplit without row blocks), `full_rows` (its
-// rows-only split, as for a row-wise epilogue), `rows48` (the RAL's AVX2 split,
-// kRowBlockRows), `rows96`, `rows192` (the last three only where packed B is within
-// kRowBlockMaxPackedFloats, else as `before`), and `rows48_any` (48-row blocks
-// whatever B's size: what that bound was measured with). Each round times every candidate (best of 5
-// calls), in an order rotated by one each round; prints per candidate the median
-// time and the median [range] of before / candidate over the rounds (> 1: faster).
+// Candidates: `columns` (ChoosePrepackedSplit's columns-first split), `full_rows`
+// (its rows-only split, as for a row-wise epilogue), `ral` (the split the RAL
+// takes on this ISA: gemm_split.h, PrepackedRowsFor), `rowsR` for each R of
+// $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
+// within kRowBlockMaxPackedFloats, else as `columns`), and `rows48_any` (48-row
+// blocks whatever B's size: what that bound was measured with). Each round times
+// every candidate (best of 5 calls), in an order rotated by one each round; prints
+// per candidate the median time and the median [range] of columns / candidate
+// over the rounds (> 1: faster).
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,12 @@ void disc_gemm_pack_b_avx2(int64_t k, int64_t n, const float* b, int64_t ldb, in
 void disc_gemm_prepacked_block_avx2(int64_t m, int64_t n, int64_t k, const float* a,
                                     int64_t lda, int ta, const float* packed_b, float* c,
                                     int64_t ldc, int accumulate);
+int64_t disc_gemm_packed_size_avx512(int64_t k, int64_t n);
+void disc_gemm_pack_b_avx512(int64_t k, int64_t n, const float* b, int64_t ldb, int tb,
+                             float* out);
+void disc_gemm_prepacked_block_avx512(int64_t m, int64_t n, int64_t k, const float* a,
+                                      int64_t lda, int ta, const float* packed_b, float* c,
+                                      int64_t ldc, int accumulate);
 }
 
 namespace {
@@ -44,8 +53,9 @@ struct Pool {  // RunTasks' view: the caller and one worker
 
 struct Candidate {
   std::string name;
-  bool full_rows;
-  int64_t row_block;
+  bool full_rows = false;
+  disc_tf::PrepackedRows rule = disc_tf::PrepackedRows::kColumnsFirst;
+  int64_t row_block = 0;  // > 0: blocks of about this many rows
   bool any_size = false;  // row blocks without ChoosePrepackedSplit's bound on B
 };
 
@@ -64,31 +74,49 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: split_race M K N [ROUNDS]\n");
+    fprintf(stderr, "usage: split_race M K N [ROUNDS [avx2|avx512]]\n");
     return 2;
   }
   const int64_t m = atoll(argv[1]), k = atoll(argv[2]), n = atoll(argv[3]);
   const int rounds = argc > 4 ? atoi(argv[4]) : 9;
+  const std::string isa = argc > 5 ? argv[5] : "avx2";
+  const bool avx512 = isa == "avx512";
+  if (!avx512 && isa != "avx2") {
+    fprintf(stderr, "split_race: ISA must be avx2 or avx512, not %s\n", isa.c_str());
+    return 2;
+  }
+  const auto packed_size = avx512 ? disc_gemm_packed_size_avx512 : disc_gemm_packed_size_avx2;
+  const auto pack_b = avx512 ? disc_gemm_pack_b_avx512 : disc_gemm_pack_b_avx2;
+  const auto block = avx512 ? disc_gemm_prepacked_block_avx512 : disc_gemm_prepacked_block_avx2;
   std::mt19937 rng(0);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> a(m * k), b(k * n), c(m * n), bias(n, 0.01f);
   for (float& x : a) x = u(rng);
   for (float& x : b) x = u(rng);
-  std::vector<float> packed(disc_gemm_packed_size_avx2(k, n));
-  disc_gemm_pack_b_avx2(k, n, b.data(), n, 0, packed.data());
+  std::vector<float> packed(packed_size(k, n));
+  pack_b(k, n, b.data(), n, 0, packed.data());
   disc_tf::SpinPool spin(200);
   spin.Reserve(1);
   const Pool pool{&spin};
-  const std::vector<Candidate> cands = {{"before", false, 0},
-                                        {"full_rows", true, 0},
-                                        {"rows48", false, disc_tf::kRowBlockRows},
-                                        {"rows96", false, 96},
-                                        {"rows192", false, 192},
-                                        {"rows48_any", false, disc_tf::kRowBlockRows, true}};
+  std::vector<Candidate> cands = {{"columns"}, {"full_rows", true}};
+  cands.push_back({"ral", false, disc_tf::PrepackedRowsFor(isa.c_str())});
+  const char* rows_list = getenv("SPLIT_RACE_ROWS");
+  for (const char* p = rows_list != nullptr ? rows_list : "48,96,192"; *p != '\0';) {
+    char* end = nullptr;
+    const long long r = strtoll(p, &end, 10);
+    if (end == p || r < 6) {
+      fprintf(stderr, "split_race: SPLIT_RACE_ROWS is a list of row counts >= 6\n");
+      return 2;
+    }
+    cands.push_back({"rows" + std::to_string(r), false, disc_tf::PrepackedRows::kColumnsFirst,
+                     static_cast<int64_t>(r)});
+    p = *end == ',' ? end + 1 : end;
+  }
+  cands.push_back({"rows48_any", false, disc_tf::PrepackedRows::kColumnsFirst, 48, true});
   auto run = [&](const Candidate& cand) {
-    disc_tf::GemmSplit s =
-        disc_tf::ChoosePrepackedSplit(m, n, k, 2, cand.full_rows, cand.row_block);
-    if (cand.any_size && m >= 2 * cand.row_block) {
+    disc_tf::GemmSplit s = disc_tf::ChoosePrepackedSplit(m, n, k, 2, cand.full_rows, cand.rule);
+    const bool b_fits = static_cast<double>(k) * n <= disc_tf::kRowBlockMaxPackedFloats;
+    if (cand.row_block > 0 && m >= 2 * cand.row_block && (b_fits || cand.any_size)) {
       s = disc_tf::GemmSplit{};
       s.row_blocks = 2 * ((m + 2 * cand.row_block - 1) / (2 * cand.row_block));
       s.row_align = 6;
@@ -99,8 +127,8 @@ int main(int argc, char** argv) {
     disc_tf::RunTasks(&pool, blocks, [&](int64_t t) {
       const int64_t i0 = t / col_blocks * rows, j0 = t % col_blocks * cols;
       const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
-      disc_gemm_prepacked_block_avx2(i1 - i0, j1 - j0, k, a.data() + i0 * k, k, 0,
-                                     packed.data() + j0 * k, c.data() + i0 * n + j0, n, 0);
+      block(i1 - i0, j1 - j0, k, a.data() + i0 * k, k, 0, packed.data() + j0 * k,
+            c.data() + i0 * n + j0, n, 0);
       BiasRelu(c.data(), n, bias.data(), i0, i1, j0, j1);
     });
   };
@@ -118,14 +146,15 @@ int main(int argc, char** argv) {
       times[ci].push_back(best);
     }
   }
-  printf("%lldx%lldx%lld (2 threads, AVX2 block, bias + ReLU per block)\n",
-         static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n));
+  printf("%lldx%lldx%lld (2 threads, %s block, bias + ReLU per block)\n",
+         static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
+         avx512 ? "AVX-512" : "AVX2");
   for (size_t ci = 0; ci < cands.size(); ++ci) {
     std::vector<double> ratio;
     for (int r = 0; r < rounds; ++r) ratio.push_back(times[0][r] / times[ci][r]);
     std::sort(ratio.begin(), ratio.end());
     const double t = Median(times[ci]);
-    printf("  %-9s %9.3f ms %6.1f GF/s  before/this %.2f [%.2f-%.2f]\n", cands[ci].name.c_str(),
+    printf("  %-9s %9.3f ms %6.1f GF/s  columns/this %.2f [%.2f-%.2f]\n", cands[ci].name.c_str(),
            t * 1e3, 2.0 * m * n * k / t / 1e9, Median(ratio), ratio.front(), ratio.back());
   }
   return 0;

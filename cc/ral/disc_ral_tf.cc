@@ -306,11 +306,8 @@ struct GemmIsa {
                    &disc_gemm_pack_b_##isa},                                   \
   }
 
-// Rows per block of ChoosePrepackedSplit's row blocks on this ISA: measured on
-// AVX2 only (gemm_split.h); the AVX-512 block keeps the split it was measured with.
-int64_t RowBlock(const GemmIsa& isa) {
-  return std::strcmp(isa.name, "avx2") == 0 ? kRowBlockRows : 0;
-}
+// How this ISA's block shares a prepacked product among threads (gemm_split.h).
+PrepackedRows RowRule(const GemmIsa& isa) { return PrepackedRowsFor(isa.name); }
 
 // The GEMM for this CPU (no block: the Eigen fallback).
 // The cap DISC_TF_GEMM_ISA, else DISC_TF_ISA, asks for ("" for none).
@@ -475,7 +472,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const int64_t per_product = (threads + batch - 1) / batch;
       split = packed_b != nullptr
                   ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows,
-                                         RowBlock(isa))
+                                         RowRule(isa))
                   : ChooseGemmSplit(m, n, k, per_product, epilogue.full_rows);
     }
     const int64_t rows = split.rows(m), cols = split.cols(n);
@@ -636,7 +633,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   GemmSplit split;
   if (threads > 1 && work >= kSmallGemm)
     split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,
-                                 all_packed ? RowBlock(isa) : 0);
+                                 all_packed ? RowRule(isa) : PrepackedRows::kColumnsFirst);
   const int64_t rows = split.rows(m);
   const int64_t tasks = (m + rows - 1) / rows;
   if (r->profiling) timer.detail += absl::StrCat(" blocks=", tasks, "x1");

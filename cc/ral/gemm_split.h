@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <string.h>
+
 #include <algorithm>
 
 namespace disc_tf {
@@ -55,41 +57,78 @@ inline GemmSplit ChooseGemmSplit(int64_t m, int64_t n, int64_t k, int64_t want, 
   return best;
 }
 
-// Row blocks of a prepacked product (AVX2, see ChoosePrepackedSplit): about this
-// many rows each, when packed B holds at most kRowBlockMaxPackedFloats.
+// How the threads share a prepacked product, per ISA (its GEMM block and the
+// caches of the machines it was measured on; bench/GEMM.md).
+enum class PrepackedRows {
+  // Up to two blocks per thread, columns first (an ISA not measured).
+  kColumnsFirst,
+  // AVX2 (Zen 3): blocks of about kRowBlockRows whole rows, for a product of at
+  // least threads * kRowBlockRows rows whose packed B fits kRowBlockMaxPackedFloats.
+  kBlocksOf48,
+  // AVX-512 (Sapphire Rapids): up to two blocks of whole rows per thread, for a
+  // product of at least kRowBlockRows rows whose packed B fits
+  // kRowBlockMaxPackedFloats, and either is small (kSmallPackedFloats) or has
+  // at least n / 2 rows.
+  kTallProducts,
+};
+
+// The rule measured for the GEMM block of ISA `isa` ("avx2", "avx512").
+inline PrepackedRows PrepackedRowsFor(const char* isa) {
+  if (strcmp(isa, "avx2") == 0) return PrepackedRows::kBlocksOf48;
+  if (strcmp(isa, "avx512") == 0) return PrepackedRows::kTallProducts;
+  return PrepackedRows::kColumnsFirst;
+}
+
 constexpr int64_t kRowBlockRows = 48;
 constexpr double kRowBlockMaxPackedFloats = 640.0 * 1024;
+constexpr double kSmallPackedFloats = 256.0 * 1024;
 
 // The split of a product whose B is packed already: no block packs
 // anything, so rows cost nothing to cut. Up to two blocks per thread (of at
-// least kMinBlockWork multiply-adds each) let the threads that start first
-// take the blocks of one that starts late (1, 2, 4 or 8 per thread measured
-// the same within noise on the keras_encoder shapes).
+// least kMinBlockWork multiply-adds each, as many for every thread) let the
+// threads that start first take the blocks of one that starts late (1, 2, 4
+// or 8 per thread measured the same within noise on the keras_encoder shapes).
+// Columns are cut first (each block then reads all of A and its part of B),
+// unless `rows` says otherwise or full_rows asks for whole rows.
 //
-// With row_block > 0 (the RAL passes kRowBlockRows on AVX2), a product of at
-// least threads * row_block rows whose packed B is at most
-// kRowBlockMaxPackedFloats is instead cut by rows only, into blocks of about
-// row_block rows (threads * ceil(m / (threads * row_block)) asked for; rows
-// rounded up to whole 6-row tiles, which may leave a block or two fewer): each block's C (48 x 512 floats:
-// 96 KiB) is still in L2 when its epilogue runs, and a thread slowed by other
-// work leaves many small blocks to the others. Measured on Zen 3 (AVX2, 2
-// threads, bias + ReLU per block, interleaved rounds; bench/GEMM.md): 1.23x
-// at 2048 x 64 x 512, 1.12-1.22x at k x n = 256 x 1024 and 256 x 256, 1.04x
-// at 768 x 768; with a larger B (3072 x 768: 9 MiB re-read from L3 by every
-// block) it lost 9%, hence the bound.
+// Cutting columns leaves each block an m x n / blocks window of C: at 2048 rows
+// a block's C (1 MiB and more) has left L2 when its epilogue reads it back, and
+// every block reads all of A. Whole rows keep a block's C in L2 but make every
+// thread read all of B, so they pay while B is small (kRowBlockMaxPackedFloats)
+// and A is not much smaller than B. Measured with bench/gemm_libs/split_race (2
+// threads, bias + ReLU per block, interleaved rounds; bench/GEMM.md):
+// * kBlocksOf48 on Zen 3 (AVX2): 1.23x at 2048 x 64 x 512, 1.12-1.22x at k x n =
+//   256 x 1024 and 256 x 256, 1.04x at 768 x 768; with a larger B (3072 x 768:
+//   9 MiB re-read from L3 by every block) it lost 9%, hence the bound.
+// * kTallProducts on Sapphire Rapids (AVX-512, 2 MiB L2): 1.58x at
+//   2048 x 64 x 512, 1.38x at 800 x 256 x 256, 1.13-1.15x at 2048 x 512 x 256,
+//   1024 x 256 x 1024 and 512 x 256 x 1024, 1.06x at 1024 x 768 x 768; 48-row
+//   blocks there gained less (0.97x at 1024 x 768 x 768). With B in L2 (at most
+//   kSmallPackedFloats: 1 MiB) whole rows win at fewer rows too: 1.62x at
+//   96 x 64 x 512, 1.20x at 48 x 128 x 512, 1.09x at 96 x 256 x 768; with a
+//   larger B and few rows they lost 12% (128 x 768 x 768: each thread reads all
+//   of B for little A), and below 48 rows the 6-row tiles leave the threads
+//   unequal shares (16 rows: 12 and 4; 0.80x at 16 x 256 x 768).
 constexpr double kMinBlockWork = 1 << 20;
 inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t threads,
-                                      bool full_rows, int64_t row_block = 0) {
+                                      bool full_rows,
+                                      PrepackedRows rows = PrepackedRows::kColumnsFirst) {
   GemmSplit split;
   split.row_align = 6;  // whole register tiles of every ISA's GEMM block
-  if (row_block > 0 && threads > 1 && m >= threads * row_block &&
-      static_cast<double>(k) * n <= kRowBlockMaxPackedFloats) {
-    split.row_blocks = threads * ((m + threads * row_block - 1) / (threads * row_block));
+  const bool b_fits = static_cast<double>(k) * n <= kRowBlockMaxPackedFloats;
+  if (rows == PrepackedRows::kBlocksOf48 && threads > 1 && m >= threads * kRowBlockRows &&
+      b_fits) {
+    split.row_blocks = threads * ((m + threads * kRowBlockRows - 1) / (threads * kRowBlockRows));
     return split;
   }
   const double work = static_cast<double>(m) * n * k;
-  const int64_t want = std::max<int64_t>(
+  int64_t want = std::max<int64_t>(
       threads, std::min<int64_t>(2 * threads, static_cast<int64_t>(work / kMinBlockWork)));
+  want = (want + threads - 1) / threads * threads;  // as many blocks for every thread
+  if (rows == PrepackedRows::kTallProducts && b_fits && m >= kRowBlockRows &&
+      (2 * m >= n || static_cast<double>(k) * n <= kSmallPackedFloats)) {
+    full_rows = true;
+  }
   split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
   const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
   split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));

@@ -1,6 +1,7 @@
 """How the RAL runs a GEMM's blocks on threads: its own polling workers
-(cc/ral/spin_pool.h) or TF's intra-op pool (DISC_TF_TASK_POOL=tf), and the row
-blocks of a prepacked product on AVX2 (cc/ral/gemm_split.h). Results against TF at
+(cc/ral/spin_pool.h) or TF's intra-op pool (DISC_TF_TASK_POOL=tf), and how each
+ISA's block cuts a prepacked product (cc/ral/gemm_split.h: 48-row blocks on AVX2,
+whole rows for tall or small products on AVX-512). Results against TF at
 random shapes; the split each launch took is read from its launch profile."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Model(tf.Module):
         self.w1, self.b1 = var(64, 512), var(512)
         self.w2 = var(256, 256)
         self.w3, self.b3 = var(1024, 768), var(768)
+        self.w4 = var(512, 768)
         self.wq, self.wk, self.wv = var(128, 128), var(128, 128), var(128, 128)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 64])])
@@ -52,13 +54,17 @@ class Model(tf.Module):
     def wide(self, x):  # packed B of 786 K floats: over the row blocks' bound
         return tf.matmul(x, self.w3) + self.b3
 
+    @tf.function(input_signature=[tf.TensorSpec([None, 512])])
+    def mid(self, x):  # packed B of 393 K floats: within the bound, not small
+        return tf.nn.relu(tf.matmul(x, self.w4))
+
     @tf.function(input_signature=[tf.TensorSpec([None, 128])])
     def qkv(self, x):  # three products of one A: one launch
         return tf.matmul(x, self.wq) * tf.matmul(x, self.wk) + tf.matmul(x, self.wv)
 
 model = Model()
-fns = ["dense", "dense_few", "softmax", "wide", "qkv"]
-first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "qkv": 500}
+fns = ["dense", "dense_few", "softmax", "wide", "mid", "qkv"]
+first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "mid": 100, "qkv": 500}
 jitted = {}
 for name in fns:  # the first call's sizes are the profile's
     tf_fn = getattr(model, name)
@@ -91,10 +97,12 @@ print("OK")
 """
 
 
-def _run(tmp_path: pathlib.Path, **env: str) -> tuple[int, list[list[str]]]:
-    """Runs the script; returns its worker-thread count and launch-profile rows."""
+def _run(tmp_path: pathlib.Path, gemm_isa: str = "avx2",
+         **env: str) -> tuple[int, list[list[str]]]:
+    """Runs the script on the GEMM block of ``gemm_isa``; returns its worker-thread
+    count and launch-profile rows."""
     profile = tmp_path / "profile.txt"
-    full = dict(os.environ, DISC_TF_GEMM_ISA="avx2", DISC_TF_PROFILE=str(profile),
+    full = dict(os.environ, DISC_TF_GEMM_ISA=gemm_isa, DISC_TF_PROFILE=str(profile),
                 PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env)
     for unset in ("DISC_TF_TASK_POOL", "DISC_TF_SPIN_US"):
         if unset not in env:
@@ -113,22 +121,54 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
     return next(w for w in row if w.startswith("blocks="))
 
 
+#: Each ISA's split of the script's first calls (launch sizes -> blocks=RxC), with why.
+EXPECTED_BLOCKS = {
+    "avx2": {
+        # bias + ReLU at 1000 rows: 2 * ceil(1000 / 96) = 22 blocks wanted, of 46 rows
+        # rounded up to whole 6-row tiles: 21 blocks of 48 rows (the last of 40)
+        "m=1000 n=512 k=64": "blocks=21x1",
+        "m=90 n=512 k=64": "blocks=1x2",  # fewer than 2 blocks of 48 rows: columns
+        "m=300 n=256 k=256": "blocks=8x1",  # softmax: whole rows
+        "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
+        "m=100 n=768 k=512": "blocks=4x1",  # 2 * ceil(100 / 96) blocks of 25 -> 30 rows
+        "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
+    },
+    "avx512": {
+        "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
+        # B of 32 K floats: whole rows; 2 blocks wanted (2.9 M multiply-adds), 45 -> 48
+        "m=90 n=512 k=64": "blocks=2x1",
+        "m=300 n=256 k=256": "blocks=4x1",  # softmax: whole rows
+        "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
+        "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats, 100 < 768 / 2 rows: columns
+        "shared A: 3 products m=500 k=128 n=384": "blocks=4x1",
+    },
+}
+
+
+def _assert_blocks(rows: list[list[str]], gemm_isa: str) -> None:
+    for sizes, blocks in EXPECTED_BLOCKS[gemm_isa].items():
+        assert _blocks(rows, sizes) == blocks, (gemm_isa, sizes)
+
+
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
 @pytest.mark.parametrize("pool", ["spin", "sleep", "tf"])
 def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
     """Every pool setting gives TF's answers, from one caller and from six at once;
     the RAL's own workers run unless DISC_TF_TASK_POOL=tf asks for TF's pool, and
     prepacked products of many rows are cut into row blocks of about 48 rows when
-    their packed B is small, else as before."""
+    their packed B is small, else columns first (the AVX2 block)."""
     env = {"spin": {}, "sleep": {"DISC_TF_SPIN_US": "0"},
            "tf": {"DISC_TF_TASK_POOL": "tf"}}[pool]
     workers, rows = _run(tmp_path, **env)
     assert workers == (0 if pool == "tf" else 1)
-    # bias + ReLU at 1000 rows: 2 * ceil(1000 / 96) = 22 blocks wanted, of 46 rows
-    # rounded up to whole 6-row tiles: 21 blocks of 48 rows (the last of 40)
-    assert _blocks(rows, "m=1000 n=512 k=64") == "blocks=21x1"
-    # 90 rows are fewer than 2 blocks of 48: columns cut, as before
-    assert _blocks(rows, "m=90 n=512 k=64") == "blocks=1x2"
-    assert _blocks(rows, "m=300 n=256 k=256") == "blocks=8x1"  # softmax on whole rows
-    assert _blocks(rows, "m=200 n=768 k=1024") == "blocks=1x4"  # B over the bound
-    assert _blocks(rows, "shared A: 3 products m=500 k=128 n=384") == "blocks=12x1"
+    _assert_blocks(rows, "avx2")
+
+
+@pytest.mark.skipif(isa.host_level() != "x86-64-v4", reason="the AVX-512 block needs AVX-512")
+def test_avx512_cuts_tall_or_small_products_by_rows(tmp_path):
+    """On AVX-512 a prepacked product with B within the bound is cut into whole rows,
+    up to two blocks per thread, when it has at least 48 rows and either n / 2 rows
+    or a B of at most 256 K floats; else columns first, as many blocks per thread."""
+    workers, rows = _run(tmp_path, gemm_isa="avx512")
+    assert workers == 1
+    _assert_blocks(rows, "avx512")
