@@ -48,18 +48,15 @@ inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 #endif
 constexpr int64_t kPanel = kLanes * kVecs;  // columns of one full tile
 
-// Times the tile's k loop is unrolled. AVX2: the 6 x 2-vector tile's step is 12
-// FMAs, 8 loads and the loop's own add and branch; unrolled 4 times the block
-// runs 1-8% faster at two threads (5-8% at k = 1024-2304) and 0-7% at one,
-// twice is slower (Zen 3, interleaved rounds: bench/GEMM.md, "AVX2 block").
-// The AVX-512 step is 24 FMAs and was not measured on such a CPU: left as it was.
+// Times the tile's k loop is unrolled: 4 on both ISAs (interleaved rounds:
+// bench/GEMM.md). AVX2: the 6 x 2-vector tile's step is 12 FMAs, 8 loads and the
+// loop's own add and branch; unrolled 4 times the block runs 1-8% faster at two
+// threads (5-8% at k = 1024-2304) and 0-7% at one, twice is slower (Zen 3).
+// AVX-512: the 6 x 4-vector step is 24 FMAs and 10 loads; unrolled 4 times
+// 1-8% faster at one and two threads (Sapphire Rapids; twice: about the same).
 // A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
 #if !defined(DISC_GEMM_K_UNROLL)
-#if defined(__AVX512F__)
-#define DISC_GEMM_K_UNROLL 1
-#else
 #define DISC_GEMM_K_UNROLL 4
-#endif
 #endif
 #define DISC_GEMM_PRAGMA(text) _Pragma(#text)
 #define DISC_GEMM_UNROLL(n) DISC_GEMM_PRAGMA(GCC unroll n)
