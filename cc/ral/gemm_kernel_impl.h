@@ -413,8 +413,9 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 // Which loop order a prepacked product takes. AVX2 (Zen 3, prepacked B, the RAL's
 // split, interleaved rounds): strips are 4-12% faster where k is 64-256 and A has
 // 1024-2048 rows (the recommender's MLP), ties elsewhere (0.97-1.03 on BERT's and the
-// Conv1D stack's shapes); bench/GEMM.md, "AVX2 block". Not measured on AVX-512: panels
-// there, as before. A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
+// Conv1D stack's shapes); bench/GEMM.md, "AVX2 block". AVX-512 (Sapphire Rapids): strips
+// tie with panels (0.97-1.06), so panels, as before; bench/GEMM.md, "AVX-512 block".
+// A benchmark build may set it (bench/gemm_libs, DISC_VARIANT_FLAGS).
 #if !defined(DISC_GEMM_STRIPS)
 #if defined(__AVX512F__)
 #define DISC_GEMM_STRIPS 0
