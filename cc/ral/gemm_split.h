@@ -32,6 +32,11 @@ struct GemmSplit {
     const int64_t c = (n + col_blocks - 1) / col_blocks;
     return col_blocks == 1 ? n : std::min(n, (c + 63) / 64 * 64);
   }
+  // Blocks of C after the rounding of rows and columns (at least one).
+  int64_t launches(int64_t m, int64_t n) const {
+    const int64_t r = std::max<int64_t>(1, rows(m)), c = std::max<int64_t>(1, cols(n));
+    return std::max<int64_t>(1, (m + r - 1) / r) * std::max<int64_t>(1, (n + c - 1) / c);
+  }
 };
 
 // The split into at least `want` blocks (rows of 8 or more, columns of 64 or
@@ -85,7 +90,8 @@ constexpr double kSmallPackedFloats = 256.0 * 1024;
 
 // The split of a product whose B is packed already: no block packs
 // anything, so rows cost nothing to cut. Up to two blocks per thread (of at
-// least kMinBlockWork multiply-adds each, as many for every thread) let the
+// least kMinBlockWork multiply-adds each, as many for every thread after the
+// rounding of rows and columns where it allows) let the
 // threads that start first take the blocks of one that starts late (1, 2, 4
 // or 8 per thread measured the same within noise on the keras_encoder shapes).
 // Columns are cut first (each block then reads all of A and its part of B),
@@ -122,16 +128,25 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
     return split;
   }
   const double work = static_cast<double>(m) * n * k;
-  int64_t want = std::max<int64_t>(
-      threads, std::min<int64_t>(2 * threads, static_cast<int64_t>(work / kMinBlockWork)));
-  want = (want + threads - 1) / threads * threads;  // as many blocks for every thread
-  if (rows == PrepackedRows::kTallProducts && b_fits && m >= kRowBlockRows &&
+  const int64_t most = (std::max<int64_t>(threads, std::min<int64_t>(
+                            2 * threads, static_cast<int64_t>(work / kMinBlockWork))) +
+                        threads - 1) / threads * threads;
+  // kTallProducts only where every wanted block gets a 6-row tile or more.
+  if (rows == PrepackedRows::kTallProducts && b_fits && m >= kRowBlockRows && m / 6 >= most &&
       (2 * m >= n || static_cast<double>(k) * n <= kSmallPackedFloats)) {
     full_rows = true;
   }
-  split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
-  const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
-  split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
+  // As many blocks for every thread: rows rounded up to 6-row tiles and columns to
+  // 64-column panels can make fewer launches than blocks wanted (4 wanted of 49
+  // rows: 18 + 18 + 13), so an uneven count falls back to one block wanted per
+  // thread (on two threads always even; with more, the rounding may still leave
+  // fewer blocks than threads).
+  for (const int64_t want : {most, threads}) {
+    split.col_blocks = full_rows ? 1 : std::max<int64_t>(1, std::min(want, n / 64));
+    const int64_t rows_wanted = (want + split.col_blocks - 1) / split.col_blocks;
+    split.row_blocks = std::max<int64_t>(1, std::min(rows_wanted, m / 6));
+    if (split.launches(m, n) % threads == 0) break;
+  }
   return split;
 }
 

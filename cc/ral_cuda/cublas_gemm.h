@@ -110,8 +110,8 @@ inline int64_t GemmItemSize(int32_t dtype) { return dtype == DISC_F32 ? 4 : 2; }
 // its reader's layout: ldc > n, or matrices that interleave), so zeroing
 // batch * stride_c elements from c would clear what is not C and run past the
 // tensor's end. Calls zero(ptr, bytes) once per contiguous run of C (once when C
-// is dense, once per matrix when its rows are, else once per row) and returns
-// the first non-zero status.
+// is dense or its matrices' rows interleave without gaps, once per matrix when
+// its rows are dense, else once per row) and returns the first non-zero status.
 template <typename Zero>
 int32_t ZeroGemmOutput(int32_t dtype, int64_t batch, int64_t m, int64_t n, void* c, int64_t ldc,
                        int64_t stride_c, Zero zero) {
@@ -120,6 +120,8 @@ int32_t ZeroGemmOutput(int32_t dtype, int64_t batch, int64_t m, int64_t n, void*
   char* const base = static_cast<char*>(c);
   const bool rows_dense = m == 1 || ldc == n;  // each matrix one run of m * n
   if (rows_dense && (batch == 1 || stride_c == m * n)) return zero(base, batch * m * n * item);
+  // Row i of every matrix side by side: [i][q][n] (a GEMM per head writing [seq, heads, dim]).
+  if (stride_c == n && ldc == batch * n) return zero(base, m * batch * n * item);
   for (int64_t q = 0; q < batch; ++q) {
     char* const matrix = base + q * stride_c * item;
     if (rows_dense) {

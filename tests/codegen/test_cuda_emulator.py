@@ -174,16 +174,21 @@ def test_tf32_gemms_round_float_operands_only(emu, dtype):
 K0_LAYOUTS = {
     "dense": (6, 5, 4, 4, 20, 0, 1),
     "padded_rows": (3, 5, 4, 6, 30, 0, 3 * 5),
+    "one_matrix_padded_rows": (1, 5, 4, 6, 0, 0, 5),
     # einsum acbe,aecd->abcd: the [b x d] matrices of batch c interleave in [a, b, c, d]
-    # (here the window of a = 1, c = 0..1, in a [3, 5, 2, 4] tensor)
-    "interleaved": (2, 5, 4, 8, 4, 40, 2 * 5),
+    # (here the window of a = 1, c = 0..1, in a [3, 5, 2, 4] tensor): no gaps, one run
+    "interleaved": (2, 5, 4, 8, 4, 40, 1),
+    "interleaved_with_gaps": (2, 5, 4, 12, 4, 8, 2 * 5),
     "one_row_each": (3, 1, 4, 4, 8, 0, 3),
+    "one_row_each_adjacent": (3, 1, 4, 9, 4, 0, 1),
     "dense_rows": (3, 2, 4, 4, 10, 2, 3),
+    "overlapping_matrices": (3, 4, 4, 4, 8, 0, 3),  # stride_c < m * n: their union
 }
 
 
+@pytest.mark.parametrize("dtype", [1, 19])  # float32, float16
 @pytest.mark.parametrize("layout", K0_LAYOUTS)
-def test_k0_gemm_zeroes_only_its_window(emu, layout):
+def test_k0_gemm_zeroes_only_its_window(emu, layout, dtype):
     """A k == 0 product zeroes exactly C's elements, in as few memsets as its layout
     allows. C is a window of a larger tensor when a GEMM writes its reader's layout;
     zeroing batch * stride_c elements from C's start cleared what is not C and ran past
@@ -191,9 +196,9 @@ def test_k0_gemm_zeroes_only_its_window(emu, layout):
     batch, m, n, ldc, sc, offset, runs = K0_LAYOUTS[layout]
     q, i, j = np.meshgrid(np.arange(batch), np.arange(m), np.arange(n), indexing="ij")
     inside = (offset + q * sc + i * ldc + j).ravel()
-    buf = np.full(inside.max() + 9, 7.0, np.float32)  # a tail past C's last element
-    c = ctypes.c_void_p(buf.ctypes.data + offset * 4)
-    assert emu.emu_zero_gemm_output(1, batch, m, n, c, ldc, sc) == runs
+    buf = np.full(inside.max() + 9, 7.0, DTYPES[dtype])  # a tail past C's last element
+    c = ctypes.c_void_p(buf.ctypes.data + offset * buf.itemsize)
+    assert emu.emu_zero_gemm_output(dtype, batch, m, n, c, ldc, sc) == runs
     expected = np.full_like(buf, 7.0)
     expected[inside] = 0.0
     np.testing.assert_array_equal(buf, expected)
