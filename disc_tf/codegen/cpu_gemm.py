@@ -288,10 +288,13 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     the windows of consecutive outputs overlap, ci floats apart (lda = ci), and A
     is the input itself, read in place. With padding, only the output columns
     whose windows reach into it (at most kw - 1 at each end) read a copy of their
-    windows with the zero columns; the columns between read x in place, so no
+    windows with the zero columns, one window per row, both ends in one more GEMM
+    (each GEMM reads all of B: two edge GEMMs of a kernel-9 256 -> 1024 filter took
+    as long as a tenth of the main one); the columns between read x in place, so no
     padded copy of the input is made (it was the peak's extra tensor). Each GEMM
     covers whole rows of C and reads B once, so a consumer runs on each finished
-    block of C (``epilogue``, told its rows' place in C)."""
+    block of C (``epilogue``, told its rows' place in C; the edges' rows once copied
+    into C)."""
     x, w, out_name, a, dims = _conv_dims(em)
     xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
     title, epi, fn, closure, full_rows = _conv_heading(
@@ -335,27 +338,45 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "    };",
         "    if (batch > 0 && ow > 0 && co > 0) {",
         f"      if (hi > lo) columns(lo, hi, {xp} + (lo - pad) * ci, width * ci);",
-        "      const int64_t edges[2][2] = {{0, lo}, {hi, ow}};",
-        "      for (const auto& edge : edges) {",
-        "        const int64_t r0 = edge[0], r1 = edge[1];",
-        "        if (r1 <= r0) continue;",
-        "        const int64_t span = r1 - r0 + kw - 1;  // input columns these windows span",
-        "        float* padded = static_cast<float*>(ral->alloc_temp(ral, batch * span * ci * "
+        "      // The edges' rows [0, lo) and [hi, ow): their windows copied with the zeros",
+        "      // around x, one window per row, and one GEMM for both edges (each read all",
+        "      // of B: a kernel-9 256 -> 1024 filter is 9 MiB), into rows copied to C.",
+        "      const int64_t nl = lo, ne = lo + (ow - hi);",
+        "      if (ne > 0) {",
+        "        float* windows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * kdim * "
         "sizeof(float)));",
-        "        if (!padded && ci != 0) return 1;",
+        "        float* rows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * co * "
+        "sizeof(float)));",
+        "        if (!rows || (!windows && kdim != 0)) return 1;",
         "        for (int64_t n = 0; n < batch; ++n) {",
-        "          for (int64_t q = 0; q < span; ++q) {",
-        "            const int64_t col = r0 + q - pad;",
-        "            float* dst = padded + (n * span + q) * ci;",
-        "            if (col < 0 || col >= width) {",
-        "              __builtin_memset(dst, 0, ci * sizeof(float));",
-        "            } else {",
-        f"              __builtin_memcpy(dst, {xp} + (n * width + col) * ci, ci * sizeof(float));",
+        "          for (int64_t e = 0; e < ne; ++e) {",
+        "            const int64_t oc = e < nl ? e : hi + (e - nl);  // its output column",
+        "            for (int64_t t = 0; t < kw; ++t) {",
+        "              const int64_t col = oc + t - pad;",
+        "              float* dst = windows + ((n * ne + e) * kw + t) * ci;",
+        "              if (col < 0 || col >= width) {",
+        "                __builtin_memset(dst, 0, ci * sizeof(float));",
+        "              } else {",
+        f"                __builtin_memcpy(dst, {xp} + (n * width + col) * ci, ci * "
+        "sizeof(float));",
+        "              }",
         "            }",
         "          }",
         "        }",
-        "        columns(r0, r1, padded, span * ci);",
-        "        ral->free_temp(ral, padded);",
+        f"        ral->sgemm_epilogue(ral, batch, 1, ne, co, kdim, windows, kdim, ne * kdim, 0, 0, "
+        f"{wp}, co,",
+        "                            0, 0, 0, rows, co, ne * co, 0, nullptr, nullptr, 0, 0);",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t e = 0; e < ne; ++e) {",
+        "            const int64_t oc = e < nl ? e : hi + (e - nl);",
+        f"            __builtin_memcpy({cp} + (n * ow + oc) * co, rows + (n * ne + e) * co, "
+        "co * sizeof(float));",
+        "          }",
+        *([f"          if (nl > 0) {fn}({closure}, n, 0, nl, 0, co);",
+           f"          if (ow > hi) {fn}({closure}, n, hi, ow, 0, co);"] if epilogue else []),
+        "        }",
+        "        ral->free_temp(ral, rows);",
+        "        ral->free_temp(ral, windows);",
         "      }",
         "    }",
         "  }",
