@@ -297,6 +297,8 @@ struct GemmIsa {
   disc_gemm_block_fn block = nullptr;  // null: the Eigen fallback
   disc_gemm_prepacked_block_fn prepacked = nullptr;
   GemmPacker packer;
+  // How this ISA's block shares a prepacked product among threads (gemm_split.h).
+  PrepackedRows rows = PrepackedRows::kColumnsFirst;
 };
 
 #define DISC_GEMM_ISA_ENTRIES(isa)                                             \
@@ -304,10 +306,8 @@ struct GemmIsa {
     #isa, &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,           \
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
+        PrepackedRowsFor(#isa),                                                \
   }
-
-// How this ISA's block shares a prepacked product among threads (gemm_split.h).
-PrepackedRows RowRule(const GemmIsa& isa) { return PrepackedRowsFor(isa.name); }
 
 // The GEMM for this CPU (no block: the Eigen fallback).
 // The cap DISC_TF_GEMM_ISA, else DISC_TF_ISA, asks for ("" for none).
@@ -472,7 +472,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const int64_t per_product = (threads + batch - 1) / batch;
       split = packed_b != nullptr
                   ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows,
-                                         RowRule(isa))
+                                         isa.rows)
                   : ChooseGemmSplit(m, n, k, per_product, epilogue.full_rows);
     }
     const int64_t rows = split.rows(m), cols = split.cols(n);
@@ -633,7 +633,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   GemmSplit split;
   if (threads > 1 && work >= kSmallGemm)
     split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,
-                                 all_packed ? RowRule(isa) : PrepackedRows::kColumnsFirst);
+                                 all_packed ? isa.rows : PrepackedRows::kColumnsFirst);
   const int64_t rows = split.rows(m);
   const int64_t tasks = (m + rows - 1) / rows;
   if (r->profiling) timer.detail += absl::StrCat(" blocks=", tasks, "x1");

@@ -5,7 +5,6 @@
 #define DISC_TF_CC_RAL_GEMM_SPLIT_H_
 
 #include <stdint.h>
-
 #include <string.h>
 
 #include <algorithm>
@@ -121,7 +120,8 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
                                       PrepackedRows rows = PrepackedRows::kColumnsFirst) {
   GemmSplit split;
   split.row_align = 6;  // whole register tiles of every ISA's GEMM block
-  const bool b_fits = static_cast<double>(k) * n <= kRowBlockMaxPackedFloats;
+  const double packed_floats = static_cast<double>(k) * n;
+  const bool b_fits = packed_floats <= kRowBlockMaxPackedFloats;
   if (rows == PrepackedRows::kBlocksOf48 && threads > 1 && m >= threads * kRowBlockRows &&
       b_fits) {
     split.row_blocks = threads * ((m + threads * kRowBlockRows - 1) / (threads * kRowBlockRows));
@@ -133,7 +133,7 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
                         threads - 1) / threads * threads;
   // kTallProducts only where every wanted block gets a 6-row tile or more.
   if (rows == PrepackedRows::kTallProducts && b_fits && m >= kRowBlockRows && m / 6 >= most &&
-      (2 * m >= n || static_cast<double>(k) * n <= kSmallPackedFloats)) {
+      (2 * m >= n || packed_floats <= kSmallPackedFloats)) {
     full_rows = true;
   }
   // As many blocks for every thread: rows rounded up to 6-row tiles and columns to
