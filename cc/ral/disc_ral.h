@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 5
+#define DISC_RAL_ABI_VERSION 6
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -145,6 +145,21 @@ struct disc_ral {
                          const int64_t* ldb, const int32_t* transpose_b, const int64_t* n,
                          float* const* c, const int64_t* ldc,
                          disc_gemm_epilogue_fn epilogue, void* closure);
+
+  /* ABI 6. A stride-1, undilated Conv1D whose kernel width kw is a multiple of 3,
+   * by Winograd's F(2, 3) over groups of three taps (2/3 of the direct conv's
+   * multiply-adds): x [batch, width, ci], filter w [kw, ci, co], c [batch, ow, co];
+   * output column o reads input columns o - pad .. o - pad + kw - 1 (zeros outside
+   * x). Then `epilogue` (may be NULL) on every block of C as sgemm_epilogue runs it
+   * (q: the image; whole rows with full_rows). Returns 0 without touching C when the
+   * host declines (the filter is not a constant input whose transform it keeps, the
+   * CPU lacks its GEMM blocks, or the conv is too small to pay): the caller then runs
+   * the conv itself; otherwise 1, errors set through set_error. */
+  int32_t (*conv1d_winograd)(disc_ral* ral, int64_t batch, int64_t width, int64_t ci,
+                             int64_t co, int64_t kw, int64_t pad, int64_t ow,
+                             const float* x, const float* w, float* c,
+                             disc_gemm_epilogue_fn epilogue, void* closure,
+                             int32_t full_rows);
 };
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 #define EIGEN_USE_THREADS
 
 #include "cc/ral/disc_ral_tf.h"
+#include "cc/ral/conv_winograd.h"
 #include "cc/ral/gemm_kernels.h"
 #include "cc/ral/gemm_split.h"
 #include "cc/ral/run_tasks.h"
@@ -404,25 +405,35 @@ struct GemmEpilogue {
   }
 };
 
-// op(B) packed once, when B (k x n, or n x k with tb) lies in one of the
-// call's constant inputs; null otherwise (each block then packs its own).
-std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, const float* b,
-                                                int64_t k, int64_t n, int64_t ldb, bool tb) {
-  if (r->packed_weights == nullptr || r->constant_inputs == nullptr || isa.prepacked == nullptr)
-    return nullptr;
-  const int64_t extent = tb ? (n - 1) * ldb + k : (k - 1) * ldb + n;  // floats B spans
+// The call's constant input holding the `extent` floats from b, or -1.
+int ConstantInputHolding(TfRal* r, const float* b, int64_t extent) {
+  if (r->packed_weights == nullptr || r->constant_inputs == nullptr) return -1;
   for (int i : *r->constant_inputs) {
     const tensorflow::Tensor& t = r->inputs[i];
     if (t.dtype() != tensorflow::DT_FLOAT || !t.IsInitialized()) continue;
     const float* base = reinterpret_cast<const float*>(t.tensor_data().data());
-    if (base != nullptr && b >= base && b + extent <= base + t.NumElements())
-      return r->packed_weights->Get(
-          i, t, b, k, n, ldb, tb, isa.packer,
-          [r](int64_t tasks, const std::function<void(int64_t)>& fn) {
-            RunOn(TaskPoolOf(r), tasks, fn);
-          });
+    if (base != nullptr && b >= base && b + extent <= base + t.NumElements()) return i;
   }
-  return nullptr;
+  return -1;
+}
+
+// Runs packing tasks on the call's pool.
+TaskRunner PackingRunner(TfRal* r) {
+  return [r](int64_t tasks, const std::function<void(int64_t)>& fn) {
+    RunOn(TaskPoolOf(r), tasks, fn);
+  };
+}
+
+// op(B) packed once, when B (k x n, or n x k with tb) lies in one of the
+// call's constant inputs; null otherwise (each block then packs its own).
+std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, const float* b,
+                                                int64_t k, int64_t n, int64_t ldb, bool tb) {
+  if (isa.prepacked == nullptr) return nullptr;
+  const int64_t extent = tb ? (n - 1) * ldb + k : (k - 1) * ldb + n;  // floats B spans
+  const int i = ConstantInputHolding(r, b, extent);
+  if (i < 0) return nullptr;
+  return r->packed_weights->Get(i, r->inputs[i], b, k, n, ldb, tb, isa.packer,
+                                PackingRunner(r));
 }
 
 void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
@@ -671,6 +682,75 @@ void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a
   }
 }
 
+// ---- Conv1D by Winograd F(2, 3) (conv_winograd.h)
+
+// False when DISC_TF_WINOGRAD is "0" (read once per process): every Conv1D
+// then runs as the direct GEMM over its windows.
+bool WinogradEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("DISC_TF_WINOGRAD");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
+// Output pairs below which the direct GEMM runs instead: with few rows both
+// read their filter once per block, and the four G_u are 4/3 of the filter.
+constexpr int64_t kWinogradMinPairs = 8;
+
+int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t ci, int64_t co,
+                          int64_t kw, int64_t pad, int64_t ow, const float* x, const float* w,
+                          float* c, disc_gemm_epilogue_fn epilogue_fn, void* closure,
+                          int32_t full_rows) {
+  TfRal* r = TfRal::From(ral);
+  const GemmIsa& isa = Gemm();
+  if (!WinogradEnabled() || isa.prepacked == nullptr || kw <= 0 || kw % 3 != 0 || batch <= 0 ||
+      width < 0 || ci <= 0 || co <= 0 || ow <= 0 || (ow + 1) / 2 < kWinogradMinPairs)
+    return 0;
+  const int input = ConstantInputHolding(r, w, kw * ci * co);
+  if (input < 0) return 0;
+  const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c};
+  const int64_t depth = conv.depth();
+  std::shared_ptr<const PackedOperand> parts[kWinogradParts];
+  const float* packed[kWinogradParts];
+  for (int u = 0; u < kWinogradParts; ++u) {
+    parts[u] = r->packed_weights->GetDerived(
+        input, r->inputs[input], w, u + 1, depth, co,
+        [&](float* g) { WinogradFilter(w, kw, ci, co, u, g); }, isa.packer, PackingRunner(r));
+    if (parts[u] == nullptr) return 0;
+    packed[u] = parts[u]->data.get();
+  }
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "winograd");
+  const TaskPool pool = TaskPoolOf(r);
+  const int64_t pairs = conv.pairs();
+  const WinogradSplit split =
+      ChooseWinogradSplit(batch, pairs, depth, co, pool.NumThreads(), full_rows != 0);
+  if (r->profiling) {
+    timer.detail = absl::StrCat("batch=", batch, " ow=", ow, " ci=", ci, " co=", co, " kw=", kw,
+                                epilogue_fn ? " +epilogue" : "", " tiles=",
+                                split.row_tiles, "x", split.col_blocks);
+  }
+  const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
+  const int64_t per_image = split.row_tiles * split.col_blocks;
+  std::atomic<bool> short_of_memory{false};
+  RunOn(pool, batch * per_image, [&](int64_t t) {
+    const int64_t n = t / per_image;
+    const int64_t p0 = (t % per_image) / split.col_blocks * split.pairs;
+    const int64_t j0 = (t % per_image) % split.col_blocks * split.cols;
+    const int64_t p1 = std::min(pairs, p0 + split.pairs), j1 = std::min(co, j0 + split.cols);
+    float* scratch = WinogradScratch(WinogradScratchFloats(conv, p1 - p0, j1 - j0));
+    if (scratch == nullptr) {
+      short_of_memory = true;
+      return;
+    }
+    WinogradTile(conv, packed, isa.prepacked, n, p0, p1, j0, j1, scratch);
+    epilogue(n, 2 * p0, std::min(ow, 2 * p1), j0, j1);
+  });
+  if (short_of_memory)
+    r->SetError(DISC_RESOURCE_EXHAUSTED, "conv1d_winograd: out of memory for a tile's scratch");
+  return 1;
+}
+
 void RalSetError(disc_ral* ral, int32_t code, const char* message) {
   TfRal::From(ral)->SetError(code, message ? message : "");
 }
@@ -711,6 +791,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_epilogue = &RalSgemmEpilogue;
   sgemm_rows = &RalSgemmRows;
   sgemm_shared_a = &RalSgemmSharedA;
+  conv1d_winograd = &RalConv1dWinograd;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

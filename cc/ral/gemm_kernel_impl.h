@@ -23,6 +23,7 @@
 
 #include <algorithm>
 
+#include "cc/ral/aligned_buffer.h"
 #include "cc/ral/gemm_kernels.h"
 
 namespace {
@@ -239,19 +240,8 @@ constexpr int64_t kPackCols = 8 * kPanel;
 // (kept for the thread's lifetime: at most one packed block), or null if
 // memory ran out.
 float* ThreadBuffer(int64_t floats) {
-  struct Buffer {
-    float* data = nullptr;
-    int64_t size = 0;
-    ~Buffer() { free(data); }
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < floats) {
-    free(buffer.data);
-    buffer.size = RoundUp(floats, 16);
-    buffer.data = static_cast<float*>(aligned_alloc(64, buffer.size * sizeof(float)));
-    if (buffer.data == nullptr) buffer.size = 0;
-  }
-  return buffer.data;
+  thread_local disc_tf::AlignedBuffer buffer;
+  return buffer.Reserve(floats);
 }
 
 // dst[c * ldd + r] = src[r * lds + c] for r, c in [0, 8): an 8 x 8 transpose

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "cc/kernels/stats.h"
@@ -57,8 +58,22 @@ int PackedWeights::EvictStaleLocked(int input_index, const void* current) {
 std::shared_ptr<const PackedOperand> PackedWeights::Get(
     int input_index, const tensorflow::Tensor& input, const float* b, int64_t k, int64_t n,
     int64_t ldb, bool tb, const GemmPacker& packer, const TaskRunner& run) {
+  return Lookup(input_index, input, Key{b, k, n, ldb, tb, 0}, b, k, n, ldb, tb, nullptr, packer,
+                run);
+}
+
+std::shared_ptr<const PackedOperand> PackedWeights::GetDerived(
+    int input_index, const tensorflow::Tensor& input, const float* b, int variant, int64_t k,
+    int64_t n, const Derive& derive, const GemmPacker& packer, const TaskRunner& run) {
+  return Lookup(input_index, input, Key{b, k, n, n, false, variant}, nullptr, k, n, n, false,
+                &derive, packer, run);
+}
+
+std::shared_ptr<const PackedOperand> PackedWeights::Lookup(
+    int input_index, const tensorflow::Tensor& input, const Key& key, const float* b, int64_t k,
+    int64_t n, int64_t ldb, bool tb, const Derive* derive, const GemmPacker& packer,
+    const TaskRunner& run) {
   if (!PackWeightsEnabled() || packer.pack_b == nullptr) return nullptr;
-  const Key key{b, k, n, ldb, tb};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(key);
@@ -85,6 +100,16 @@ std::shared_ptr<const PackedOperand> PackedWeights::Get(
     return nullptr;
   }
   packed->floats = floats;
+  std::unique_ptr<float[]> derived;
+  if (derive != nullptr) {
+    derived.reset(new (std::nothrow) float[k * n]);
+    if (derived == nullptr) {
+      g_packed_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+      return nullptr;
+    }
+    (*derive)(derived.get());
+    b = derived.get();
+  }
   // Column ranges of whole panels, packed in parallel: panel q of the whole
   // operand starts at q * panel * k floats, wherever the range starts.
   const int64_t panel = packer.panel();

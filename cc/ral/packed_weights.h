@@ -60,13 +60,27 @@ class PackedWeights {
                                            bool tb, const GemmPacker& packer,
                                            const TaskRunner& run);
 
+  // A k x n matrix derived from a constant input (the Winograd transform of a
+  // filter), row-major into `out`: `variant` (from 1) tells apart the matrices
+  // derived from one B.
+  using Derive = std::function<void(float* out)>;
+
+  // The packed matrix `variant` that `derive` makes from B, which lies inside
+  // `input` as for Get; packed now if it is not cached (through a k x n copy
+  // held only while packing). Null as for Get.
+  std::shared_ptr<const PackedOperand> GetDerived(int input_index, const tensorflow::Tensor& input,
+                                                  const float* b, int variant, int64_t k,
+                                                  int64_t n, const Derive& derive,
+                                                  const GemmPacker& packer, const TaskRunner& run);
+
   ~PackedWeights();
 
   // New buffers of one input after which it is no longer cached.
   static constexpr int kMaxMoves = 8;
 
  private:
-  using Key = std::tuple<const float*, int64_t, int64_t, int64_t, bool>;
+  // B, k, n, ldb, tb and the derived variant (0: B itself).
+  using Key = std::tuple<const float*, int64_t, int64_t, int64_t, bool, int>;
   struct Entry {
     int input_index;
     tensorflow::Tensor held;  // keeps B's buffer alive and unshared-free
@@ -75,6 +89,13 @@ class PackedWeights {
   // Drops the entries of `input_index` packed from another buffer than
   // `current`; returns how many it dropped.
   int EvictStaleLocked(int input_index, const void* current);
+  // The cached entry of `key`, or a new one whose op(B) (k x n, row stride ldb)
+  // is `source`, or what `derive` writes.
+  std::shared_ptr<const PackedOperand> Lookup(int input_index, const tensorflow::Tensor& input,
+                                              const Key& key, const float* source, int64_t k,
+                                              int64_t n, int64_t ldb, bool tb,
+                                              const Derive* derive, const GemmPacker& packer,
+                                              const TaskRunner& run);
 
   std::mutex mu_;
   std::map<Key, Entry> entries_;

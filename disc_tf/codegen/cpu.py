@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from disc_tf.codegen.cpu_gemm import CONV_WINDOWS_SUPPORT
+from disc_tf.codegen.cpu_conv import CONV_WINDOWS_SUPPORT
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (

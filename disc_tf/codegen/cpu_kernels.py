@@ -8,7 +8,7 @@ fold any dims; library kernels are calls the host runner makes (see ``cpu.py``).
 
 from __future__ import annotations
 
-from disc_tf.codegen import cpu_gemm, cpu_reduce
+from disc_tf.codegen import cpu_conv, cpu_gemm, cpu_reduce
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
     STORAGE,
@@ -343,9 +343,15 @@ class KernelEmitter(StitchEmitter):
                        epilogue: KernelEmitter | None = None,
                        chain: KernelEmitter | None = None,
                        shares: list[KernelEmitter] | None = None) -> list[str]:
-        """Host-runner lines of a library kernel (``cpu_gemm.py``)."""
+        """Host-runner lines of a library kernel (``cpu_gemm.py``, convolutions
+        ``cpu_conv.py``)."""
         if shares:
             return cpu_gemm.shared_a_launch(self, buffer_ptr, shares, epilogue)
+        op = self.k.ops[0].op
+        if op == "conv_taps":
+            return cpu_conv.conv_taps_launch(self, buffer_ptr, epilogue)
+        if op == "conv_rows":
+            return cpu_conv.conv_rows_launch(self, buffer_ptr, epilogue)
         return cpu_gemm.library_launch(self, buffer_ptr, epilogue, chain)
 
     def launch(self, buffer_ptr: dict[str, str]) -> list[str]:

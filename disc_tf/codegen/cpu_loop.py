@@ -257,6 +257,13 @@ void sub_sgemm_shared_a(disc_ral* r, int32_t count, int64_t m, int64_t k, const 
   parent_of(r)->sgemm_shared_a(parent_of(r), count, m, k, a, lda, b, ldb, tb, n, c, ldc,
                                epilogue, closure);
 }
+int32_t sub_conv1d_winograd(disc_ral* r, int64_t batch, int64_t width, int64_t ci, int64_t co,
+                            int64_t kw, int64_t pad, int64_t ow, const float* x, const float* w,
+                            float* c, disc_gemm_epilogue_fn epilogue, void* closure,
+                            int32_t full_rows) {
+  return parent_of(r)->conv1d_winograd(parent_of(r), batch, width, ci, co, kw, pad, ow, x, w, c,
+                                       epilogue, closure, full_rows);
+}
 
 // Runs one step's runner on `inputs`; its outputs are new temporaries in `outputs`.
 int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, int32_t n_in,
@@ -279,6 +286,7 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.sgemm_epilogue = &sub_sgemm_epilogue;
   call.ral.sgemm_rows = &sub_sgemm_rows;
   call.ral.sgemm_shared_a = &sub_sgemm_shared_a;
+  call.ral.conv1d_winograd = &sub_conv1d_winograd;
   call.parent = ral;
   call.inputs = inputs;
   call.outputs = outputs;

@@ -112,10 +112,10 @@ def test_a_weight_that_changes_on_every_call_stops_being_cached():
     assert disc_tf.stats()["packed_weights"] == 7  # kMaxMoves - 1 new values packed
 
 
-@pytest.mark.parametrize("dilation, packs", [(1, 1), (2, 3)])
-def test_conv1d_filters_are_packed(dilation, packs):
+@pytest.mark.parametrize("width, dilation, packs", [(4, 1, 1), (3, 1, 5), (3, 2, 3)])
+def test_conv1d_filters_are_packed(width, dilation, packs):
     rng = np.random.default_rng(4)
-    w = _weight(rng, (3, 8, 70))
+    w = _weight(rng, (width, 8, 70))
     conv = tf.function(
         lambda x: tf.nn.relu(tf.nn.conv1d(x, w, 1, "SAME", dilations=dilation)),
         input_signature=[tf.TensorSpec([None, None, 8], tf.float32)])
@@ -124,8 +124,10 @@ def test_conv1d_filters_are_packed(dilation, packs):
     for t in [9, 1, 40, 130]:
         x = rng.standard_normal((1, t, 8)).astype(np.float32)
         assert_matches_tf(conv, jitted, [x], RTOL, ATOL)
-    # Undilated: one GEMM over the input's windows, B the whole filter. Dilated:
-    # one GEMM per filter tap, each reading its own slice of the filter.
+    # Undilated: one GEMM over the input's windows, B the whole filter; a kernel width
+    # of 3 also runs as Winograd F(2, 3) from 8 output pairs on (t = 40 and 130), whose
+    # four transformed filters are packed once each. Dilated: one GEMM per filter tap,
+    # each reading its own slice of the filter.
     assert disc_tf.stats()["packed_weights"] == packs
 
 

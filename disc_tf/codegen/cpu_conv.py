@@ -1,0 +1,381 @@
+"""Host-runner lines of convolutions as GEMMs through the RAL, without an im2col
+buffer: a Conv1D over the input's overlapping windows (or, for kernel widths that
+are multiples of 3, the RAL's Winograd F(2, 3)); a dilated one per tap; a Conv2D
+per filter row or over gathered patches."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from disc_tf.codegen.cpu_gemm import epilogue_closure
+from disc_tf.codegen.cpu_text import comment, sym
+from disc_tf.fusion.plan import Buffer
+
+if TYPE_CHECKING:
+    from disc_tf.codegen.cpu_kernels import KernelEmitter
+
+
+def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                     epilogue: KernelEmitter | None = None) -> list[str]:
+    """A stride-1 Conv1D (NHWC with H = 1): without dilation one GEMM over the
+    input's overlapping windows (``conv_windows_launch``, with the fused
+    ``epilogue`` if any), else one per tap."""
+    if em.k.ops[0].attrs["dilation"] == 1:
+        return conv_windows_launch(em, buffer_ptr, epilogue)
+    if epilogue is not None:
+        raise ValueError(f"{em.k.name}: a dilated Conv1D takes no epilogue")
+    return conv_per_tap_launch(em, buffer_ptr)
+
+
+def _conv_heading(em: KernelEmitter, buffer_ptr: dict[str, str],
+                  epilogue: KernelEmitter | None, how: str, where: str,
+                  rows: str) -> tuple[str, list[str], str, str, int]:
+    """A convolution launch's title comment (the conv done ``how``, the epilogue on
+    each ``where``), and its epilogue's closure lines, function, closure argument and
+    full-rows flag (``rows`` of C per product; null and none without one)."""
+    k, op = em.k, em.k.ops[0]
+    title = f"  {{  // {k.name}: {comment(op.tf_node)} as {how} (no im2col buffer)"
+    if epilogue is None:
+        return title, [], "nullptr", "nullptr", 0
+    title += f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each {where}"
+    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, rows, "co")
+    return title, epi, fn, closure, int(k.epilogue_full_rows)
+
+
+def _conv_dims(em: KernelEmitter) -> tuple[Buffer, Buffer, str, dict, list[str]]:
+    """A conv_taps kernel's input, filter, output name and attrs, and the host lines
+    naming its sizes (batch, width, ci, co, ow, pad)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    x, w = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    a = op.attrs
+    return x, w, out_name, a, [
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t ow = {sym(out.dims[2], plan)}, pad = {sym(a['pad_left'], plan)};",
+    ]
+
+
+def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                        epilogue: KernelEmitter | None = None) -> list[str]:
+    """A stride-1, undilated Conv1D as one GEMM with k = kw * ci: the window of
+    output column c is the kw * ci floats of the (padded) input from column c, so
+    the windows of consecutive outputs overlap, ci floats apart (lda = ci), and A
+    is the input itself, read in place. With padding, only the output columns
+    whose windows reach into it (at most kw - 1 at each end) read a copy of their
+    windows with the zero columns, one window per row, both ends in one more GEMM
+    (each GEMM reads all of B: two edge GEMMs of a kernel-9 256 -> 1024 filter took
+    as long as a tenth of the main one); the columns between read x in place, so no
+    padded copy of the input is made (it was the peak's extra tensor). Each GEMM
+    covers whole rows of C and reads B once, so a consumer runs on each finished
+    block of C (``epilogue``, told its rows' place in C; the edges' rows once copied
+    into C). A kernel width that is a multiple of 3 asks the RAL for Winograd F(2, 3)
+    first (``conv1d_winograd``, RAL ABI 6), which may decline."""
+    x, w, out_name, a, dims = _conv_dims(em)
+    xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
+    title, epi, fn, closure, full_rows = _conv_heading(
+        em, buffer_ptr, epilogue, "GEMMs over overlapping windows of the input", "block",
+        "ow")
+    winograd = []
+    if a["kw"] % 3 == 0:  # the RAL's Winograd F(2, 3) first; it may decline
+        winograd = [
+            "    // Winograd F(2, 3) over groups of three taps, 2/3 of the multiply-adds (the",
+            "    // RAL keeps the filter's transform); where it declines, the GEMMs below.",
+            "    const bool winograd = batch > 0 && ow > 0 && co > 0 &&",
+            f"        ral->conv1d_winograd(ral, batch, width, ci, co, kw, pad, ow, {xp}, {wp}, "
+            f"{cp},",
+            f"                             {fn}, {closure}, {full_rows}) != 0;",
+        ]
+    shift, shift_decl, shifted = [], [], "nullptr, nullptr"
+    if epilogue is not None:  # a GEMM over output columns [r0, r1) sees its rows shifted by r0
+        shift = [
+            "    struct Rows {",
+            "      disc_gemm_epilogue_fn fn;",
+            "      void* closure;",
+            "      int64_t r0;",
+            "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
+            "int64_t j1) {",
+            "        const Rows& h = *static_cast<const Rows*>(p);",
+            "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
+            "      }",
+            "    };",
+        ]
+        shift_decl = [f"      Rows shift{{{fn}, {closure}, r0}};"]
+        shifted = "&Rows::run, &shift"
+    return [
+        title,
+        *dims,
+        f"    const int64_t kw = {a['kw']}, kdim = kw * ci;",
+        *epi,
+        "    // Output columns [lo, hi) have their whole window inside x; those before and",
+        "    // after read a copy of their windows with the zero padding around x.",
+        "    const int64_t lo = pad < 0 ? 0 : (pad < ow ? pad : ow);",
+        "    int64_t hi = width - kw + 1 + pad;",
+        "    if (hi > ow) hi = ow;",
+        "    if (hi < lo) hi = lo;",
+        *shift,
+        "    // C[n, r0:r1, :] = windows of output columns r0.. (rows lda = ci apart) * w.",
+        "    auto columns = [&](int64_t r0, int64_t r1, const float* windows, int64_t stride) {",
+        *shift_decl,
+        f"      ral->sgemm_epilogue(ral, batch, 1, r1 - r0, co, kdim, windows, ci, stride, 0, 0, "
+        f"{wp},",
+        f"                          co, 0, 0, 0, {cp} + r0 * co, co, ow * co, 0, {shifted}, "
+        f"{full_rows}, 0);",
+        "    };",
+        *winograd,
+        f"    if ({'!winograd && ' if winograd else ''}batch > 0 && ow > 0 && co > 0) {{",
+        f"      if (hi > lo) columns(lo, hi, {xp} + (lo - pad) * ci, width * ci);",
+        "      // The edges' rows [0, lo) and [hi, ow): their windows copied with the zeros",
+        "      // around x, one window per row, and one GEMM for both edges (each read all",
+        "      // of B: a kernel-9 256 -> 1024 filter is 9 MiB), into rows copied to C.",
+        "      const int64_t ne = lo + (ow - hi);",
+        "      if (ne > 0) {",
+        "        float* windows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * kdim * "
+        "sizeof(float)));",
+        "        float* rows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * co * "
+        "sizeof(float)));",
+        "        if (!rows || (!windows && kdim != 0)) return 1;",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t e = 0; e < ne; ++e) {",
+        "            const int64_t oc = e < lo ? e : hi + (e - lo);  // its output column",
+        "            for (int64_t t = 0; t < kw; ++t) {",
+        "              const int64_t col = oc + t - pad;",
+        "              float* dst = windows + ((n * ne + e) * kw + t) * ci;",
+        "              if (col < 0 || col >= width) {",
+        "                __builtin_memset(dst, 0, ci * sizeof(float));",
+        "              } else {",
+        f"                __builtin_memcpy(dst, {xp} + (n * width + col) * ci, ci * "
+        "sizeof(float));",
+        "              }",
+        "            }",
+        "          }",
+        "        }",
+        f"        ral->sgemm_epilogue(ral, batch, 1, ne, co, kdim, windows, kdim, ne * kdim, 0, 0, "
+        f"{wp}, co,",
+        "                            0, 0, 0, rows, co, ne * co, 0, nullptr, nullptr, 0, 0);",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t e = 0; e < ne; ++e) {",
+        "            const int64_t oc = e < lo ? e : hi + (e - lo);",
+        f"            __builtin_memcpy({cp} + (n * ow + oc) * co, rows + (n * ne + e) * co, "
+        "co * sizeof(float));",
+        "          }",
+        *([f"          if (lo > 0) {fn}({closure}, n, 0, lo, 0, co);",
+           f"          if (ow > hi) {fn}({closure}, n, hi, ow, 0, co);"] if epilogue else []),
+        "        }",
+        "        ral->free_temp(ral, rows);",
+        "        ral->free_temp(ral, windows);",
+        "      }",
+        "    }",
+        "  }",
+    ]
+
+
+def conv_per_tap_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[str]:
+    """A stride-1 dilated Conv1D (NHWC with H = 1) as one GEMM per filter tap j: output
+    columns whose input column ``ow + j * dilation - pad_left`` exists get
+    x[n, 0, that column, :] @ w[0, j], added to the result (the first tap writes,
+    and zeroes the columns it does not reach)."""
+    k, op = em.k, em.k.ops[0]
+    x, w, out_name, a, dims = _conv_dims(em)
+    c_ptr = buffer_ptr[out_name]
+    return [
+        f"  {{  // {k.name}: {comment(op.tf_node)} as {a['kw']} GEMMs, one per filter tap"
+        " (no im2col buffer)",
+        *dims,
+        f"    for (int64_t j = 0; j < {a['kw']}; ++j) {{",
+        f"      const int64_t shift = j * {a['dilation']} - pad;  // input column of output 0",
+        "      const int64_t lo = shift < 0 ? -shift : 0;",
+        "      const int64_t hi = width - shift < ow ? width - shift : ow;",
+        "      if (j == 0) {  // the columns the first tap does not write start at zero",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t c = 0; c < ow; ++c) {",
+        "            if (c >= lo && c < hi) continue;",
+        f"            for (int64_t o = 0; o < co; ++o) {c_ptr}[(n * ow + c) * co + o] = 0.0f;",
+        "          }",
+        "        }",
+        "      }",
+        "      if (hi > lo && batch > 0 && co > 0) {",
+        f"        ral->sgemm_epilogue(ral, batch, 1, hi - lo, co, ci,"
+        f" {buffer_ptr[x.name]} + (lo + shift) * ci, ci, width * ci, 0, 0,",
+        f"                            {buffer_ptr[w.name]} + j * ci * co, co, 0, 0, 0,",
+        f"                            {c_ptr} + lo * co, co, ow * co, 0, nullptr, nullptr, 0,"
+        " j > 0);",
+        "      }",
+        "    }",
+        "  }",
+    ]
+
+
+#: conv_rows gathers im2col patches and runs one GEMM over all of the filter
+#: (bench/conv_paths.py, "windows" against "im2col", AVX-512) where the GEMMs per
+#: filter row lose: below this many output columns a product of them has too few rows
+#: to reuse a filter row that is not in cache, and ...
+PATCH_MAX_COLUMNS = 24
+#: ... a filter row of at least this many floats (256 KiB) is not (0.87x at 14
+#: columns and 768 x 256 floats a row; 1.15x and more from 28 columns or 48 KiB rows),
+PATCH_MIN_ROW_FLOATS = 65536
+#: or each GEMM would be shallower than this (kw * ci): a 3x3 stem over RGB, depth 9,
+#: lost as three GEMMs (0.83x) and ties gathered (1.06x); the 7x7 stem's 21 wins (1.5x).
+PATCH_MAX_DEPTH = 16
+
+
+def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                     epilogue: KernelEmitter | None = None) -> list[str]:
+    """A convolution (groups 1, NHWC, filter [kh, kw, ci, co]) without an im2col
+    buffer: one GEMM per filter row i. Output row r of image b, as a product of the
+    GEMM, is C[b, r] (ow x co) += A (ow x kw * ci) * w[i] (kw * ci x co), where row c
+    of A is the kw * ci floats of input row r * sh + i * dh from column c * sw: the
+    windows of consecutive outputs overlap, sw * ci floats apart (lda), so A is the
+    input itself, read in place. Dilated along W, a window is not contiguous: one GEMM
+    per tap (i, j) then, with depth ci. Padding, or windows past the input, read a
+    copy of x with the zero rows and columns around it. The first GEMM writes C, the
+    others add to it, and the last one runs the ``epilogue`` on each block it
+    finishes. Narrow outputs with big filter rows, and shallow filter rows, gather the
+    patches instead (see ``PATCH_MAX_COLUMNS``) and run one GEMM over all of the
+    filter."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    a = op.attrs
+    x, w = (em.buf(acc) for acc in k.inputs)
+    (_, out_name), = k.outputs
+    out = plan.buffers[out_name]
+    xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    kh, kw = a["kh"], a["kw"]
+    per_tap = dw != 1 and kw > 1
+    count = kh * kw if per_tap else kh
+    title, epi, fn, closure, full_rows = _conv_heading(
+        em, buffer_ptr, epilogue,
+        f"{count} GEMM{'s' if count > 1 else ''} over overlapping windows of the input rows",
+        "block of the last", "product_rows")
+    return [
+        title,
+        f"    const int64_t batch = {sym(x.dims[0], plan)}, height = {sym(x.dims[1], plan)}, "
+        f"width = {sym(x.dims[2], plan)};",
+        f"    const int64_t ci = {sym(x.dims[3], plan)}, co = {sym(w.dims[3], plan)};",
+        f"    const int64_t oh = {sym(out.dims[1], plan)}, ow = {sym(out.dims[2], plan)};",
+        f"    const int64_t kh = {kh}, kw = {kw};",
+        "    ConvWindows win{};",
+        f"    win.x = {xp};",
+        "    win.height = height; win.width = width; win.ci = ci; win.oh = oh; win.ow = ow;",
+        f"    win.pad_top = {sym(a['pad_top'], plan)}; win.pad_left = {sym(a['pad_left'], plan)};",
+        f"    win.sh = {sh}; win.sw = {sw}; win.dh = {dh}; win.dw = {dw}; win.kh = kh; win.kw = kw;",
+        f"    win.taps = {'kw' if per_tap else '1'};  // GEMMs per filter row",
+        "    win.groups = kh * win.taps;  // GEMMs, each adding to C",
+        f"    win.depth = {'ci' if per_tap else 'kw * ci'};  // of each GEMM",
+        "    // input rows and columns the windows span",
+        "    win.rows = (oh - 1) * win.sh + (kh - 1) * win.dh + 1;",
+        "    win.cols = (ow - 1) * win.sw + (kw - 1) * win.dw + 1;",
+        f"    const bool patches = (ow < {PATCH_MAX_COLUMNS} && kw * ci * co >= "
+        f"{PATCH_MIN_ROW_FLOATS}) || kw * ci < {PATCH_MAX_DEPTH};",
+        "    const int64_t product_rows = patches ? batch * oh * ow : ow;  // rows of C per product",
+        *epi,
+        "    if (batch > 0 && oh > 0 && ow > 0 && co > 0 && patches) {",
+        "      // one GEMM over the gathered windows, all of the filter at once",
+        "      win.patches = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ow * "
+        "kh * kw * ci * sizeof(float)));",
+        "      if (!win.patches && ci != 0) return 1;",
+        "      ral->parallel_for(ral, batch * oh, 1.0 * ow * kh * kw * ci + 1.0, "
+        "&ConvWindows::gather_rows, &win);",
+        "      ral->sgemm_epilogue(ral, 1, 1, batch * oh * ow, co, kh * kw * ci, win.patches, "
+        "kh * kw * ci, 0, 0, 0,",
+        f"                          {wp}, co, 0, 0, 0, {cp}, co, 0, 0, {fn}, {closure}, "
+        f"{full_rows}, 0);",
+        "      ral->free_temp(ral, win.patches);",
+        "    } else if (batch > 0 && oh > 0 && ow > 0 && co > 0) {",
+        "      win.image = win.x;",
+        "      win.row_pitch = width * ci;",
+        "      win.image_pitch = height * width * ci;",
+        "      if (win.pad_top != 0 || win.pad_left != 0 || win.rows > height || win.cols > width) {",
+        "        // windows reach into the padding: copy x with its zero border",
+        "        win.padded = static_cast<float*>(ral->alloc_temp(ral, batch * win.rows * win.cols"
+        " * ci * sizeof(float)));",
+        "        if (!win.padded && ci != 0) return 1;",
+        "        ral->parallel_for(ral, batch * win.rows, 1.0 * win.cols * ci + 1.0, "
+        "&ConvWindows::pad_rows, &win);",
+        "        win.image = win.padded;",
+        "        win.row_pitch = win.cols * ci;",
+        "        win.image_pitch = win.rows * win.cols * ci;",
+        "      }",
+        "      for (int64_t g = 0; g < win.groups; ++g) {",
+        "        const int64_t i = g / win.taps, j = g % win.taps;  // its first filter tap",
+        "        const bool last = g == win.groups - 1;",
+        "        ral->sgemm_epilogue(ral, batch, oh, ow, co, win.depth,",
+        "                            win.image + i * win.dh * win.row_pitch + j * win.dw * ci, "
+        "win.sw * ci,",
+        "                            win.image_pitch, win.sh * win.row_pitch, 0,",
+        f"                            {wp} + (i * kw + j) * ci * co, co, 0, 0, 0,",
+        f"                            {cp}, co, oh * ow * co, ow * co,",
+        f"                            last ? {fn} : nullptr, last ? {closure} : nullptr, "
+        f"{full_rows}, g > 0);",
+        "      }",
+        "      if (win.padded) ral->free_temp(ral, win.padded);",
+        "    }",
+        "  }",
+    ]
+
+
+#: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, and
+#: the parallel copies made of it (a padded input, gathered patches).
+CONV_WINDOWS_SUPPORT = r"""
+#ifndef DISC_CONV_WINDOWS
+#define DISC_CONV_WINDOWS
+struct ConvWindows {
+  const float* x = nullptr;        // the input, [batch, height, width, ci]
+  float* padded = nullptr;         // x between zero rows and columns, or null
+  float* patches = nullptr;        // gathered windows [batch * oh * ow, kh * kw * ci], or null
+                                   // (read from x, without a padded copy)
+  const float* image = nullptr;    // what the GEMMs read: x or padded
+  int64_t row_pitch = 0, image_pitch = 0;
+  int64_t height = 0, width = 0, ci = 0, oh = 0, ow = 0, pad_top = 0, pad_left = 0;
+  int64_t sh = 1, sw = 1, dh = 1, dw = 1, kh = 1, kw = 1, rows = 0, cols = 0;
+  int64_t taps = 1, groups = 1, depth = 0;  // GEMMs per filter row, in all; depth of each
+
+  // The ci floats of pixel (row, col) of image n of x into dst, zeros outside x.
+  void copy_pixel(float* dst, int64_t n, int64_t row, int64_t col) const {
+    if (row < 0 || row >= height || col < 0 || col >= width) {
+      __builtin_memset(dst, 0, ci * sizeof(float));
+    } else {
+      __builtin_memcpy(dst, x + ((n * height + row) * width + col) * ci, ci * sizeof(float));
+    }
+  }
+
+  // Rows [begin, end) of the padded input, row u = image * rows + r.
+  static void pad_rows(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t n = u / w.rows, row = u % w.rows - w.pad_top;
+      float* dst = w.padded + u * w.cols * w.ci;
+      for (int64_t q = 0; q < w.cols; ++q, dst += w.ci) w.copy_pixel(dst, n, row, q - w.pad_left);
+    }
+  }
+
+  // The windows of output rows [begin, end), row u = image * oh + r: each output
+  // pixel's kh * kw * ci floats in the filter's order, zeros where they fall in the
+  // padding.
+  static void gather_rows(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t n = u / w.oh, r = u % w.oh;
+      float* dst = w.patches + u * w.ow * w.kh * w.kw * w.ci;
+      for (int64_t c = 0; c < w.ow; ++c) {
+        for (int64_t i = 0; i < w.kh; ++i) {
+          const int64_t row = r * w.sh + i * w.dh - w.pad_top;
+          const int64_t col0 = c * w.sw - w.pad_left;
+          if (w.dw == 1 && row >= 0 && row < w.height && col0 >= 0 && col0 + w.kw <= w.width) {
+            // the filter row's window lies in the input: kw * ci consecutive floats
+            const float* src = w.x + ((n * w.height + row) * w.width + col0) * w.ci;
+            __builtin_memcpy(dst, src, w.kw * w.ci * sizeof(float));
+            dst += w.kw * w.ci;
+            continue;
+          }
+          for (int64_t j = 0; j < w.kw; ++j, dst += w.ci) w.copy_pixel(dst, n, row, col0 + j * w.dw);
+        }
+      }
+    }
+  }
+};
+#endif  // DISC_CONV_WINDOWS
+"""

@@ -1,0 +1,114 @@
+"""Conv1D by Winograd F(2, 3) (cc/ral/conv_winograd.h, RAL ``conv1d_winograd``): kernel
+widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
+against TF at random shapes: SAME, VALID and explicit padding, odd and even output
+widths, batches, channel counts off the 64-column panels, fused bias + ReLU and a
+whole-row layer norm. The launch profile shows which convs ran as Winograd tiles; with
+DISC_TF_WINOGRAD=0, on the baseline GEMM (no AVX2 block), for too few outputs or for a
+filter computed in the graph the RAL declines and the windowed GEMM gives the answer."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from disc_tf.runtime import isa
+from tests import fresh_python
+
+#: The RAL's CPU GEMM blocks (cuda-emu lowers convolutions to its own kernels).
+pytestmark = pytest.mark.cpu_backend
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+_SCRIPT = r"""
+import numpy as np, tensorflow as tf
+import disc_tf
+
+rng = np.random.default_rng(7)
+# name: kernel width, padding (explicit: [left, right]), ci, co, epilogue
+CASES = {
+    "k9_same_relu": (9, "SAME", 24, 130, "relu"),
+    "k3_valid_relu": (3, "VALID", 16, 70, "relu"),
+    "k6_explicit": (6, [4, 1], 5, 64, "bias"),
+    "k3_same_layer_norm": (3, "SAME", 32, 48, "layer_norm"),
+    "k9_computed_filter": (9, "SAME", 8, 16, "computed"),
+}
+
+def make(kw, padding, ci, co, epilogue):
+    w = tf.Variable(rng.normal(size=(1, kw, ci, co)).astype(np.float32) / np.float32(kw * ci) ** 0.5)
+    b = tf.Variable(rng.normal(size=(co,)).astype(np.float32))
+    pad = padding if isinstance(padding, str) else [[0, 0], [0, 0], padding, [0, 0]]
+
+    def fn(x):
+        f = w * 2.0 if epilogue == "computed" else w  # not a constant input
+        h = tf.nn.conv2d(x[:, None], f, 1, pad)[:, 0] + b
+        if epilogue == "relu":
+            return tf.nn.relu(h)
+        if epilogue == "layer_norm":
+            mean = tf.reduce_mean(h, -1, keepdims=True)
+            var = tf.reduce_mean(tf.math.squared_difference(h, mean), -1, keepdims=True)
+            return (h - mean) * tf.math.rsqrt(var + 1e-5)
+        return h
+    return tf.function(fn, input_signature=[tf.TensorSpec([None, None, ci], tf.float32)])
+
+for name, (kw, padding, ci, co, epilogue) in CASES.items():
+    tf_fn = make(kw, padding, ci, co, epilogue)
+    jitted = disc_tf.jit(tf_fn, min_cluster_size=1)
+    assert jitted.report.compiled, (name, jitted.report)
+    # widths: odd and even outputs, few pairs (declined), one tile and several
+    widths = [40, 17, 16, 301, 64, 5, 1000] + [int(t) for t in rng.integers(kw, 400, 3)]
+    tiled = 0  # calls with 8 output pairs or more: the RAL's Winograd threshold
+    for i, t in enumerate(widths):
+        x = rng.normal(size=(1 + i % 3, t, ci)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{name} {x.shape}")
+        ow = t - kw + 1 if padding == "VALID" else t
+        tiled += (ow + 1) // 2 >= 8
+    print("EXPECT", f"ci={ci} co={co} kw={kw}", tiled)
+assert disc_tf.stats()["fallbacks"] == 0
+print("OK")
+"""
+
+
+def _run(tmp_path: pathlib.Path, **env: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Runs the script; returns the calls of each conv (``ci= co= kw=``) that ran as
+    Winograd tiles (launch profile), and of each that has enough outputs to."""
+    profile = tmp_path / "profile.txt"
+    full = dict(os.environ, DISC_TF_PROFILE=str(profile), PYTHONPATH=str(REPO),
+                TF_CPP_MIN_LOG_LEVEL="2", **env)
+    proc = fresh_python.run(["-c", _SCRIPT], env=full, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    rows = [line.split() for line in profile.read_text().splitlines()[2:]]
+    ran = {" ".join(w for w in r if w.startswith(("ci=", "co=", "kw="))): int(r[3])
+           for r in rows if len(r) > 3 and r[2] == "winograd"}
+    expected = {" ".join(line.split()[1:4]): int(line.split()[4])
+                for line in proc.stdout.splitlines() if line.startswith("EXPECT")}
+    return ran, expected
+
+
+#: The filter computed in the graph is not a constant input: no transform is kept.
+COMPUTED_FILTER = "ci=8 co=16 kw=9"
+
+
+@pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
+@pytest.mark.parametrize("gemm_isa", ["avx2", "avx512"])
+def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa):
+    """Every case matches TF; each conv with a constant filter ran as Winograd tiles
+    on the GEMM block of ``gemm_isa`` (the AVX2 block on an AVX-512 host too) on every
+    call with 8 output pairs or more, and as the windowed GEMM on the others."""
+    if gemm_isa == "avx512" and isa.host_level() != "x86-64-v4":
+        pytest.skip("the AVX-512 block needs AVX-512")
+    ran, expected = _run(tmp_path, DISC_TF_GEMM_ISA=gemm_isa)
+    assert len(expected) == 5 and all(calls >= 5 for calls in expected.values()), expected
+    del expected[COMPUTED_FILTER]
+    assert ran == expected
+
+
+@pytest.mark.parametrize("env", [{"DISC_TF_WINOGRAD": "0"}, {"DISC_TF_GEMM_ISA": "baseline"}],
+                         ids=["off", "baseline_gemm"])
+def test_declined_winograd_runs_the_windowed_gemm(tmp_path, env):
+    """Switched off, or without a GEMM block to run its tiles, the RAL declines every
+    conv and the windowed GEMM gives TF's answers."""
+    ran, expected = _run(tmp_path, **env)
+    assert ran == {} and len(expected) == 5
