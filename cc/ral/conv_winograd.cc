@@ -82,14 +82,15 @@ WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t pairs, int64_t depth, i
   return split;
 }
 
-void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, float* g) {
+void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, int64_t e0,
+                    int64_t e1, float* g) {
   const int64_t tap = ci * co;  // floats of one tap's ci x co matrix
   for (int64_t j = 0; j < kw / 3; ++j) {
     const float* g0 = w + 3 * j * tap;
     const float* g1 = g0 + tap;
     const float* g2 = g1 + tap;
     float* out = g + j * tap;
-    for (int64_t e = 0; e < tap; ++e) {
+    for (int64_t e = e0; e < e1; ++e) {
       switch (u) {
         case 0: out[e] = g0[e]; break;
         case 1: out[e] = 0.5f * (g0[e] + g1[e] + g2[e]); break;

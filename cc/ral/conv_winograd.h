@@ -73,8 +73,10 @@ WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t pairs, int64_t depth, i
                                   int64_t threads, bool full_rows);
 
 // Writes G_u (u in [0, 4)) of filter w: depth x co floats, row-major, rows
-// j * ci .. j * ci + ci - 1 from tap group j.
-void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, float* g);
+// j * ci .. j * ci + ci - 1 from tap group j; only the elements [e0, e1) of each
+// group's ci x co matrix (parallel callers take disjoint ranges).
+void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, int64_t e0,
+                    int64_t e1, float* g);
 
 // Floats of scratch one tile of `pairs` output pairs over `cols` output channels
 // needs (64-byte aligned by the caller).

@@ -716,7 +716,14 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
   for (int u = 0; u < kWinogradParts; ++u) {
     parts[u] = r->packed_weights->GetDerived(
         input, r->inputs[input], w, u + 1, depth, co,
-        [&](float* g) { WinogradFilter(w, kw, ci, co, u, g); }, isa.packer, PackingRunner(r));
+        [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
+          constexpr int64_t kChunk = 1 << 16;
+          const int64_t tap = ci * co;
+          RunOn(TaskPoolOf(r), (tap + kChunk - 1) / kChunk, [&](int64_t t) {
+            WinogradFilter(w, kw, ci, co, u, t * kChunk, std::min(tap, (t + 1) * kChunk), g);
+          });
+        },
+        isa.packer, PackingRunner(r));
     if (parts[u] == nullptr) return 0;
     packed[u] = parts[u]->data.get();
   }

@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     const float* parts[kWinogradParts];
     std::vector<float> g(conv.depth() * co);
     for (int u = 0; u < kWinogradParts; ++u) {
-      WinogradFilter(w.data(), kw, ci, co, u, g.data());
+      for (int64_t e0 = 0; e0 < ci * co; e0 += 100)  // in ranges, as the RAL's pool runs it
+        WinogradFilter(w.data(), kw, ci, co, u, e0, std::min(ci * co, e0 + 100), g.data());
       packed[u].resize(isa.size(conv.depth(), co));
       isa.pack(conv.depth(), co, g.data(), co, 0, packed[u].data());
       parts[u] = packed[u].data();
