@@ -2,9 +2,10 @@
 widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
 against TF at random shapes: SAME, VALID and explicit padding, odd and even output
 widths, batches, channel counts off the 64-column panels, fused bias + ReLU and a
-whole-row layer norm. The launch profile shows which convs ran as Winograd tiles; with
-DISC_TF_WINOGRAD=0, on the baseline GEMM (no AVX2 block), for too few outputs or for a
-filter computed in the graph the RAL declines and the windowed GEMM gives the answer."""
+whole-row layer norm, a conv in a while loop's step. The launch profile shows which
+convs ran as Winograd tiles; with DISC_TF_WINOGRAD=0, on the baseline GEMM (no AVX2
+block), for too few outputs or for a filter computed in the graph the RAL declines and
+the windowed GEMM gives the answer."""
 
 from __future__ import annotations
 
@@ -66,6 +67,26 @@ for name, (kw, padding, ci, co, epilogue) in CASES.items():
         ow = t - kw + 1 if padding == "VALID" else t
         tiled += (ow + 1) // 2 >= 8
     print("EXPECT", f"ci={ci} co={co} kw={kw}", tiled)
+
+# a Conv1D in a while loop's step: the step's RAL forwards conv1d_winograd to the call's
+w_loop = tf.Variable(rng.normal(size=(3, 12, 12)).astype(np.float32) / 6)
+
+@tf.function(input_signature=[tf.TensorSpec([None, None, 12], tf.float32)])
+def looped(x):
+    w = tf.convert_to_tensor(w_loop)  # read once, outside the step
+
+    def body(i, h):
+        return i + 1, tf.tanh(tf.nn.conv1d(h, w, 1, "SAME") + h)
+    return tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])[1]
+
+jitted = disc_tf.jit(looped, min_cluster_size=1)
+assert any(c.name.startswith("disc_loop_") for c in jitted.report.compiled), jitted.report
+tiled = 0
+for i, t in enumerate([40, 9, 130, 16]):
+    x = rng.normal(size=(1 + i % 2, t, 12)).astype(np.float32)
+    np.testing.assert_allclose(jitted(x).numpy(), looped(x).numpy(), rtol=1e-4, atol=1e-4)
+    tiled += 3 * ((t + 1) // 2 >= 8)
+print("EXPECT", "ci=12 co=12 kw=3", tiled)
 assert disc_tf.stats()["fallbacks"] == 0
 print("OK")
 """
@@ -80,8 +101,11 @@ def _run(tmp_path: pathlib.Path, **env: str) -> tuple[dict[str, int], dict[str, 
     proc = fresh_python.run(["-c", _SCRIPT], env=full, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     rows = [line.split() for line in profile.read_text().splitlines()[2:]]
-    ran = {" ".join(w for w in r if w.startswith(("ci=", "co=", "kw="))): int(r[3])
-           for r in rows if len(r) > 3 and r[2] == "winograd"}
+    ran: dict[str, int] = {}
+    for r in rows:  # a conv in a loop's step is a launch site per iteration
+        if len(r) > 3 and r[2] == "winograd":
+            conv = " ".join(w for w in r if w.startswith(("ci=", "co=", "kw=")))
+            ran[conv] = ran.get(conv, 0) + int(r[3])
     expected = {" ".join(line.split()[1:4]): int(line.split()[4])
                 for line in proc.stdout.splitlines() if line.startswith("EXPECT")}
     return ran, expected
@@ -100,7 +124,7 @@ def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa):
     if gemm_isa == "avx512" and isa.host_level() != "x86-64-v4":
         pytest.skip("the AVX-512 block needs AVX-512")
     ran, expected = _run(tmp_path, DISC_TF_GEMM_ISA=gemm_isa)
-    assert len(expected) == 5 and all(calls >= 5 for calls in expected.values()), expected
+    assert len(expected) == 6 and all(calls >= 5 for calls in expected.values()), expected
     del expected[COMPUTED_FILTER]
     assert ran == expected
 
@@ -111,4 +135,4 @@ def test_declined_winograd_runs_the_windowed_gemm(tmp_path, env):
     """Switched off, or without a GEMM block to run its tiles, the RAL declines every
     conv and the windowed GEMM gives TF's answers."""
     ran, expected = _run(tmp_path, **env)
-    assert ran == {} and len(expected) == 5
+    assert ran == {} and len(expected) == 6
