@@ -2,10 +2,10 @@
 widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
 against TF at random shapes: SAME, VALID and explicit padding, odd and even output
 widths, batches, channel counts off the 64-column panels, fused bias + ReLU and a
-whole-row layer norm, a conv in a while loop's step. The launch profile shows which
-convs ran as Winograd tiles; with DISC_TF_WINOGRAD=0, on the baseline GEMM (no AVX2
-block), for too few outputs or for a filter computed in the graph the RAL declines and
-the windowed GEMM gives the answer."""
+whole-row layer norm, a filter assigned between calls, a conv in a while loop's step.
+The launch profile shows which convs ran as Winograd tiles; with DISC_TF_WINOGRAD=0, on
+the baseline GEMM (no AVX2 block), for too few outputs or for a filter computed in the
+graph the RAL declines and the windowed GEMM gives the answer."""
 
 from __future__ import annotations
 
@@ -51,16 +51,18 @@ def make(kw, padding, ci, co, epilogue):
             var = tf.reduce_mean(tf.math.squared_difference(h, mean), -1, keepdims=True)
             return (h - mean) * tf.math.rsqrt(var + 1e-5)
         return h
-    return tf.function(fn, input_signature=[tf.TensorSpec([None, None, ci], tf.float32)])
+    return tf.function(fn, input_signature=[tf.TensorSpec([None, None, ci], tf.float32)]), w
 
 for name, (kw, padding, ci, co, epilogue) in CASES.items():
-    tf_fn = make(kw, padding, ci, co, epilogue)
+    tf_fn, w = make(kw, padding, ci, co, epilogue)
     jitted = disc_tf.jit(tf_fn, min_cluster_size=1)
     assert jitted.report.compiled, (name, jitted.report)
     # widths: odd and even outputs, few pairs (declined), one tile and several
     widths = [40, 17, 16, 301, 64, 5, 1000] + [int(t) for t in rng.integers(kw, 400, 3)]
     tiled = 0  # calls with 8 output pairs or more: the RAL's Winograd threshold
     for i, t in enumerate(widths):
+        if i == 4:  # a new filter value: its transforms are derived again, not reused
+            w.assign(w * -0.5 + 0.25)
         x = rng.normal(size=(1 + i % 3, t, ci)).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4,
                                    err_msg=f"{name} {x.shape}")
