@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 6
+#define DISC_RAL_ABI_VERSION 7
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -50,6 +50,11 @@ typedef void (*disc_range_fn)(void* closure, int64_t begin, int64_t end);
  * of C once that block is final. */
 typedef void (*disc_gemm_epilogue_fn)(void* closure, int64_t q, int64_t i0,
                                       int64_t i1, int64_t j0, int64_t j1);
+
+/* A block of C held in scratch (ABI 7): rows [i0, i1) of product q, all n columns,
+ * at c with row stride ldc; valid only during the call. */
+typedef void (*disc_gemm_scratch_fn)(void* closure, int64_t q, int64_t i0, int64_t i1,
+                                     float* c, int64_t ldc);
 
 typedef struct disc_ral disc_ral;
 
@@ -160,6 +165,18 @@ struct disc_ral {
                              const float* x, const float* w, float* c,
                              disc_gemm_epilogue_fn epilogue, void* closure,
                              int32_t full_rows);
+
+  /* ABI 7. sgemm_epilogue with whole rows for a C that nothing reads but what runs on
+   * each block (attention's softmax and the P.V GEMM chained on it): each task computes
+   * its rows [i0, i1) of product q, all n columns, into scratch of its own thread (row
+   * stride n) and calls fn on them there, on the same thread. C never exists whole:
+   * a [batch, heads, S, S] matrix of scores is at most a few rows per thread. */
+  void (*sgemm_scratch_c)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                          int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                          int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                          const float* b, int64_t ldb, int64_t stride_b_outer,
+                          int64_t stride_b_inner, int transpose_b, disc_gemm_scratch_fn fn,
+                          void* closure);
 };
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 #define EIGEN_USE_THREADS
 
 #include "cc/ral/disc_ral_tf.h"
+#include "cc/ral/aligned_buffer.h"
 #include "cc/ral/conv_winograd.h"
 #include "cc/ral/gemm_kernels.h"
 #include "cc/ral/gemm_split.h"
@@ -682,6 +683,83 @@ void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a
   }
 }
 
+// ---- GEMMs whose C lives in per-block scratch (ABI 7)
+
+// Floats of one task's block of C (1 MiB): a long sequence's rows of scores are cut
+// into blocks of fewer rows so that each stays in L2 while its consumers run.
+constexpr int64_t kScratchBlockFloats = 256 * 1024;
+
+void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
+                      int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a_outer,
+                      int64_t stride_a_inner, int transpose_a, const float* b, int64_t ldb,
+                      int64_t stride_b_outer, int64_t stride_b_inner, int transpose_b,
+                      disc_gemm_scratch_fn fn, void* closure) {
+  TfRal* r = TfRal::From(ral);
+  if (batch_outer < 0 || batch_inner < 0 || m < 0 || n < 0 || k < 0 || fn == nullptr) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_scratch_c: batch ", batch_outer, " x ",
+                                            batch_inner, ", m ", m, ", n ", n, ", k ", k));
+    return;
+  }
+  const int64_t batch = batch_outer * batch_inner;
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "gemm");
+  if (batch == 0 || m == 0) return;
+  const BatchStrides stride_a{std::max<int64_t>(batch_inner, 1), stride_a_outer, stride_a_inner};
+  const BatchStrides stride_b{std::max<int64_t>(batch_inner, 1), stride_b_outer, stride_b_inner};
+  const bool ta = transpose_a != 0, tb = transpose_b != 0;
+  const GemmIsa& isa = Gemm();
+  std::shared_ptr<const PackedOperand> prepacked;
+  if (isa.block != nullptr && k > 0 && n > 0 &&
+      (batch == 1 || (stride_b_outer == 0 && stride_b_inner == 0)))
+    prepacked = PrepackedB(r, isa, b, k, n, ldb, tb);
+  const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
+  const TaskPool pool = TaskPoolOf(r);
+  const int64_t threads = pool.NumThreads();
+  const double work = static_cast<double>(m) * n * k;
+  GemmSplit split;
+  if (threads > 1 && work >= kSmallGemm && batch < threads) {
+    const int64_t per_product = (threads + batch - 1) / batch;
+    split = packed_b != nullptr ? ChoosePrepackedSplit(m, n, k, per_product, true, isa.rows)
+                                : ChooseGemmSplit(m, n, k, per_product, true);
+  }
+  int64_t rows = split.rows(m);
+  const int64_t most = std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1));
+  if (rows > most) rows = most >= 6 ? most / 6 * 6 : most;
+  const int64_t row_blocks = (m + rows - 1) / rows;
+  if (r->profiling) {
+    timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
+                                ta ? " ta" : "", tb ? " tb" : "", " +scratch C",
+                                packed_b ? " prepacked" : "", " blocks=", row_blocks, "x1");
+  }
+  const bool dense_a = !ta && lda == k, dense_b = ldb == (tb ? k : n);
+  std::atomic<bool> short_of_memory{false};
+  RunOn(pool, batch * row_blocks, [&](int64_t t) {
+    const int64_t q = t / row_blocks, i0 = t % row_blocks * rows;
+    const int64_t i1 = std::min(m, i0 + rows);
+    thread_local AlignedBuffer scratch;
+    float* c = scratch.Reserve(std::max<int64_t>(1, (i1 - i0) * n));
+    if (c == nullptr) {
+      short_of_memory = true;
+      return;
+    }
+    const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
+    const float* bq = b + stride_b(q);
+    if (n > 0 && k == 0) {
+      std::fill_n(c, (i1 - i0) * n, 0.0f);
+    } else if (packed_b != nullptr) {
+      isa.prepacked(i1 - i0, n, k, aq, lda, ta, packed_b, c, n, 0);
+    } else if (isa.block != nullptr) {
+      isa.block(i1 - i0, n, k, aq, lda, ta, bq, ldb, tb, c, n, 0);
+    } else if (dense_a && dense_b) {
+      ContractPacked(Eigen::DefaultDevice(), i1 - i0, n, k, aq, false, bq, tb, c, false);
+    } else {
+      ContractStrided(i1 - i0, n, k, aq, lda, ta, bq, ldb, tb, c, n, false);
+    }
+    fn(closure, q, i0, i1, c, n);
+  }, /*inline_only=*/work * batch < kSmallGemm);
+  if (short_of_memory)
+    r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_scratch_c: out of memory for a block of C");
+}
+
 // ---- Conv1D by Winograd F(2, 3) (conv_winograd.h)
 
 // False when DISC_TF_WINOGRAD is "0" (read once per process): every Conv1D
@@ -799,6 +877,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_rows = &RalSgemmRows;
   sgemm_shared_a = &RalSgemmSharedA;
   conv1d_winograd = &RalConv1dWinograd;
+  sgemm_scratch_c = &RalSgemmScratchC;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

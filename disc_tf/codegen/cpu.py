@@ -258,6 +258,8 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
         for a in k.inputs:
             memory = plan.memory(a.buffer)
             last_use[memory] = max(last_use.get(memory, 0), done_at[n])
+    # C of a GEMM computed block by block in scratch (attention's scores): no memory
+    scratch_c = {k.outputs[0][1] for k in plan.kernels if k.c_in_scratch}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
         writers += [plan.kernels[index[name]] for name in inside(k)]
@@ -272,6 +274,10 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
                 continue
             st = STORAGE[b.elem]
             nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+            if plan.memory(bname) in scratch_c:
+                out.append(f"  {st}* {b.name} = nullptr;  // only ever a block at a time, in "
+                           "the GEMM's per-thread scratch")
+                continue
             if b.reuses:
                 out.append(f"  {st}* {b.name} = reinterpret_cast<{st}*>({b.reuses});  "
                            f"// in place of {b.reuses}: same proven size, last read by this kernel")
@@ -293,7 +299,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
         elif n not in inside_a_gemm:
             out.extend(e.launch(ptr))
         for bname, last in last_use.items():
-            if last == n and plan.buffers[bname].role == "temp":
+            if last == n and plan.buffers[bname].role == "temp" and bname in size_of:
                 out.append(f"  ral->free_temp(ral, {bname});")
                 out.append(f"  temp_bytes -= {size_of[bname]};")
     out.append("  disc_last_peak_temp_bytes = peak_temp_bytes;")

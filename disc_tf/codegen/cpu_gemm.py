@@ -117,11 +117,24 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     lines = [title, *g["lines"]]
     epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
     lines += epi
+    scratch = chain is not None and k.c_in_scratch
     if chain is not None:
-        chain_lines, fn, closure = _chain_closure(chain, buffer_ptr, fn, closure)
+        chain_lines, fn, closure = _chain_closure(
+            chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name)
         lines += chain_lines
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
-    lines += [
+    if scratch:  # C only ever in each block's scratch: the chain runs on it there
+        lines += [
+            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+            f"      ral->sgemm_scratch_c(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
+            f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
+            f"                           {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
+            f"{g['tb']},",
+            "                           &Chain::block, &chain);",
+            "    }",
+        ]
+    else:
+        lines += [
         "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
         f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
         f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
@@ -130,7 +143,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
         "    }",
-    ]
+        ]
     if chain is not None:  # no column of C: the chained GEMM's depth is 0, its result zeros
         lines += [
             "    else if (outer > 0 && inner > 0 && m > 0) {",
@@ -182,10 +195,13 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
 
 
 def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn: str,
-                   epilogue_closure: str) -> tuple[list[str], str, str]:
+                   epilogue_closure: str, scratch_of: KernelEmitter | None = None,
+                   c_name: str = "") -> tuple[list[str], str, str]:
     """Host lines of the closure that runs the epilogue on a block of C and then the
     chained GEMM (``chain``, reading the epilogue's result as A) on the block's rows,
-    and the function and closure arguments of ``sgemm_epilogue``."""
+    and the function and closure arguments of ``sgemm_epilogue``. With ``scratch_of``
+    (the epilogue, C named ``c_name``, in per-block scratch) the closure's ``block``
+    runs both on a block where ``sgemm_scratch_c`` computed it."""
     k = chain.k
     lhs, rhs = (chain.buf(a) for a in k.inputs)
     (_, out_name), = k.outputs
@@ -221,6 +237,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "        h.epilogue(h.closure, q, i0, i1, j0, j1);",
         "        h.rows(q, i0, i1, h.kk);",
         "      }",
+        *(_scratch_block(scratch_of, c_name) if scratch_of is not None else []),
         "    };",
         "    Chain chain{};",
         "    {",
@@ -231,3 +248,38 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         f"                    {buffer_ptr[out_name]}, {g['ldc']}, {sc[0]}, {sc[1]}}};",
         "    }",
     ], "&Chain::run", "&chain"
+
+
+def _scratch_block(epilogue: KernelEmitter, c_name: str) -> list[str]:
+    """``Chain::block``: the epilogue and the chained GEMM on rows [i0, i1) of product
+    q of C where they lie, in scratch (row stride n): the epilogue's args copied with
+    its read of C and its results (written in C's place) based so that element (q, i, j)
+    of the dense C is cb[(i - i0) * n + j]."""
+    plan, e = epilogue.plan, epilogue.k
+    memory = plan.memory(c_name)
+    fields = [f"in{i}" for i, a in enumerate(e.inputs) if plan.memory(a.buffer) == memory]
+    fields += [f"out{j}" for j, (_, b) in enumerate(e.outputs) if plan.memory(b) == memory]
+    return [
+        "      // Rows [i0, i1) of product q of C in scratch (cb, row stride n: C never",
+        f"      // exists whole): {e.name} on them there, its C and its results based at",
+        "      // the block, then the chained GEMM reading them as its A.",
+        "      static void block(void* p, int64_t q, int64_t i0, int64_t i1, float* cb, "
+        "int64_t ldcb) {",
+        "        const Chain& h = *static_cast<const Chain*>(p);",
+        f"        const auto& e = *static_cast<const {epilogue.epilogue_struct}*>(h.closure);",
+        f"        {epilogue.args} k2 = *e.args;",
+        "        const uintptr_t before = static_cast<uintptr_t>((q * e.m + i0) * ldcb) * "
+        "sizeof(float);",
+        "        float* const base = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(cb) - "
+        "before);",
+        *(f"        k2.{f} = base;" for f in fields),
+        f"        const {epilogue.epilogue_struct} e2{{&k2, e.m, e.t}};",
+        "        h.epilogue(const_cast<void*>(static_cast<const void*>(&e2)), q, i0, i1, 0, "
+        "ldcb);",
+        "        const int64_t qo = q / h.inner, qi = q % h.inner;",
+        "        h.ral->sgemm_rows(h.ral, i1 - i0, h.n, h.kk, cb, ldcb, 0,",
+        "                          h.b + qo * h.sb_outer + qi * h.sb_inner, h.ldb, h.tb,",
+        "                          h.c + qo * h.sc_outer + qi * h.sc_inner + i0 * h.ldc, h.ldc, "
+        "0);",
+        "      }",
+    ]

@@ -264,6 +264,13 @@ int32_t sub_conv1d_winograd(disc_ral* r, int64_t batch, int64_t width, int64_t c
   return parent_of(r)->conv1d_winograd(parent_of(r), batch, width, ci, co, kw, pad, ow, x, w, c,
                                        epilogue, closure, full_rows);
 }
+void sub_sgemm_scratch_c(disc_ral* r, int64_t bo, int64_t bi, int64_t m, int64_t n, int64_t k,
+                         const float* a, int64_t lda, int64_t sao, int64_t sai, int ta,
+                         const float* b, int64_t ldb, int64_t sbo, int64_t sbi, int tb,
+                         disc_gemm_scratch_fn fn, void* closure) {
+  parent_of(r)->sgemm_scratch_c(parent_of(r), bo, bi, m, n, k, a, lda, sao, sai, ta, b, ldb,
+                                sbo, sbi, tb, fn, closure);
+}
 
 // Runs one step's runner on `inputs`; its outputs are new temporaries in `outputs`.
 int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, int32_t n_in,
@@ -287,6 +294,7 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.sgemm_rows = &sub_sgemm_rows;
   call.ral.sgemm_shared_a = &sub_sgemm_shared_a;
   call.ral.conv1d_winograd = &sub_conv1d_winograd;
+  call.ral.sgemm_scratch_c = &sub_sgemm_scratch_c;
   call.parent = ral;
   call.inputs = inputs;
   call.outputs = outputs;

@@ -169,6 +169,41 @@ def plan_chains(order: list[Kernel], buffers: dict[str, Buffer],
             break
 
 
+def plan_block_scratch(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
+    """Sets ``c_in_scratch`` on every chained GEMM L1 whose C no kernel but L1, its
+    epilogue E and the chained L2 touches: C a dense temp of its own memory, written
+    as the GEMM's products (no reader's layout), E's results written in C's place (P),
+    read by E at its own index and by L2 alone. C then need not exist whole: each
+    block of C lives in the thread's scratch while E and L2 run on it (attention
+    without its S x S matrix in memory)."""
+    by_name = {k.name: k for k in order}
+    for lib in order:
+        if not lib.chain or lib.epilogue is None or "c_layout" in lib.ops[0].attrs:
+            continue
+        e, l2 = by_name[lib.epilogue], by_name[lib.chain]
+        (_, c_name), = lib.outputs
+        c = buffers[c_name]
+        if c.role != "temp" or c.alias_of or c.reuses:
+            continue
+        users = {lib.name, e.name, l2.name}
+        memory = c_name
+        if any(memory_of(buffers, n) == memory for k in order if k.name not in users
+               for n in [a.buffer for a in k.inputs] + [b for _, b in k.outputs]):
+            continue  # another kernel touches C's memory
+        if any(memory_of(buffers, b) != memory for _, b in e.outputs):
+            continue  # E writes elsewhere too: that result must stay in memory
+        if [a.buffer for a in e.inputs if memory_of(buffers, a.buffer) == memory] != [c_name]:
+            continue  # E reads C once, itself (no view), at its own index
+        if not all(a.is_identity for a in e.inputs if a.buffer == c_name):
+            continue
+        l2_reads = [a for a in l2.inputs if memory_of(buffers, a.buffer) == memory]
+        if len(l2_reads) != 1 or l2_reads[0] is not l2.inputs[0]:
+            continue  # L2 reads P as its A only
+        if any(memory_of(buffers, b) == memory for _, b in l2.outputs):
+            continue
+        lib.c_in_scratch = True
+
+
 def _rows_of_products(l2: Kernel, a: Buffer, c: Buffer,
                       same_dim: Callable[[int, int], bool]) -> bool:
     """Whether GEMM ``l2`` reads ``a`` (shaped as C) as row-major products [batch..., m, k]

@@ -142,6 +142,10 @@ class Kernel:
     #: epilogue's result, run on each block's rows right after it (attention's
     #: softmax(Q Kᵀ) · V) instead of being launched after this GEMM
     chain: str | None = None
+    #: chained library kernels whose C (and the epilogue's result written in its place)
+    #: nothing else reads: C lives only in per-block scratch, never in memory whole
+    #: (attention's S x S scores and probabilities; ``plan_block_scratch``)
+    c_in_scratch: bool = False
     #: library kernels: the library kernels just before this one that read the same A
     #: (the Q and K projections beside V's) and run in this one's launch, row block by
     #: row block (``sgemm_shared_a``)
@@ -348,6 +352,9 @@ class FusionPlan:
             if k.chain:
                 lines.append(f"  chain: {k.chain} runs on the rows of each block after the "
                              "epilogue")
+            if k.c_in_scratch:
+                lines.append("  C in scratch: each block of C in the thread's scratch, "
+                             "never the whole of it")
         if self.speculative is not None:
             cond = ", ".join(f"s{s} == {self.symbols[s]}" for s in self.speculated_symbols)
             lines.append(f"speculation: when {cond} (nothing broadcast in this call):")

@@ -22,7 +22,12 @@ import logging
 
 from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
-from disc_tf.fusion.epilogue import plan_chains, plan_epilogues, plan_shared_a
+from disc_tf.fusion.epilogue import (
+    plan_block_scratch,
+    plan_chains,
+    plan_epilogues,
+    plan_shared_a,
+)
 from disc_tf.fusion.gemm_layout import plan_result_layouts
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
@@ -61,6 +66,9 @@ class PlanOptions:
     #: a GEMM reading a row-wise epilogue's result may run on each block's rows inside
     #: the first GEMM too (attention's softmax(Q Kᵀ) · V; needs ``gemm_epilogues``)
     gemm_chains: bool = True
+    #: a chained GEMM whose C nothing else reads keeps each block of C in per-thread
+    #: scratch, never the whole of it (attention's S x S; needs ``gemm_chains``)
+    scratch_c: bool = True
     #: consecutive GEMMs reading one A run as one launch (Q, K, V projections)
     shared_a_gemms: bool = True
     #: an f32 convolution is one library kernel of GEMMs over the input's overlapping
@@ -77,7 +85,7 @@ class PlanOptions:
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
-                   shared_a_gemms=False, conv_taps=False, concat_maps=False,
+                   scratch_c=False, shared_a_gemms=False, conv_taps=False, concat_maps=False,
                    gemm_layouts=False)
 
 
@@ -546,6 +554,8 @@ class _Planner(DataKernelPlacement):
             plan_epilogues(order, self.buffers, same_dim, self.a.symbols.constant_value)
             if self.options.gemm_chains:
                 plan_chains(order, self.buffers, same_dim)
+                if self.options.scratch_c:
+                    plan_block_scratch(order, self.buffers)
         if self.options.shared_a_gemms:
             plan_shared_a(order, self.buffers, same_dim)
         return FusionPlan(

@@ -235,9 +235,36 @@ def attention_and_probs(x):
 
 
 def test_chained_probabilities_still_reach_their_other_reader():
+    """... so P stays in memory: its GEMM's C is not kept in per-block scratch."""
     spec = dyn(3)
-    assert len(_chains(_plan(attention_and_probs, spec))) == 1
+    plan = _plan(attention_and_probs, spec)
+    assert len(_chains(plan)) == 1
+    assert not any(k.c_in_scratch for k in plan.kernels), plan.describe()
     _check(attention_and_probs, [spec], lambda r: [(3, r % 300 + 1, 8)], seed=9)
+
+
+def test_attention_scores_exist_only_a_block_at_a_time():
+    """A chained C that nothing else reads (the scores, then P in their place) is never
+    allocated: each block is computed in the thread's scratch and the softmax and P . V
+    run on it there (``sgemm_scratch_c``). The call's temporaries are the copies of
+    Q, K and V, not the [batch, heads, S, S] matrix."""
+    spec = tf.TensorSpec([None, None, 4, 16], F32)
+    plan = _plan(bert_attention, spec)
+    (lib,) = [k for k in plan.kernels if k.chain]
+    assert lib.c_in_scratch, plan.describe()
+    assert "sgemm_scratch_c" in pipeline.front_end(cluster_of(bert_attention, spec)).source
+    tf_fn = tf.function(bert_attention, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(17)
+    for batch, seq in [(2, 300), (1, 1), (3, 70), (1, 600)]:
+        disc_tf.reset_stats()
+        assert_matches_tf(tf_fn, jitted, [random_value(rng, (batch, seq, 4, 16), F32)],
+                          1e-4, 1e-4)
+        scores = batch * 4 * seq * seq * 4
+        copies = 2 * batch * seq * 4 * 16 * 4  # K and V as the GEMMs read them
+        assert disc_tf.stats()["peak_temp_bytes"] <= copies < scores or seq == 1, (
+            batch, seq, disc_tf.stats())
+    assert disc_tf.stats()["fallbacks"] == 0
 
 
 def probs_transposed_times_v(x):

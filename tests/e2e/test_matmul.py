@@ -167,6 +167,23 @@ for b, m, n, k in [(1, 130, 70, 90), (5, 3, 4, 2), (2, 0, 3, 4), (3, 2, 2, 0), (
     x = rng.standard_normal((b, m, k)).astype(np.float32)
     y = rng.standard_normal((b, n, k)).astype(np.float32)
     np.testing.assert_allclose(jitted(x, y), fn(x, y), rtol=1e-4, atol=1e-4)
+# attention over heads read in place: the scores only ever a block at a time, in the
+# RAL's scratch (sgemm_scratch_c), softmax and P . V on each block
+def attention(q, k, v):
+    q, k, v = (tf.transpose(t, [0, 2, 1, 3]) for t in (q, k, v))
+    p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * 0.25, axis=-1)
+    return tf.transpose(tf.matmul(p, v), [0, 2, 1, 3])
+specs = [tf.TensorSpec([None, None, 2, 8])] * 3
+from disc_tf import pipeline
+from tests.stage_helpers import cluster_of
+plan = pipeline.front_end(cluster_of(attention, *specs)).plan
+assert plan.speculative.kernels[0].c_in_scratch  # when q, k and v's batches are equal
+att = tf.function(attention, input_signature=specs)
+jatt = disc_tf.jit(att, min_cluster_size=1)
+for b, s, t in [(2, 150, 150), (1, 1, 7), (1, 300, 40), (2, 5, 0)]:
+    q = rng.standard_normal((b, s, 2, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((b, t, 2, 8)).astype(np.float32) for _ in range(2))
+    np.testing.assert_allclose(jatt(q, k, v), att(q, k, v), rtol=1e-4, atol=1e-4)
 assert disc_tf.stats()["fallbacks"] == 0
 print("OK")
 """
