@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.plan import Buffer, Kernel, gemm_form, root_of, strided_gemm
+from disc_tf.fusion.plan import Access, Buffer, Kernel, gemm_form, root_of, strided_gemm
 
 
 def plan_result_layouts(order: list[Kernel], buffers: dict[str, Buffer],
@@ -112,3 +112,58 @@ def _two_level_form(gemm: Kernel, buffers: dict[str, Buffer]) -> dict | None:
     if gemm_form(len(lhs.dims), len(rhs.dims), op.attrs) is None:
         return None
     return strided_gemm(op.attrs, list(range(len(lhs.dims))), list(range(len(rhs.dims))))
+
+
+def plan_transposed_products(order: list[Kernel], buffers: dict[str, Buffer],
+                             results: set[str]) -> None:
+    """GEMMs whose one reader reads their result C with its two matrix dims swapped
+    (keras-hub GPT-2's scores, softmax taken over the columns of K Qᵀ) compute Cᵀ
+    instead, their operands swapped (``B^T A^T``, the dot_general's lhs and rhs
+    exchanged): the reader then reads it at its own index, so the row-wise epilogue,
+    the chained GEMM and per-block scratch of attention apply. Only for a GEMM writing
+    no reader's layout whose C is a temp nothing else reads, and whose swapped form is
+    still a GEMM (operands read through transposes: their ``strided`` form swapped)."""
+    readers: dict[str, list[tuple[Kernel, Access]]] = {}
+    for k in order:
+        for a in k.inputs:
+            readers.setdefault(root_of(buffers, a.buffer), []).append((k, a))
+    for lib in order:
+        if lib.kind != "library" or lib.ops[0].op != "dot_general" or len(lib.inputs) != 2:
+            continue
+        op = lib.ops[0]
+        if "c_layout" in op.attrs or len(lib.outputs) != 1:
+            continue
+        (_, c_name), = lib.outputs
+        c = buffers[c_name]
+        if c.role != "temp" or c.alias_of is not None or c_name in results:
+            continue
+        uses = readers.get(c_name, [])
+        if len(uses) != 1:
+            continue
+        reader, acc = uses[0]
+        rank, nb = len(c.dims), len(c.dims) - 2
+        if (acc.buffer != c_name or acc.dims != [*range(nb), nb + 1, nb]
+                or any(e != "no" for e in acc.expand) or acc.window is not None
+                or acc.part_of is not None or len(reader.dims) != rank):
+            continue
+        lhs, rhs = lib.inputs
+        if not (lhs.is_identity and rhs.is_identity):
+            continue
+        swapped = {**op.attrs, "lhs_batch": op.attrs["rhs_batch"],
+                   "rhs_batch": op.attrs["lhs_batch"], "lhs_contract": op.attrs["rhs_contract"],
+                   "rhs_contract": op.attrs["lhs_contract"]}
+        if "strided" in op.attrs:  # operands read through transposes: the form swapped
+            f = op.attrs["strided"]
+            swapped["strided"] = {
+                "batch": [(r, q) for q, r in f["batch"]], "m": f["n"], "k_lhs": f["k_rhs"],
+                "k_rhs": f["k_lhs"], "n": f["m"],
+                # each buffer's contiguous dim is one of its two matrix dims
+                "transpose_a": not f["transpose_b"], "transpose_b": not f["transpose_a"]}
+        elif gemm_form(len(buffers[rhs.buffer].dims), len(buffers[lhs.buffer].dims),
+                       swapped) is None:
+            continue
+        op.attrs = swapped
+        lib.inputs = [rhs, lhs]
+        c.dims = [*c.dims[:nb], c.dims[nb + 1], c.dims[nb]]
+        lib.dims = [*lib.dims[:nb], lib.dims[nb + 1], lib.dims[nb]]
+        acc.dims, acc.expand = None, None

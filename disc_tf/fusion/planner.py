@@ -28,7 +28,7 @@ from disc_tf.fusion.epilogue import (
     plan_epilogues,
     plan_shared_a,
 )
-from disc_tf.fusion.gemm_layout import plan_result_layouts
+from disc_tf.fusion.gemm_layout import plan_result_layouts, plan_transposed_products
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import (
@@ -546,6 +546,7 @@ class _Planner(DataKernelPlacement):
         if self.options.gemm_layouts:
             results = {f"result{i}" for i in range(len(self.func.returns))}
             order = plan_result_layouts(order, self.buffers, results, same_dim)
+            plan_transposed_products(order, self.buffers, results)
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)

@@ -267,6 +267,34 @@ def test_attention_scores_exist_only_a_block_at_a_time():
     assert disc_tf.stats()["fallbacks"] == 0
 
 
+def keras_attention(q, k, v):
+    """Keras MultiHeadAttention's einsums: the scores come out of the dot_general as
+    K Qᵀ per head, and the softmax (over the last dim) reads them transposed."""
+    p = tf.nn.softmax(tf.einsum("aecd,abcd->acbe", k, q) * 0.25, axis=-1)
+    return tf.einsum("acbe,aecd->abcd", p, v)
+
+
+def test_scores_read_transposed_are_computed_transposed():
+    """The scores GEMM swaps its operands (B^T A^T, heads still read in place) so that
+    the softmax reads its result at its own index: then it is the GEMM's epilogue, P . V
+    is chained, and the scores live in per-block scratch (no temporaries at all)."""
+    specs = [tf.TensorSpec([None, None, 4, 16], F32)] * 3
+    plan = _plan(keras_attention, *specs)
+    plans = [plan] + ([plan.speculative] if plan.speculative else [])
+    scores = [k for p in plans for k in p.kernels if k.chain]
+    assert scores and all(k.c_in_scratch for k in scores), plan.describe()
+    tf_fn = tf.function(keras_attention, input_signature=specs)
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(19)
+    for batch, s, t in [(2, 130, 130), (1, 7, 13), (3, 1, 1), (1, 300, 40), (2, 5, 300)]:
+        disc_tf.reset_stats()
+        q = random_value(rng, (batch, s, 4, 16), F32)
+        k, v = (random_value(rng, (batch, t, 4, 16), F32) for _ in range(2))
+        assert_matches_tf(tf_fn, jitted, [q, k, v], 1e-4, 1e-4)
+        assert disc_tf.stats()["peak_temp_bytes"] == 0, (batch, s, t, disc_tf.stats())
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
 def probs_transposed_times_v(x):
     q, k, v = _qkv(x)
     p = tf.nn.softmax(tf.matmul(q, k, transpose_b=True), axis=-1)
