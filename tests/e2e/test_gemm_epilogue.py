@@ -243,6 +243,7 @@ def test_chained_probabilities_still_reach_their_other_reader():
     _check(attention_and_probs, [spec], lambda r: [(3, r % 300 + 1, 8)], seed=9)
 
 
+@pytest.mark.cpu_backend  # the CPU RAL's sgemm_scratch_c (the CUDA backend allocates C)
 def test_attention_scores_exist_only_a_block_at_a_time():
     """A chained C that nothing else reads (the scores, then P in their place) is never
     allocated: each block is computed in the thread's scratch and the softmax and P . V
@@ -274,6 +275,7 @@ def keras_attention(q, k, v):
     return tf.einsum("acbe,aecd->abcd", p, v)
 
 
+@pytest.mark.cpu_backend  # the CPU plan's chain and scratch (the CUDA backend's has none)
 def test_scores_read_transposed_are_computed_transposed():
     """The scores GEMM swaps its operands (B^T A^T, heads still read in place) so that
     the softmax reads its result at its own index: then it is the GEMM's epilogue, P . V
