@@ -281,3 +281,49 @@ def _group_legal(run: list[Kernel], by_name: dict[str, Kernel], buffers: dict[st
             if root_of(buffers, a.buffer) in roots and not (a.is_identity and a.window is None):
                 return False
     return True
+
+
+def hoist_epilogue_inputs(order: list[Kernel], buffers: dict[str, Buffer]) -> list[Kernel]:
+    """``order`` with the kernels that the one reader E of a GEMM's result still needs
+    from between the GEMM and E moved to just before the GEMM, where none of them needs
+    the GEMM: E can then run as its epilogue (``_ready_before``). GPT-2's causal mask,
+    computed for every layer by one kernel after the first layer's scores GEMM, kept that
+    layer's softmax out of it. Runs before the buffer planner, while every buffer is
+    written once: a kernel may move earlier when everything it reads is written before
+    its new place."""
+    order = list(order)
+    i = 0
+    while i < len(order):
+        lib = order[i]
+        i += 1
+        if lib.kind != "library" or lib.ops[0].op != "dot_general" or len(lib.outputs) != 1:
+            continue
+        li = i - 1
+        c = root_of(buffers, lib.outputs[0][1])
+        readers = [j for j in range(li + 1, len(order))
+                   if any(root_of(buffers, a.buffer) == c for a in order[j].inputs)]
+        if len(readers) != 1:
+            continue
+        writer = {root_of(buffers, b): j for j, k in enumerate(order) for _, b in k.outputs}
+        need: set[int] = set()
+        stack, movable = [readers[0]], True
+        while stack and movable:
+            for a in order[stack.pop()].inputs:
+                w = writer.get(root_of(buffers, a.buffer))
+                if w == li:
+                    continue  # C itself (E's read of it; a needed kernel reading it fails below)
+                if w is not None and li < w and w not in need:
+                    need.add(w)
+                    stack.append(w)
+        for j in need:  # what they read is written before the GEMM, or by each other
+            for a in order[j].inputs:
+                w = writer.get(root_of(buffers, a.buffer))
+                if w is not None and w >= li and w not in need:
+                    movable = False
+        if not need or not movable:
+            continue
+        moved = [order[j] for j in sorted(need)]
+        rest = [k for j, k in enumerate(order[li + 1:], li + 1) if j not in need]
+        order = order[:li] + moved + [lib] + rest
+        i = li + len(moved) + 1
+    return order

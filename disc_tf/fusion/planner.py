@@ -23,6 +23,7 @@ import logging
 from disc_tf.fusion.dce import NOT_COMPUTE, eliminate_dead_code, forward_copies
 from disc_tf.fusion.dhlo_reader import DFunc, DOp
 from disc_tf.fusion.epilogue import (
+    hoist_epilogue_inputs,
     plan_block_scratch,
     plan_chains,
     plan_epilogues,
@@ -547,6 +548,8 @@ class _Planner(DataKernelPlacement):
             results = {f"result{i}" for i in range(len(self.func.returns))}
             order = plan_result_layouts(order, self.buffers, results, same_dim)
             plan_transposed_products(order, self.buffers, results)
+        if self.options.gemm_epilogues:
+            order = hoist_epilogue_inputs(order, self.buffers)
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)
