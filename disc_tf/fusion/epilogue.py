@@ -302,8 +302,8 @@ def hoist_epilogue_inputs(order: list[Kernel], buffers: dict[str, Buffer]) -> li
         c = root_of(buffers, lib.outputs[0][1])
         readers = [j for j in range(li + 1, len(order))
                    if any(root_of(buffers, a.buffer) == c for a in order[j].inputs)]
-        if len(readers) != 1:
-            continue
+        if len(readers) != 1 or order[readers[0]].kind not in ("loop", "stitch"):
+            continue  # an epilogue is a loop or stitch kernel
         writer = {root_of(buffers, b): j for j, k in enumerate(order) for _, b in k.outputs}
         need: set[int] = set()
         stack, movable = [readers[0]], True
@@ -320,8 +320,8 @@ def hoist_epilogue_inputs(order: list[Kernel], buffers: dict[str, Buffer]) -> li
                 w = writer.get(root_of(buffers, a.buffer))
                 if w is not None and w >= li and w not in need:
                     movable = False
-        if not need or not movable:
-            continue
+        if not need or not movable or any(order[j].kind == "library" for j in need):
+            continue  # GEMMs keep their order (the projections sharing A stay as planned)
         moved = [order[j] for j in sorted(need)]
         rest = [k for j, k in enumerate(order[li + 1:], li + 1) if j not in need]
         order = order[:li] + moved + [lib] + rest
