@@ -135,14 +135,14 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         ]
     else:
         lines += [
-        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-        f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
-        f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
-        f"                          {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
-        f"{g['tb']},",
-        f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
-        f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
-        "    }",
+            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+            f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
+            f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
+            f"                          {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
+            f"{g['tb']},",
+            f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
+            f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
+            "    }",
         ]
     if chain is not None:  # no column of C: the chained GEMM's depth is 0, its result zeros
         lines += [
