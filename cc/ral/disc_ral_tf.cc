@@ -437,6 +437,29 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
                                 PackingRunner(r));
 }
 
+// op(B) packed once when every product reads the same B (one product, or B's batch
+// strides 0) and it lies in a constant input; null otherwise.
+std::shared_ptr<const PackedOperand> SharedPrepackedB(TfRal* r, const GemmIsa& isa,
+                                                      int64_t batch, BatchStrides stride_b,
+                                                      const float* b, int64_t k, int64_t n,
+                                                      int64_t ldb, bool tb) {
+  if (k <= 0 || n <= 0 || (batch != 1 && (stride_b.outer != 0 || stride_b.inner != 0)))
+    return nullptr;
+  return PrepackedB(r, isa, b, k, n, ldb, tb);
+}
+
+// How each of `batch` products is cut for a pool of `threads`: only when it is big
+// and the products are too few to keep the pool busy, by the prepacked rule of the
+// ISA when B is packed.
+GemmSplit ProductSplit(const GemmIsa& isa, bool packed_b, int64_t batch, int64_t m, int64_t n,
+                       int64_t k, int64_t threads, bool full_rows) {
+  const double work = static_cast<double>(m) * n * k;
+  if (threads <= 1 || work < kSmallGemm || batch >= threads) return {};
+  const int64_t per_product = (threads + batch - 1) / batch;
+  return packed_b ? ChoosePrepackedSplit(m, n, k, per_product, full_rows, isa.rows)
+                  : ChooseGemmSplit(m, n, k, per_product, full_rows);
+}
+
 void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                const float* a, int64_t lda, BatchStrides stride_a, int transpose_a,
                const float* b, int64_t ldb, BatchStrides stride_b, int transpose_b,
@@ -470,23 +493,14 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   const disc_gemm_block_fn block = isa.block;
   if (block != nullptr) {
     // One B for every product: packed once per weight, or per block.
-    std::shared_ptr<const PackedOperand> prepacked;
-    if (batch == 1 || (stride_b.outer == 0 && stride_b.inner == 0))
-      prepacked = PrepackedB(r, isa, b, k, n, ldb, tb);
+    const std::shared_ptr<const PackedOperand> prepacked =
+        SharedPrepackedB(r, isa, batch, stride_b, b, k, n, ldb, tb);
     if (prepacked != nullptr && r->profiling) timer.detail += " prepacked";
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
-    // Tasks: (product, row block, column block) of C. A product is split only
-    // when it is big and the products are too few to keep the pool busy.
+    // Tasks: (product, row block, column block) of C.
     const TaskPool tasks_pool = TaskPoolOf(r);
-    const int64_t threads = tasks_pool.NumThreads();
-    GemmSplit split;
-    if (threads > 1 && work >= kSmallGemm && batch < threads) {
-      const int64_t per_product = (threads + batch - 1) / batch;
-      split = packed_b != nullptr
-                  ? ChoosePrepackedSplit(m, n, k, per_product, epilogue.full_rows,
-                                         isa.rows)
-                  : ChooseGemmSplit(m, n, k, per_product, epilogue.full_rows);
-    }
+    const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
+                                         tasks_pool.NumThreads(), epilogue.full_rows);
     const int64_t rows = split.rows(m), cols = split.cols(n);
     const int64_t row_blocks = (m + rows - 1) / rows;
     const int64_t col_blocks = (n + cols - 1) / cols;
@@ -707,21 +721,13 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   const BatchStrides stride_b{std::max<int64_t>(batch_inner, 1), stride_b_outer, stride_b_inner};
   const bool ta = transpose_a != 0, tb = transpose_b != 0;
   const GemmIsa& isa = Gemm();
-  std::shared_ptr<const PackedOperand> prepacked;
-  if (isa.block != nullptr && k > 0 && n > 0 &&
-      (batch == 1 || (stride_b_outer == 0 && stride_b_inner == 0)))
-    prepacked = PrepackedB(r, isa, b, k, n, ldb, tb);
+  const std::shared_ptr<const PackedOperand> prepacked =
+      SharedPrepackedB(r, isa, batch, stride_b, b, k, n, ldb, tb);
   const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
   const TaskPool pool = TaskPoolOf(r);
-  const int64_t threads = pool.NumThreads();
   const double work = static_cast<double>(m) * n * k;
-  GemmSplit split;
-  if (threads > 1 && work >= kSmallGemm && batch < threads) {
-    const int64_t per_product = (threads + batch - 1) / batch;
-    split = packed_b != nullptr ? ChoosePrepackedSplit(m, n, k, per_product, true, isa.rows)
-                                : ChooseGemmSplit(m, n, k, per_product, true);
-  }
-  int64_t rows = split.rows(m);
+  int64_t rows = ProductSplit(isa, packed_b != nullptr, batch, m, n, k, pool.NumThreads(),
+                              /*full_rows=*/true).rows(m);
   const int64_t most = std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1));
   if (rows > most) rows = most >= 6 ? most / 6 * 6 : most;
   const int64_t row_blocks = (m + rows - 1) / rows;
@@ -791,17 +797,18 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
   const int64_t depth = conv.depth();
   std::shared_ptr<const PackedOperand> parts[kWinogradParts];
   const float* packed[kWinogradParts];
+  const TaskRunner run = PackingRunner(r);
   for (int u = 0; u < kWinogradParts; ++u) {
     parts[u] = r->packed_weights->GetDerived(
         input, r->inputs[input], w, u + 1, depth, co,
         [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
           constexpr int64_t kChunk = 1 << 16;
           const int64_t tap = ci * co;
-          RunOn(TaskPoolOf(r), (tap + kChunk - 1) / kChunk, [&](int64_t t) {
+          run((tap + kChunk - 1) / kChunk, [&](int64_t t) {
             WinogradFilter(w, kw, ci, co, u, t * kChunk, std::min(tap, (t + 1) * kChunk), g);
           });
         },
-        isa.packer, PackingRunner(r));
+        isa.packer, run);
     if (parts[u] == nullptr) return 0;
     packed[u] = parts[u]->data.get();
   }

@@ -123,27 +123,21 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
             chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name)
         lines += chain_lines
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
-    if scratch:  # C only ever in each block's scratch: the chain runs on it there
-        lines += [
-            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_scratch_c(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
-            f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
-            f"                           {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
-            f"{g['tb']},",
-            "                           &Chain::block, &chain);",
-            "    }",
-        ]
-    else:
-        lines += [
-            "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
-            f"      ral->sgemm_epilogue(ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
-            f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
-            f"                          {buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, "
-            f"{g['tb']},",
-            f"                          {buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
-            f"                          {fn}, {closure}, {int(k.epilogue_full_rows)}, 0);",
-            "    }",
-        ]
+    # C only ever in each block's scratch (the chain runs on it there), else in memory
+    name = "sgemm_scratch_c" if scratch else "sgemm_epilogue"
+    call = f"      ral->{name}("
+    pad = " " * len(call)
+    c_args = (["&Chain::block, &chain);"] if scratch else [
+        f"{buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
+        f"{fn}, {closure}, {int(k.epilogue_full_rows)}, 0);"])
+    lines += [
+        "    if (outer > 0 && inner > 0 && m > 0 && n > 0) {",
+        f"{call}ral, outer, inner, m, n, kk, {buffer_ptr[lhs.name]}, "
+        f"{g['lda']}, {sa[0]}, {sa[1]}, {g['ta']},",
+        f"{pad}{buffer_ptr[rhs.name]}, {g['ldb']}, {sb[0]}, {sb[1]}, {g['tb']},",
+        *(pad + arg for arg in c_args),
+        "    }",
+    ]
     if chain is not None:  # no column of C: the chained GEMM's depth is 0, its result zeros
         lines += [
             "    else if (outer > 0 && inner > 0 && m > 0) {",
@@ -223,13 +217,20 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "      int tb;",
         "      float* c;",
         "      int64_t ldc, sc_outer, sc_inner;",
-        "      // Rows [i0, i1) of product q of C2, from `depth` columns of A2.",
-        "      void rows(int64_t q, int64_t i0, int64_t i1, int64_t depth) const {",
+        "      // Rows [i0, i1) of product q of C2, from `depth` columns of A2's rows at",
+        "      // a_rows (row stride lda_rows).",
+        "      void rows_of(const float* a_rows, int64_t lda_rows, int64_t q, int64_t i0, "
+        "int64_t i1,",
+        "                   int64_t depth) const {",
         "        const int64_t qo = q / inner, qi = q % inner;  // the same product of C",
-        "        ral->sgemm_rows(ral, i1 - i0, n, depth,",
-        "                        a + qo * sa_outer + qi * sa_inner + i0 * lda, lda, 0,",
+        "        ral->sgemm_rows(ral, i1 - i0, n, depth, a_rows, lda_rows, 0,",
         "                        b + qo * sb_outer + qi * sb_inner, ldb, tb,",
         "                        c + qo * sc_outer + qi * sc_inner + i0 * ldc, ldc, 0);",
+        "      }",
+        "      // ... with A2 in memory.",
+        "      void rows(int64_t q, int64_t i0, int64_t i1, int64_t depth) const {",
+        "        const int64_t qo = q / inner, qi = q % inner;",
+        "        rows_of(a + qo * sa_outer + qi * sa_inner + i0 * lda, lda, q, i0, i1, depth);",
         "      }",
         "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
         "int64_t j1) {",
@@ -276,10 +277,6 @@ def _scratch_block(epilogue: KernelEmitter, c_name: str) -> list[str]:
         f"        const {epilogue.epilogue_struct} e2{{&k2, e.m, e.t}};",
         "        h.epilogue(const_cast<void*>(static_cast<const void*>(&e2)), q, i0, i1, 0, "
         "ldcb);",
-        "        const int64_t qo = q / h.inner, qi = q % h.inner;",
-        "        h.ral->sgemm_rows(h.ral, i1 - i0, h.n, h.kk, cb, ldcb, 0,",
-        "                          h.b + qo * h.sb_outer + qi * h.sb_inner, h.ldb, h.tb,",
-        "                          h.c + qo * h.sc_outer + qi * h.sc_inner + i0 * h.ldc, h.ldc, "
-        "0);",
+        "        h.rows_of(cb, ldcb, q, i0, i1, h.kk);",
         "      }",
     ]

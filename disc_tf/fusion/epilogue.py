@@ -305,22 +305,18 @@ def hoist_epilogue_inputs(order: list[Kernel], buffers: dict[str, Buffer]) -> li
         if len(readers) != 1 or order[readers[0]].kind not in ("loop", "stitch"):
             continue  # an epilogue is a loop or stitch kernel
         writer = {root_of(buffers, b): j for j, k in enumerate(order) for _, b in k.outputs}
+        # E's inputs written after the GEMM, and theirs: what each of them reads is then
+        # written before the GEMM or by another of them (none reads C: E is its one
+        # reader), so they can all run before it
         need: set[int] = set()
-        stack, movable = [readers[0]], True
-        while stack and movable:
+        stack = [readers[0]]
+        while stack:
             for a in order[stack.pop()].inputs:
                 w = writer.get(root_of(buffers, a.buffer))
-                if w == li:
-                    continue  # C itself (E's read of it; a needed kernel reading it fails below)
-                if w is not None and li < w and w not in need:
+                if w is not None and w > li and w not in need:
                     need.add(w)
                     stack.append(w)
-        for j in need:  # what they read is written before the GEMM, or by each other
-            for a in order[j].inputs:
-                w = writer.get(root_of(buffers, a.buffer))
-                if w is not None and w >= li and w not in need:
-                    movable = False
-        if not need or not movable or any(order[j].kind == "library" for j in need):
+        if not need or any(order[j].kind == "library" for j in need):
             continue  # GEMMs keep their order (the projections sharing A stay as planned)
         moved = [order[j] for j in sorted(need)]
         rest = [k for j, k in enumerate(order[li + 1:], li + 1) if j not in need]
