@@ -1,12 +1,13 @@
-"""Conv1D as Winograd F(2, 3) against the windowed GEMM, interleaved.
+"""Conv1D paths raced, interleaved: the windowed GEMM, Winograd F(2, 3) and F(4, 3).
 
-Each round runs one process per path (``DISC_TF_WINOGRAD=1`` / ``0``; the RAL reads it
-once per process) over the same Conv1D shapes, each conv + bias + ReLU compiled once with
-a variable filter and timed as the best of ``--repeats`` calls per width. Reports per
-shape the median over rounds of the per-round ratio (windowed time / Winograd time) with
-its range; a range that crosses 1.0 is a tie.
+Each round runs one process per path (``DISC_TF_WINOGRAD=0`` / ``2`` / ``4``; the RAL
+reads it once per process) over the same Conv1D shapes, each conv + bias + ReLU compiled
+once with a variable filter and timed as the best of ``--repeats`` calls per width.
+Reports per shape each path's median time over the rounds and, against the first path,
+the median of the per-round ratios (first path's time / this path's) with their range; a
+range that crosses 1.0 is a tie.
 
-    python -m bench.conv_winograd --rounds 5 [--isa avx2]
+    python -m bench.conv_winograd --rounds 5 [--paths 2,4] [--isa avx2]
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 #: (kernel width, input channels, output channels): FastSpeech2's feed-forward conv and
 #: its variance predictor's.
 SHAPES = [(9, 256, 1024), (3, 256, 256)]
-WIDTHS = [16, 64, 200, 400, 800]
+WIDTHS = [16, 32, 64, 96, 128, 200, 400, 800]
+
+#: DISC_TF_WINOGRAD values and what they run.
+PATHS = {"0": "windowed", "2": "F(2, 3)", "4": "F(4, 3)"}
 
 _CHILD = r"""
 import json, sys, time
@@ -54,9 +58,8 @@ print("RESULT", json.dumps(out))
 """
 
 
-def _one_pass(winograd: bool, repeats: int, gemm_isa: str | None) -> dict[str, float]:
-    env = dict(os.environ, DISC_TF_WINOGRAD="1" if winograd else "0", PYTHONPATH=str(REPO),
-               TF_CPP_MIN_LOG_LEVEL="2")
+def _one_pass(path: str, repeats: int, gemm_isa: str | None) -> dict[str, float]:
+    env = dict(os.environ, DISC_TF_WINOGRAD=path, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     if gemm_isa:
         env["DISC_TF_GEMM_ISA"] = gemm_isa
         if gemm_isa == "avx2":
@@ -74,21 +77,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--isa", choices=["avx2", "avx512"], default=None,
                         help="cap the RAL's GEMM block (default: the CPU's best)")
+    parser.add_argument("--paths", default="0,2,4",
+                        help="DISC_TF_WINOGRAD values to race, the first the reference: "
+                        + ", ".join(f"{k} {v}" for k, v in PATHS.items()))
     args = parser.parse_args(argv)
-    wino, direct = [], []
+    paths = args.paths.split(",")
+    if len(paths) < 2 or any(p not in PATHS for p in paths):
+        parser.error(f"--paths: two or more of {', '.join(PATHS)}")
+    runs: dict[str, list[dict[str, float]]] = {p: [] for p in paths}
     for r in range(args.rounds):
-        wino.append(_one_pass(True, args.repeats, args.isa))
-        direct.append(_one_pass(False, args.repeats, args.isa))
+        for p in paths:
+            runs[p].append(_one_pass(p, args.repeats, args.isa))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print("| kw, ci -> co | T | windowed ms | Winograd ms | ratio (range) |")
-    print("|---|---:|---:|---:|---|")
-    for key in wino[0]:
+    ref, others = paths[0], paths[1:]
+    print("| kw, ci -> co | T | " + " | ".join(f"{PATHS[p]} ms" for p in paths) + " | "
+          + " | ".join(f"{PATHS[ref]} / {PATHS[p]} (range)" for p in others) + " |")
+    print("|---|---:|" + "---:|" * len(paths) + "---|" * len(others))
+    for key in runs[ref][0]:
         kw, ci, co, t = key.split()
-        ratios = [d[key] / w[key] for w, d in zip(wino, direct)]
-        verdict = "" if min(ratios) > 1.0 or max(ratios) < 1.0 else " tie"
-        print(f"| {kw}, {ci} -> {co} | {t} | {statistics.median(d[key] for d in direct):.3f} | "
-              f"{statistics.median(w[key] for w in wino):.3f} | {statistics.median(ratios):.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}){verdict} |")
+        times = " | ".join(f"{statistics.median(run[key] for run in runs[p]):.3f}" for p in paths)
+        cells = []
+        for p in others:
+            ratios = [a[key] / b[key] for a, b in zip(runs[ref], runs[p])]
+            verdict = "" if min(ratios) > 1.0 or max(ratios) < 1.0 else " tie"
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                         f"{verdict}")
+        print(f"| {kw}, {ci} -> {co} | {t} | {times} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

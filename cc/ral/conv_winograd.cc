@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 namespace disc_tf {
 namespace {
@@ -21,11 +22,14 @@ int64_t Aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 #define DISC_WINOGRAD_CLONES
 #endif
 
-// V_0..V_3 of one group of one pair (n floats each, `part` floats apart).
+// F(2, 3)'s V_0..V_3 of one group of one unit (n floats each, `part` floats apart).
 DISC_WINOGRAD_CLONES
-void InputTransform(int64_t n, const float* __restrict d0, const float* __restrict d1,
-                    const float* __restrict d2, const float* __restrict d3,
-                    float* __restrict v, int64_t part) {
+void InputTransform2(int64_t n, const float* const* __restrict d, float* __restrict v,
+                     int64_t part) {
+  const float* __restrict d0 = d[0];
+  const float* __restrict d1 = d[1];
+  const float* __restrict d2 = d[2];
+  const float* __restrict d3 = d[3];
   float* __restrict v0 = v;
   float* __restrict v1 = v + part;
   float* __restrict v2 = v + 2 * part;
@@ -38,10 +42,41 @@ void InputTransform(int64_t n, const float* __restrict d0, const float* __restri
   }
 }
 
-// y0 += m1 + m2 and, when y1 is not null, y1 += m1 - m2 (n floats each).
+// F(4, 3)'s V_0..V_5 of one group of one unit.
 DISC_WINOGRAD_CLONES
-void OutputTransform(int64_t n, const float* __restrict m1, const float* __restrict m2,
-                     float* __restrict y0, float* __restrict y1) {
+void InputTransform4(int64_t n, const float* const* __restrict d, float* __restrict v,
+                     int64_t part) {
+  const float* __restrict d0 = d[0];
+  const float* __restrict d1 = d[1];
+  const float* __restrict d2 = d[2];
+  const float* __restrict d3 = d[3];
+  const float* __restrict d4 = d[4];
+  const float* __restrict d5 = d[5];
+  float* __restrict v0 = v;
+  float* __restrict v1 = v + part;
+  float* __restrict v2 = v + 2 * part;
+  float* __restrict v3 = v + 3 * part;
+  float* __restrict v4 = v + 4 * part;
+  float* __restrict v5 = v + 5 * part;
+  for (int64_t e = 0; e < n; ++e) {
+    const float s12 = d1[e] + d2[e], t12 = d1[e] - d2[e], t31 = d3[e] - d1[e];
+    const float e42 = d4[e] - d2[e];
+    v0[e] = 4.0f * d0[e] - 5.0f * d2[e] + d4[e];
+    v1[e] = -4.0f * s12 + d3[e] + d4[e];
+    v2[e] = 4.0f * t12 - d3[e] + d4[e];
+    v3[e] = 2.0f * t31 + e42;
+    v4[e] = -2.0f * t31 + e42;
+    v5[e] = 4.0f * d1[e] - 5.0f * d3[e] + d5[e];
+  }
+}
+
+// F(2, 3): y0 += m1 + m2 and, when y[1] is not null, y1 += m1 - m2 (n floats each).
+DISC_WINOGRAD_CLONES
+void OutputTransform2(int64_t n, const float* const* __restrict m, float* const* y) {
+  const float* __restrict m1 = m[0];
+  const float* __restrict m2 = m[1];
+  float* __restrict y0 = y[0];
+  float* __restrict y1 = y[1];
   if (y1 == nullptr) {
     for (int64_t e = 0; e < n; ++e) y0[e] += m1[e] + m2[e];
     return;
@@ -52,58 +87,98 @@ void OutputTransform(int64_t n, const float* __restrict m1, const float* __restr
   }
 }
 
-}  // namespace
-
-int64_t WinogradTilePairs(int64_t depth, int64_t co) {
-  const int64_t per_pair = kWinogradParts * depth + 2 * co;  // scratch floats
-  return std::clamp<int64_t>(kWinogradTileFloats / std::max<int64_t>(per_pair, 1),
-                             kWinogradMinTilePairs, kWinogradMaxTilePairs);
+// F(4, 3), y0 and y3 already holding M0 and M5: y0 += a + c, y1 = b + 2 d,
+// y2 = a + 4 c, y3 += b + 8 d (a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4);
+// the y that are null are past the output's end (then so are those after them).
+DISC_WINOGRAD_CLONES
+void OutputTransform4(int64_t n, const float* const* __restrict m, float* const* y) {
+  const float* __restrict m1 = m[0];
+  const float* __restrict m2 = m[1];
+  const float* __restrict m3 = m[2];
+  const float* __restrict m4 = m[3];
+  float* __restrict y0 = y[0];
+  float* __restrict y1 = y[1];
+  float* __restrict y2 = y[2];
+  float* __restrict y3 = y[3];
+  if (y3 != nullptr) {
+    for (int64_t e = 0; e < n; ++e) {
+      const float a = m1[e] + m2[e], b = m1[e] - m2[e], c = m3[e] + m4[e], d = m3[e] - m4[e];
+      y0[e] += a + c;
+      y1[e] = b + 2.0f * d;
+      y2[e] = a + 4.0f * c;
+      y3[e] += b + 8.0f * d;
+    }
+    return;
+  }
+  for (int64_t e = 0; e < n; ++e) {  // the output's last unit, 1-3 columns
+    const float a = m1[e] + m2[e], c = m3[e] + m4[e];
+    y0[e] += a + c;
+    if (y1 != nullptr) y1[e] = (m1[e] - m2[e]) + 2.0f * (m3[e] - m4[e]);
+    if (y2 != nullptr) y2[e] = a + 4.0f * c;
+  }
 }
 
-WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t pairs, int64_t depth, int64_t co,
-                                  int64_t threads, bool full_rows) {
+}  // namespace
+
+int64_t WinogradTileUnits(int parts, int64_t depth, int64_t co) {
+  const int64_t per_unit = parts * depth + (parts - 2) * co;  // scratch floats
+  return std::clamp<int64_t>(kWinogradTileFloats / std::max<int64_t>(per_unit, 1),
+                             kWinogradMinTileUnits, kWinogradMaxTileUnits);
+}
+
+WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t units, int parts, int64_t depth,
+                                  int64_t co, int64_t threads, bool full_rows) {
   WinogradSplit split;
   threads = std::max<int64_t>(1, threads);
-  const int64_t most = WinogradTilePairs(depth, co);
-  int64_t tiles = (pairs + most - 1) / most;
-  // One image: a multiple of the threads, where 6-pair tiles allow.
-  if (batch == 1 && tiles % threads != 0 && pairs >= 6 * threads)
-    tiles = (tiles + threads - 1) / threads * threads;
-  const int64_t per_tile = (pairs + tiles - 1) / tiles;
-  split.pairs = std::min(pairs, (per_tile + 5) / 6 * 6);
-  split.row_tiles = (pairs + split.pairs - 1) / split.pairs;
+  const int64_t most = WinogradTileUnits(parts, depth, co);
+  int64_t tiles = (units + most - 1) / most;
+  // Each row tile streams all the G_u, a column block only its part: where the
+  // tiles do not share out evenly, blocks of columns make up the difference, and
+  // more row tiles only where the epilogue wants whole rows.
   split.cols = co;
-  if (!full_rows && batch * split.row_tiles < threads) {
-    const int64_t want = (threads + batch * split.row_tiles - 1) / (batch * split.row_tiles);
-    const int64_t blocks = std::max<int64_t>(1, std::min(want, co / 64));
-    split.cols = std::min(co, ((co + blocks - 1) / blocks + 63) / 64 * 64);
+  const int64_t tasks = batch * tiles;
+  if (tasks % threads != 0) {
+    if (!full_rows && co >= 128) {
+      const int64_t want = tasks < threads ? (threads + tasks - 1) / tasks
+                                           : threads / std::gcd(tasks, threads);
+      const int64_t blocks = std::max<int64_t>(1, std::min(want, co / 64));
+      split.cols = std::min(co, ((co + blocks - 1) / blocks + 63) / 64 * 64);
+    } else if (batch == 1 && units >= 6 * threads) {
+      tiles = (tiles + threads - 1) / threads * threads;  // 6-unit tiles allow it
+    }
   }
+  const int64_t per_tile = (units + tiles - 1) / tiles;
+  split.units = std::min(units, (per_tile + 5) / 6 * 6);
+  split.row_tiles = (units + split.units - 1) / split.units;
   split.col_blocks = (co + split.cols - 1) / split.cols;
   return split;
 }
 
-void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, int64_t e0,
-                    int64_t e1, float* g) {
+void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int m, int u,
+                    int64_t e0, int64_t e1, float* g) {
   const int64_t tap = ci * co;  // floats of one tap's ci x co matrix
+  // Row u of G: the weights of g0, g1, g2 in G_u.
+  static constexpr float kG2[4][3] = {
+      {1.0f, 0.0f, 0.0f}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0.0f, 0.0f, 1.0f}};
+  static constexpr float kG4[6][3] = {{0.25f, 0.0f, 0.0f},
+                                      {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+                                      {-1.0f / 6, 1.0f / 6, -1.0f / 6},
+                                      {1.0f / 24, 1.0f / 12, 1.0f / 6},
+                                      {1.0f / 24, -1.0f / 12, 1.0f / 6},
+                                      {0.0f, 0.0f, 1.0f}};
+  const float* row = m == 4 ? kG4[u] : kG2[u];
   for (int64_t j = 0; j < kw / 3; ++j) {
     const float* g0 = w + 3 * j * tap;
     const float* g1 = g0 + tap;
     const float* g2 = g1 + tap;
     float* out = g + j * tap;
-    for (int64_t e = e0; e < e1; ++e) {
-      switch (u) {
-        case 0: out[e] = g0[e]; break;
-        case 1: out[e] = 0.5f * (g0[e] + g1[e] + g2[e]); break;
-        case 2: out[e] = 0.5f * (g0[e] - g1[e] + g2[e]); break;
-        default: out[e] = g2[e]; break;
-      }
-    }
+    for (int64_t e = e0; e < e1; ++e) out[e] = row[0] * g0[e] + row[1] * g1[e] + row[2] * g2[e];
   }
 }
 
-int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t pairs, int64_t cols) {
-  return kWinogradParts * Aligned(pairs * conv.depth()) + 2 * Aligned(pairs * cols) +
-         Aligned(conv.ci);
+int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t units, int64_t cols) {
+  return conv.parts() * Aligned(units * conv.depth()) +
+         (conv.parts() - 2) * Aligned(units * cols) + Aligned(conv.ci);
 }
 
 float* WinogradScratch(int64_t floats) {
@@ -111,46 +186,53 @@ float* WinogradScratch(int64_t floats) {
   return buffer.Reserve(floats);
 }
 
-void WinogradTile(const WinogradConv1D& conv, const float* const packed[kWinogradParts],
-                  disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t p0, int64_t p1,
+void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
+                  disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t u0, int64_t u1,
                   int64_t j0, int64_t j1, float* scratch) {
-  const int64_t pairs = p1 - p0, cols = j1 - j0, ci = conv.ci, co = conv.co;
-  const int64_t depth = conv.depth(), part = Aligned(pairs * depth);
-  if (pairs <= 0 || cols <= 0) return;
-  float* v = scratch;  // V_u: part floats each, pairs x depth
-  float* m1 = v + kWinogradParts * part;
-  float* m2 = m1 + Aligned(pairs * cols);
-  float* zeros = m2 + Aligned(pairs * cols);  // an input column of the padding
+  const int64_t units = u1 - u0, cols = j1 - j0, ci = conv.ci, co = conv.co;
+  const int m = conv.m, parts = conv.parts();
+  const int64_t depth = conv.depth(), part = Aligned(units * depth);
+  const int64_t mpart = Aligned(units * cols);
+  if (units <= 0 || cols <= 0) return;
+  float* v = scratch;  // V_u: part floats each, units x depth
+  float* mid = v + parts * part;  // M_1..M_{parts-2}: mpart floats each, units x cols
+  float* zeros = mid + (parts - 2) * mpart;  // an input column of the padding
   std::memset(zeros, 0, ci * sizeof(float));
   const float* image = conv.x + n * conv.width * ci;
-  auto column = [&](int64_t col) {
-    return col >= 0 && col < conv.width ? image + col * ci : zeros;
-  };
-  // The input transform: each pair's four columns per tap group.
-  for (int64_t p = p0; p < p1; ++p) {
+  const auto input_transform = m == 4 ? &InputTransform4 : &InputTransform2;
+  const auto output_transform = m == 4 ? &OutputTransform4 : &OutputTransform2;
+  // The input transform: each unit's m + 2 columns per tap group.
+  const float* d[kWinogradMaxParts];
+  for (int64_t q = u0; q < u1; ++q) {
     for (int64_t j = 0; j < conv.kw / 3; ++j) {
-      const int64_t first = 2 * p + 3 * j - conv.pad;
-      const float* d0 = column(first);
-      const float* d1 = column(first + 1);
-      const float* d2 = column(first + 2);
-      const float* d3 = column(first + 3);
-      InputTransform(ci, d0, d1, d2, d3, v + (p - p0) * depth + j * ci, part);
+      const int64_t first = m * q + 3 * j - conv.pad;
+      for (int i = 0; i < parts; ++i) {
+        const int64_t col = first + i;
+        d[i] = col >= 0 && col < conv.width ? image + col * ci : zeros;
+      }
+      input_transform(ci, d, v + (q - u0) * depth + j * ci, part);
     }
   }
-  // C's even rows get M0 and its odd rows M3 straight from the GEMM (rows 2 co
-  // apart); the last pair of an odd-width output has no odd row.
-  float* even = conv.c + (n * conv.ow + 2 * p0) * co + j0;
-  float* odd = even + co;
-  const int64_t odd_rows = 2 * p1 > conv.ow ? pairs - 1 : pairs;
-  gemm(pairs, cols, depth, v, depth, 0, packed[0] + j0 * depth, even, 2 * co, 0);
-  gemm(pairs, cols, depth, v + part, depth, 0, packed[1] + j0 * depth, m1, cols, 0);
-  gemm(pairs, cols, depth, v + 2 * part, depth, 0, packed[2] + j0 * depth, m2, cols, 0);
-  if (odd_rows > 0)
-    gemm(odd_rows, cols, depth, v + 3 * part, depth, 0, packed[3] + j0 * depth, odd, 2 * co, 0);
-  // The output transform: y(2p) = M0 + M1 + M2, y(2p + 1) = M3 + M1 - M2.
-  for (int64_t i = 0; i < pairs; ++i) {
-    float* y0 = even + 2 * i * co;
-    OutputTransform(cols, m1 + i * cols, m2 + i * cols, y0, i < odd_rows ? y0 + co : nullptr);
+  // C's first row of each unit gets M0 and its last row M_{parts-1} straight from
+  // the GEMM (rows m co apart); a short last unit has no last row.
+  float* first = conv.c + (n * conv.ow + m * u0) * co + j0;
+  float* last = first + (m - 1) * co;
+  const int64_t full_units = m * u1 > conv.ow ? units - 1 : units;
+  gemm(units, cols, depth, v, depth, 0, packed[0] + j0 * depth, first, m * co, 0);
+  for (int u = 1; u < parts - 1; ++u)
+    gemm(units, cols, depth, v + u * part, depth, 0, packed[u] + j0 * depth,
+         mid + (u - 1) * mpart, cols, 0);
+  if (full_units > 0)
+    gemm(full_units, cols, depth, v + (parts - 1) * part, depth, 0,
+         packed[parts - 1] + j0 * depth, last, m * co, 0);
+  // The output transform: each unit's middle M_u combined into its m rows.
+  const float* ms[kWinogradMaxParts - 2];
+  float* y[4];
+  for (int64_t i = 0; i < units; ++i) {
+    const int64_t rows = std::min<int64_t>(m, conv.ow - m * (u0 + i));
+    for (int u = 0; u < parts - 2; ++u) ms[u] = mid + u * mpart + i * cols;
+    for (int r = 0; r < m; ++r) y[r] = r < rows ? first + (m * i + r) * co : nullptr;
+    output_transform(cols, ms, y);
   }
 }
 

@@ -1,23 +1,32 @@
 // conv_winograd.h -- a stride-1, undilated Conv1D whose kernel width is a multiple
-// of 3, by Winograd's minimal filtering F(2, 3) over groups of three taps.
+// of 3, by Winograd's minimal filtering F(m, 3), m = 2 or 4, over groups of three
+// taps.
 //
-// Output columns 2p and 2p + 1 of tap group j (taps 3j, 3j + 1, 3j + 2 of the
-// filter, g0 g1 g2: each ci x co) read the four input columns d0..d3 from
-// 2p + 3j - pad (zeros outside the input). With
-//   V0 = d0 - d2,  V1 = d1 + d2,  V2 = d2 - d1,  V3 = d3 - d1      (1 x ci each)
+// A unit is m output columns: columns m q .. m q + m - 1 of tap group j (taps 3j,
+// 3j + 1, 3j + 2 of the filter, g0 g1 g2: each ci x co) read the m + 2 input columns
+// d0.. from m q + 3j - pad (zeros outside the input). The m + 2 parts V_u (of the
+// input columns, 1 x ci each) and G_u (of the taps) give M_u = V_u G_u, and each
+// output is a sum of M_u. F(2, 3):
+//   V0 = d0 - d2,  V1 = d1 + d2,  V2 = d2 - d1,  V3 = d3 - d1
 //   G0 = g0,       G1 = (g0 + g1 + g2) / 2,  G2 = (g0 - g1 + g2) / 2,  G3 = g2
-// and M_u = V_u G_u, the two outputs are
-//   y(2p)     = M0 + M1 + M2      (= d0 g0 + d1 g1 + d2 g2)
-//   y(2p + 1) = M3 + M1 - M2      (= d1 g0 + d2 g1 + d3 g2).
+//   y0 = M0 + M1 + M2,  y1 = M3 + M1 - M2.
+// F(4, 3), from the points 0, 1, -1, 2, -2 and infinity:
+//   V0 = 4 d0 - 5 d2 + d4,            V5 = 4 d1 - 5 d3 + d5,
+//   V1 = -4 (d1 + d2) + d3 + d4,      V2 = 4 (d1 - d2) - d3 + d4,
+//   V3 = 2 (d3 - d1) + d4 - d2,       V4 = 2 (d1 - d3) + d4 - d2;
+//   G0 = g0 / 4,  G1 = -(g0 + g1 + g2) / 6,  G2 = -(g0 - g1 + g2) / 6,
+//   G3 = g0 / 24 + g1 / 12 + g2 / 6,  G4 = g0 / 24 - g1 / 12 + g2 / 6,  G5 = g2;
+//   with a = M1 + M2, b = M1 - M2, c = M3 + M4, d = M3 - M4:
+//   y0 = M0 + a + c,  y1 = b + 2 d,  y2 = a + 4 c,  y3 = M5 + b + 8 d.
 // Concatenating the groups along the channels (V_u: 1 x groups * ci, G_u:
-// groups * ci x co) makes each M_u one GEMM row for all groups: four GEMMs of
-// depth kw / 3 * ci per pair of outputs, where the direct conv does two of depth
-// kw * ci: 2/3 of the multiply-adds. The four G_u are the filter's, packed once
-// (PackedWeights); V_u is built per tile of output pairs in per-thread scratch
-// (at most kWinogradTileFloats, kept by the thread as the GEMM block's packing
-// buffer is),
-// where the padding's zeros cost nothing, so no column of the output needs a
-// copy of its window.
+// groups * ci x co) makes each M_u one GEMM row for all groups: m + 2 GEMMs of depth
+// kw / 3 * ci per unit, where the direct conv does m of depth kw * ci: 2/3 of the
+// multiply-adds for F(2, 3), 1/2 for F(4, 3). The G_u are the filter's, packed once
+// (PackedWeights); V_u is built per tile of units in per-thread scratch (at most
+// kWinogradTileFloats, kept by the thread as the GEMM block's packing buffer is),
+// where the padding's zeros cost nothing, so no column of the output needs a copy of
+// its window. The GEMMs write M0 and M_{m+1} straight into the unit's first and last
+// output rows; the others go to scratch and the output transform combines them.
 //
 // TF-free, so that a test harness runs the tile exactly as the RAL does.
 #ifndef DISC_TF_CC_RAL_CONV_WINOGRAD_H_
@@ -29,70 +38,75 @@
 
 namespace disc_tf {
 
-// The transformed operands: V_0..V_3 and G_0..G_3.
-constexpr int kWinogradParts = 4;
+// The most transformed operands of one conv: F(4, 3)'s V_0..V_5 and G_0..G_5.
+constexpr int kWinogradMaxParts = 6;
 
 // One Conv1D: x [batch, width, ci] -> c [batch, ow, co]; filter [kw, ci, co]
 // (TF's HWIO with H = 1); output column o reads input columns o - pad ..
-// o - pad + kw - 1.
+// o - pad + kw - 1. m: outputs per unit, 2 (F(2, 3)) or 4 (F(4, 3)).
 struct WinogradConv1D {
   int64_t width = 0, ci = 0, co = 0, kw = 0, pad = 0, ow = 0;
   const float* x = nullptr;
   float* c = nullptr;
-  // Depth of each of the four GEMMs: the tap groups' channels side by side.
+  int m = 2;
+  // Transformed operands (and GEMMs) per unit.
+  int parts() const { return m + 2; }
+  // Depth of each GEMM: the tap groups' channels side by side.
   int64_t depth() const { return kw / 3 * ci; }
-  // Output pairs per image (the last one is single when ow is odd).
-  int64_t pairs() const { return (ow + 1) / 2; }
+  // Units per image (the last one is short when m does not divide ow).
+  int64_t units() const { return (ow + m - 1) / m; }
 };
 
-// A tile's scratch (its four V_u and two of the M_u) is at most this many floats
-// (2 MiB), as many output pairs as fit, within [kWinogradMinTilePairs,
-// kWinogradMaxTilePairs]. Each tile streams all four packed G_u past its rows, so
-// the more pairs a tile has the fewer times the G_u are read from L3: on Sapphire
-// Rapids (2 MiB L2) a kernel-9 256 -> 1024 conv at T 400-800 ran 1.15-1.3x slower in
+// A tile's scratch (its V_u and the M_u not written into C) is at most this many
+// floats (2 MiB), as many units as fit, within [kWinogradMinTileUnits,
+// kWinogradMaxTileUnits]. Each tile streams all the packed G_u past its rows, so the
+// more units a tile has the fewer times the G_u are read from L3: on Sapphire Rapids
+// (2 MiB L2) a kernel-9 256 -> 1024 conv at T 400-800 ran 1.15-1.3x slower in F(2, 3)
 // tiles of 36-72 pairs than in tiles of 100-200 (bench/CONV.md, "Winograd").
 constexpr int64_t kWinogradTileFloats = 512 * 1024;
-constexpr int64_t kWinogradMinTilePairs = 12;
-constexpr int64_t kWinogradMaxTilePairs = 128;
+constexpr int64_t kWinogradMinTileUnits = 12;
+constexpr int64_t kWinogradMaxTileUnits = 128;
 
-// Output pairs per tile for GEMMs of `depth` over co output channels.
-int64_t WinogradTilePairs(int64_t depth, int64_t co);
+// Units per tile for `parts` GEMMs of `depth` over co output channels.
+int64_t WinogradTileUnits(int parts, int64_t depth, int64_t co);
 
-// How the threads share one conv: tiles of `pairs` output pairs of one image,
-// over `cols` output channels each (all of them, or whole 64-column panels).
+// How the threads share one conv: tiles of `units` units of one image, over `cols`
+// output channels each (all of them, or whole 64-column panels).
 struct WinogradSplit {
-  int64_t pairs = 1, cols = 1;
+  int64_t units = 1, cols = 1;
   int64_t row_tiles = 1, col_blocks = 1;  // per image
 };
 
-// Tiles of at most WinogradTilePairs pairs, as many per thread where one image
-// has them (6-pair multiples: whole register tiles of the GEMM block); an image
-// with fewer tiles than threads cuts its channels too (each block reads its part
-// of the G_u), unless full_rows (an epilogue over whole rows) forbids it.
-WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t pairs, int64_t depth, int64_t co,
-                                  int64_t threads, bool full_rows);
+// As few row tiles as the scratch allows (WinogradTileUnits units each, in 6-unit
+// multiples: whole register tiles of the GEMM block), since each streams all the
+// G_u. Where the images' row tiles do not share out evenly over the threads, the
+// channels are cut too (64-column blocks, each reading its part of the G_u), so that
+// the tasks do; where full_rows (an epilogue over whole rows) forbids that, one
+// image takes more row tiles, a multiple of the threads.
+WinogradSplit ChooseWinogradSplit(int64_t batch, int64_t units, int parts, int64_t depth,
+                                  int64_t co, int64_t threads, bool full_rows);
 
-// Writes G_u (u in [0, 4)) of filter w: depth x co floats, row-major, rows
-// j * ci .. j * ci + ci - 1 from tap group j; only the elements [e0, e1) of each
-// group's ci x co matrix (parallel callers take disjoint ranges).
-void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int u, int64_t e0,
-                    int64_t e1, float* g);
+// Writes G_u (u in [0, m + 2)) of F(m, 3) for filter w: depth x co floats,
+// row-major, rows j * ci .. j * ci + ci - 1 from tap group j; only the elements
+// [e0, e1) of each group's ci x co matrix (parallel callers take disjoint ranges).
+void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int m, int u,
+                    int64_t e0, int64_t e1, float* g);
 
-// Floats of scratch one tile of `pairs` output pairs over `cols` output channels
-// needs (64-byte aligned by the caller).
-int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t pairs, int64_t cols);
+// Floats of scratch one tile of `units` units over `cols` output channels needs
+// (64-byte aligned by the caller).
+int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t units, int64_t cols);
 
 // This thread's scratch of at least `floats` floats, 64-byte aligned, kept for
 // the thread's lifetime (as the GEMM block's packing buffer is); null if memory
 // ran out.
 float* WinogradScratch(int64_t floats);
 
-// Output columns [2 p0, min(2 p1, ow)) and channels [j0, j1) of image n: V_u of
-// the tile into scratch, the four GEMMs (packed[u]: G_u packed for `gemm`, j0 a
-// multiple of its panel), the first and fourth written into C's rows, and the
-// output transform adding M1 and M2 to them.
-void WinogradTile(const WinogradConv1D& conv, const float* const packed[kWinogradParts],
-                  disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t p0, int64_t p1,
+// Output columns [m u0, min(m u1, ow)) and channels [j0, j1) of image n: V_u of the
+// tile into scratch, the m + 2 GEMMs (packed[u]: G_u packed for `gemm`, j0 a
+// multiple of its panel), the first and last written into C's rows, and the output
+// transform combining the others with them.
+void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
+                  disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t u0, int64_t u1,
                   int64_t j0, int64_t j1, float* scratch);
 
 }  // namespace disc_tf

@@ -152,8 +152,8 @@ struct disc_ral {
                          disc_gemm_epilogue_fn epilogue, void* closure);
 
   /* ABI 6. A stride-1, undilated Conv1D whose kernel width kw is a multiple of 3,
-   * by Winograd's F(2, 3) over groups of three taps (2/3 of the direct conv's
-   * multiply-adds): x [batch, width, ci], filter w [kw, ci, co], c [batch, ow, co];
+   * by Winograd's F(2, 3) or F(4, 3) over groups of three taps (the host picks: 2/3
+   * or 1/2 of the direct conv's multiply-adds): x [batch, width, ci], filter w [kw, ci, co], c [batch, ow, co];
    * output column o reads input columns o - pad .. o - pad + kw - 1 (zeros outside
    * x). Then `epilogue` (may be NULL) on every block of C as sgemm_epilogue runs it
    * (q: the image; whole rows with full_rows). Returns 0 without touching C when the

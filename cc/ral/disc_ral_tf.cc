@@ -766,21 +766,37 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
     r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_scratch_c: out of memory for a block of C");
 }
 
-// ---- Conv1D by Winograd F(2, 3) (conv_winograd.h)
+// ---- Conv1D by Winograd F(2, 3) or F(4, 3) (conv_winograd.h)
 
-// False when DISC_TF_WINOGRAD is "0" (read once per process): every Conv1D
-// then runs as the direct GEMM over its windows.
-bool WinogradEnabled() {
-  static const bool enabled = [] {
+// DISC_TF_WINOGRAD (read once per process): "0" runs every Conv1D as the direct
+// GEMM over its windows, "2" or "4" takes F(2, 3) or F(4, 3) wherever Winograd
+// runs; unset (or anything else), WinogradOutputsPerUnit chooses.
+int WinogradSetting() {
+  static const int setting = [] {
     const char* env = std::getenv("DISC_TF_WINOGRAD");
-    return env == nullptr || std::string(env) != "0";
+    const std::string value = env == nullptr ? "" : env;
+    return value == "0" ? 0 : value == "2" ? 2 : value == "4" ? 4 : -1;
   }();
-  return enabled;
+  return setting;
 }
 
-// Output pairs below which the direct GEMM runs instead: with few rows both
-// read their filter once per block, and the four G_u are 4/3 of the filter.
-constexpr int64_t kWinogradMinPairs = 8;
+// Output columns below which the direct GEMM runs instead (8 pairs): with few rows
+// both read their filter once per block, and F(2, 3)'s four G_u are 4/3 of the filter.
+constexpr int64_t kWinogradMinOutputs = 15;
+
+// F(m, 3)'s m for a conv of ow output columns; 0: the direct GEMM. F(4, 3) does 3/4
+// of F(2, 3)'s multiply-adds through six G_u (twice the filter) where F(2, 3) streams
+// four; with the channels cut rather than the rows (ChooseWinogradSplit) it was the
+// faster from 64 output columns on, on the AVX-512 and the AVX2 block (at 32 a tie,
+// and 1.04x slower on AVX2: bench/CONV.md, "F(4, 3)"). Below that F(2, 3), whose
+// rounding is also the smaller (bounds in test_conv_winograd_tiles.py).
+constexpr int64_t kWinograd4MinOutputs = 64;
+int WinogradOutputsPerUnit(int64_t ow) {
+  const int setting = WinogradSetting();
+  if (setting == 0 || ow < kWinogradMinOutputs) return 0;
+  if (setting > 0) return setting;
+  return ow >= kWinograd4MinOutputs ? 4 : 2;
+}
 
 int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t ci, int64_t co,
                           int64_t kw, int64_t pad, int64_t ow, const float* x, const float* w,
@@ -788,55 +804,58 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
                           int32_t full_rows) {
   TfRal* r = TfRal::From(ral);
   const GemmIsa& isa = Gemm();
-  if (!WinogradEnabled() || isa.prepacked == nullptr || kw <= 0 || kw % 3 != 0 || batch <= 0 ||
-      width < 0 || ci <= 0 || co <= 0 || ow <= 0 || (ow + 1) / 2 < kWinogradMinPairs)
+  if (isa.prepacked == nullptr || kw <= 0 || kw % 3 != 0 || batch <= 0 || width < 0 ||
+      ci <= 0 || co <= 0 || ow <= 0)
     return 0;
+  const int m = WinogradOutputsPerUnit(ow);
+  if (m == 0) return 0;
   const int input = ConstantInputHolding(r, w, kw * ci * co);
   if (input < 0) return 0;
-  const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c};
+  const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c, m};
   const int64_t depth = conv.depth();
-  std::shared_ptr<const PackedOperand> parts[kWinogradParts];
-  const float* packed[kWinogradParts];
+  std::shared_ptr<const PackedOperand> parts[kWinogradMaxParts];
+  const float* packed[kWinogradMaxParts];
   const TaskRunner run = PackingRunner(r);
-  for (int u = 0; u < kWinogradParts; ++u) {
+  for (int u = 0; u < conv.parts(); ++u) {
+    // Variants 1-4: F(2, 3)'s G_u; 11-16: F(4, 3)'s.
     parts[u] = r->packed_weights->GetDerived(
-        input, r->inputs[input], w, u + 1, depth, co,
+        input, r->inputs[input], w, (m == 4 ? 11 : 1) + u, depth, co,
         [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
           constexpr int64_t kChunk = 1 << 16;
           const int64_t tap = ci * co;
           run((tap + kChunk - 1) / kChunk, [&](int64_t t) {
-            WinogradFilter(w, kw, ci, co, u, t * kChunk, std::min(tap, (t + 1) * kChunk), g);
+            WinogradFilter(w, kw, ci, co, m, u, t * kChunk, std::min(tap, (t + 1) * kChunk), g);
           });
         },
         isa.packer, run);
     if (parts[u] == nullptr) return 0;
     packed[u] = parts[u]->data.get();
   }
-  profile::LaunchTimer timer(r->profile_key(), &r->launches, "winograd");
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, m == 4 ? "winograd4" : "winograd2");
   const TaskPool pool = TaskPoolOf(r);
-  const int64_t pairs = conv.pairs();
-  const WinogradSplit split =
-      ChooseWinogradSplit(batch, pairs, depth, co, pool.NumThreads(), full_rows != 0);
+  const int64_t units = conv.units();
+  const WinogradSplit split = ChooseWinogradSplit(batch, units, conv.parts(), depth, co,
+                                                  pool.NumThreads(), full_rows != 0);
   if (r->profiling) {
-    timer.detail = absl::StrCat("batch=", batch, " ow=", ow, " ci=", ci, " co=", co, " kw=", kw,
-                                epilogue_fn ? " +epilogue" : "", " tiles=",
-                                split.row_tiles, "x", split.col_blocks);
+    timer.detail = absl::StrCat("F(", m, ",3) batch=", batch, " ow=", ow, " ci=", ci,
+                                " co=", co, " kw=", kw, epilogue_fn ? " +epilogue" : "",
+                                " tiles=", split.row_tiles, "x", split.col_blocks);
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
   const int64_t per_image = split.row_tiles * split.col_blocks;
   std::atomic<bool> short_of_memory{false};
   RunOn(pool, batch * per_image, [&](int64_t t) {
     const int64_t n = t / per_image;
-    const int64_t p0 = (t % per_image) / split.col_blocks * split.pairs;
+    const int64_t u0 = (t % per_image) / split.col_blocks * split.units;
     const int64_t j0 = (t % per_image) % split.col_blocks * split.cols;
-    const int64_t p1 = std::min(pairs, p0 + split.pairs), j1 = std::min(co, j0 + split.cols);
-    float* scratch = WinogradScratch(WinogradScratchFloats(conv, p1 - p0, j1 - j0));
+    const int64_t u1 = std::min(units, u0 + split.units), j1 = std::min(co, j0 + split.cols);
+    float* scratch = WinogradScratch(WinogradScratchFloats(conv, u1 - u0, j1 - j0));
     if (scratch == nullptr) {
       short_of_memory = true;
       return;
     }
-    WinogradTile(conv, packed, isa.prepacked, n, p0, p1, j0, j1, scratch);
-    epilogue(n, 2 * p0, std::min(ow, 2 * p1), j0, j1);
+    WinogradTile(conv, packed, isa.prepacked, n, u0, u1, j0, j1, scratch);
+    epilogue(n, m * u0, std::min(ow, m * u1), j0, j1);
   });
   if (short_of_memory)
     r->SetError(DISC_RESOURCE_EXHAUSTED, "conv1d_winograd: out of memory for a tile's scratch");

@@ -1,6 +1,6 @@
 """Host-runner lines of convolutions as GEMMs through the RAL, without an im2col
 buffer: a Conv1D over the input's overlapping windows (or, for kernel widths that
-are multiples of 3, the RAL's Winograd F(2, 3)); a dilated one per tap; a Conv2D
+are multiples of 3, the RAL's Winograd F(2, 3) or F(4, 3)); a dilated one per tap; a Conv2D
 per filter row or over gathered patches."""
 
 from __future__ import annotations
@@ -71,18 +71,19 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     padded copy of the input is made (it was the peak's extra tensor). Each GEMM
     covers whole rows of C and reads B once, so a consumer runs on each finished
     block of C (``epilogue``, told its rows' place in C; the edges' rows once copied
-    into C). A kernel width that is a multiple of 3 asks the RAL for Winograd F(2, 3)
-    first (``conv1d_winograd``, RAL ABI 6), which may decline."""
+    into C). A kernel width that is a multiple of 3 asks the RAL for Winograd F(2, 3) or
+    F(4, 3) first (``conv1d_winograd``, RAL ABI 6), which may decline."""
     x, w, out_name, a, dims = _conv_dims(em)
     xp, wp, cp = buffer_ptr[x.name], buffer_ptr[w.name], buffer_ptr[out_name]
     title, epi, fn, closure, full_rows = _conv_heading(
         em, buffer_ptr, epilogue, "GEMMs over overlapping windows of the input", "block",
         "ow")
     winograd = []
-    if a["kw"] % 3 == 0:  # the RAL's Winograd F(2, 3) first; it may decline
+    if a["kw"] % 3 == 0:  # the RAL's Winograd first; it may decline
         winograd = [
-            "    // Winograd F(2, 3) over groups of three taps, 2/3 of the multiply-adds (the",
-            "    // RAL keeps the filter's transform); where it declines, the GEMMs below.",
+            "    // Winograd F(2, 3) or F(4, 3) over groups of three taps, 2/3 or 1/2 of the",
+            "    // multiply-adds (the RAL picks, and keeps the filter's transforms); where it",
+            "    // declines, the GEMMs below.",
             "    const bool winograd = batch > 0 && ow > 0 && co > 0 &&",
             f"        ral->conv1d_winograd(ral, batch, width, ci, co, kw, pad, ow, {xp}, {wp}, "
             f"{cp},",

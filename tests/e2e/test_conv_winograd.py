@@ -1,9 +1,11 @@
-"""Conv1D by Winograd F(2, 3) (cc/ral/conv_winograd.h, RAL ``conv1d_winograd``): kernel
-widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
+"""Conv1D by Winograd F(2, 3) and F(4, 3) (cc/ral/conv_winograd.h, RAL ``conv1d_winograd``):
+kernel widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
 against TF at random shapes: SAME, VALID and explicit padding, odd and even output
 widths, batches, channel counts off the 64-column panels, fused bias + ReLU and a
 whole-row layer norm, a filter assigned between calls, a conv in a while loop's step.
-The launch profile shows which convs ran as Winograd tiles; with DISC_TF_WINOGRAD=0, on
+The launch profile shows which convs ran as which Winograd tiles (each variant on the
+calls the RAL picks it for, or on every call when DISC_TF_WINOGRAD names it); with
+DISC_TF_WINOGRAD=0, on
 the baseline GEMM (no AVX2 block), for too few outputs or for a filter computed in the
 graph the RAL declines and the windowed GEMM gives the answer."""
 
@@ -23,10 +25,20 @@ pytestmark = pytest.mark.cpu_backend
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _SCRIPT = r"""
+import os
 import numpy as np, tensorflow as tf
 import disc_tf
 
 rng = np.random.default_rng(7)
+FORCED = int(os.environ.get("DISC_TF_WINOGRAD", "-1"))  # 2 or 4: every tiled call's F(m, 3)
+
+
+def variant(ow):  # the RAL's pick for ow output columns: F(m, 3)'s m; 0: too few
+    if ow < 15:  # fewer than 8 pairs
+        return 0
+    return FORCED if FORCED in (2, 4) else 4 if ow >= 64 else 2
+
+
 # name: kernel width, padding (explicit: [left, right]), ci, co, epilogue
 CASES = {
     "k9_same_relu": (9, "SAME", 24, 130, "relu"),
@@ -59,16 +71,18 @@ for name, (kw, padding, ci, co, epilogue) in CASES.items():
     assert jitted.report.compiled, (name, jitted.report)
     # widths: odd and even outputs, few pairs (declined), one tile and several
     widths = [40, 17, 16, 301, 64, 5, 1000] + [int(t) for t in rng.integers(kw, 400, 3)]
-    tiled = 0  # calls with 8 output pairs or more: the RAL's Winograd threshold
+    tiled = {2: 0, 4: 0}  # calls tiled by each F(m, 3)
     for i, t in enumerate(widths):
         if i == 4:  # a new filter value: its transforms are derived again, not reused
             w.assign(w * -0.5 + 0.25)
         x = rng.normal(size=(1 + i % 3, t, ci)).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4,
                                    err_msg=f"{name} {x.shape}")
-        ow = t - kw + 1 if padding == "VALID" else t
-        tiled += (ow + 1) // 2 >= 8
-    print("EXPECT", f"ci={ci} co={co} kw={kw}", tiled)
+        m = variant(t - kw + 1 if padding == "VALID" else t)
+        if m:
+            tiled[m] += 1
+    for m, calls in tiled.items():
+        print("EXPECT", f"winograd{m}", f"ci={ci} co={co} kw={kw}", calls)
 
 # a Conv1D in a while loop's step: the step's RAL forwards conv1d_winograd to the call's
 w_loop = tf.Variable(rng.normal(size=(3, 12, 12)).astype(np.float32) / 6)
@@ -83,20 +97,22 @@ def looped(x):
 
 jitted = disc_tf.jit(looped, min_cluster_size=1)
 assert any(c.name.startswith("disc_loop_") for c in jitted.report.compiled), jitted.report
-tiled = 0
+tiled = {2: 0, 4: 0}
 for i, t in enumerate([40, 9, 130, 16]):
     x = rng.normal(size=(1 + i % 2, t, 12)).astype(np.float32)
     np.testing.assert_allclose(jitted(x).numpy(), looped(x).numpy(), rtol=1e-4, atol=1e-4)
-    tiled += 3 * ((t + 1) // 2 >= 8)
-print("EXPECT", "ci=12 co=12 kw=3", tiled)
+    if variant(t):
+        tiled[variant(t)] += 3
+for m, calls in tiled.items():
+    print("EXPECT", f"winograd{m}", "ci=12 co=12 kw=3", calls)
 assert disc_tf.stats()["fallbacks"] == 0
 print("OK")
 """
 
 
 def _run(tmp_path: pathlib.Path, **env: str) -> tuple[dict[str, int], dict[str, int]]:
-    """Runs the script; returns the calls of each conv (``ci= co= kw=``) that ran as
-    Winograd tiles (launch profile), and of each that has enough outputs to."""
+    """Runs the script; returns the calls of each conv and variant (``winograd2 ci= co=
+    kw=``) that ran as Winograd tiles (launch profile), and of each that should have."""
     profile = tmp_path / "profile.txt"
     full = dict(os.environ, DISC_TF_PROFILE=str(profile), PYTHONPATH=str(REPO),
                 TF_CPP_MIN_LOG_LEVEL="2", **env)
@@ -105,12 +121,12 @@ def _run(tmp_path: pathlib.Path, **env: str) -> tuple[dict[str, int], dict[str, 
     rows = [line.split() for line in profile.read_text().splitlines()[2:]]
     ran: dict[str, int] = {}
     for r in rows:  # a conv in a loop's step is a launch site per iteration
-        if len(r) > 3 and r[2] == "winograd":
-            conv = " ".join(w for w in r if w.startswith(("ci=", "co=", "kw=")))
+        if len(r) > 3 and r[2].startswith("winograd"):
+            conv = " ".join([r[2], *(w for w in r if w.startswith(("ci=", "co=", "kw=")))])
             ran[conv] = ran.get(conv, 0) + int(r[3])
-    expected = {" ".join(line.split()[1:4]): int(line.split()[4])
+    expected = {" ".join(line.split()[1:5]): int(line.split()[5])
                 for line in proc.stdout.splitlines() if line.startswith("EXPECT")}
-    return ran, expected
+    return ran, {conv: calls for conv, calls in expected.items() if calls}
 
 
 #: The filter computed in the graph is not a constant input: no transform is kept.
@@ -119,15 +135,21 @@ COMPUTED_FILTER = "ci=8 co=16 kw=9"
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
 @pytest.mark.parametrize("gemm_isa", ["avx2", "avx512"])
-def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa):
+@pytest.mark.parametrize("forced", ["", "2", "4"], ids=["picked", "f2", "f4"])
+def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa, forced):
     """Every case matches TF; each conv with a constant filter ran as Winograd tiles
     on the GEMM block of ``gemm_isa`` (the AVX2 block on an AVX-512 host too) on every
-    call with 8 output pairs or more, and as the windowed GEMM on the others."""
+    call with 8 output pairs or more, as the windowed GEMM on the others: F(4, 3) from
+    64 output columns and F(2, 3) below, or the variant DISC_TF_WINOGRAD names."""
     if gemm_isa == "avx512" and isa.host_level() != "x86-64-v4":
         pytest.skip("the AVX-512 block needs AVX-512")
-    ran, expected = _run(tmp_path, DISC_TF_GEMM_ISA=gemm_isa)
-    assert len(expected) == 6 and all(calls >= 5 for calls in expected.values()), expected
-    del expected[COMPUTED_FILTER]
+    env = {"DISC_TF_GEMM_ISA": gemm_isa, **({"DISC_TF_WINOGRAD": forced} if forced else {})}
+    ran, expected = _run(tmp_path, **env)
+    convs = {conv.split(" ", 1)[1] for conv in expected}
+    assert len(convs) == 6, expected
+    variants = {conv.split(" ", 1)[0] for conv in expected}
+    assert variants == ({f"winograd{forced}"} if forced else {"winograd2", "winograd4"})
+    expected = {conv: calls for conv, calls in expected.items() if COMPUTED_FILTER not in conv}
     assert ran == expected
 
 
@@ -137,4 +159,4 @@ def test_declined_winograd_runs_the_windowed_gemm(tmp_path, env):
     """Switched off, or without a GEMM block to run its tiles, the RAL declines every
     conv and the windowed GEMM gives TF's answers."""
     ran, expected = _run(tmp_path, **env)
-    assert ran == {} and len(expected) == 6
+    assert ran == {} and len({conv.split(" ", 1)[1] for conv in expected}) == 6
