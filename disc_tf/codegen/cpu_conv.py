@@ -286,9 +286,20 @@ def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"{full_rows}, 0);",
         "      ral->free_temp(ral, win.patches);",
         "    } else if (batch > 0 && oh > 0 && ow > 0 && co > 0) {",
+        *(_padded_rows_lines(wp, cp, fn, closure, full_rows) if per_tap
+          else _in_place_rows_lines(wp, cp, fn, closure, full_rows)),
+        "    }",
+        "  }",
+    ]
+
+
+def _padded_rows_lines(wp: str, cp: str, fn: str, closure: str, full_rows: int) -> list[str]:
+    """conv_rows per tap (dilated along W): every GEMM reads x, or a copy of x with its
+    zero border where the windows reach into the padding."""
+    return [
         "      win.image = win.x;",
-        "      win.row_pitch = width * ci;",
-        "      win.image_pitch = height * width * ci;",
+        "      win.row_pitch = win.width * win.ci;",
+        "      win.image_pitch = win.height * win.width * win.ci;",
         "      if (win.pad_top != 0 || win.pad_left != 0 || win.rows > height || win.cols > width) {",
         "        // windows reach into the padding: copy x with its zero border",
         "        win.padded = static_cast<float*>(ral->alloc_temp(ral, batch * win.rows * win.cols"
@@ -313,13 +324,87 @@ def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"{full_rows}, g > 0);",
         "      }",
         "      if (win.padded) ral->free_temp(ral, win.padded);",
-        "    }",
-        "  }",
     ]
 
 
-#: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, and
-#: the parallel copies made of it (a padded input, gathered patches).
+def _in_place_rows_lines(wp: str, cp: str, fn: str, closure: str,
+                         full_rows: int) -> list[str]:
+    """conv_rows undilated along W, reading x in place: filter row i's GEMM covers the
+    output rows whose input row lies in x and the columns whose window does; the edge
+    columns read a copy of their windows (zeros in the padding), all of them in one GEMM
+    over the whole filter whose rows are then placed into C; no padded copy of x is
+    made. The last filter row's GEMM runs the epilogue on its blocks, the edges' placing
+    on theirs, and the host on the middle of the rows the last filter row does not
+    reach."""
+    has_epilogue = fn != "nullptr"
+    part = "&ConvPart::run" if has_epilogue else "nullptr"
+    return [
+        "      // output columns [lo, hi) have every filter row's window inside x",
+        "      const int64_t lo = win.col_lo(), hi = win.col_hi(), right = ow - hi;",
+        "      if (hi > lo) {",
+        "        // the middle of the rows filter row 0 does not reach starts at zero",
+        "        const int64_t r0 = win.row_lo(0), r1 = win.row_hi(0);",
+        "        for (int64_t n = 0; n < batch; ++n) {",
+        "          for (int64_t r = 0; r < oh; ++r) {",
+        "            if (r >= r0 && r < r1) continue;",
+        f"            __builtin_memset({cp} + ((n * oh + r) * ow + lo) * co, 0, "
+        "(hi - lo) * co * sizeof(float));",
+        "          }",
+        "        }",
+        "        for (int64_t i = 0; i < kh; ++i) {",
+        "          const int64_t first = win.row_lo(i), rows = win.row_hi(i) - first;",
+        "          if (rows <= 0) continue;",
+        "          const bool last = i == kh - 1;",
+        f"          ConvPart part{{{fn}, {closure}, oh, rows, first, lo}};",
+        "          ral->sgemm_epilogue(ral, batch, rows, hi - lo, co, win.depth,",
+        "                              win.x + ((first * win.sh + i * win.dh - win.pad_top) * "
+        "width + lo * win.sw - win.pad_left) * ci,",
+        "                              win.sw * ci, height * width * ci, win.sh * width * ci, 0,",
+        f"                              {wp} + i * kw * ci * co, co, 0, 0, 0,",
+        f"                              {cp} + (first * ow + lo) * co, co, oh * ow * co, "
+        "ow * co,",
+        f"                              last ? {part} : nullptr, last ? &part : nullptr, "
+        f"{full_rows}, i > 0);",
+        "        }",
+        *([
+            "        // the middle of the rows the last filter row does not reach is final now",
+            "        const int64_t e0 = win.row_lo(kh - 1), e1 = win.row_hi(kh - 1);",
+            "        for (int64_t n = 0; n < batch; ++n) {",
+            "          for (int64_t r = 0; r < oh; ++r) {",
+            f"            if (r < e0 || r >= e1) {fn}({closure}, n * oh + r, lo, hi, 0, co);",
+            "          }",
+            "        }",
+        ] if has_epilogue else []),
+        "      }",
+        "      const int64_t ne = lo + right;",
+        "      if (ne > 0) {",
+        "        // The edge columns: their windows copied with the zeros around x, and one",
+        "        // GEMM over all of the filter for both sides and every row (a GEMM per row",
+        "        // would read all of B for a row or two), into rows placed into C.",
+        "        const int64_t kdim = kh * kw * ci;",
+        "        win.edge_lo = lo; win.edge_hi = hi;",
+        f"        win.c = {cp}; win.co = co; win.epilogue = {fn}; win.closure = {closure};",
+        "        win.edges = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ne * kdim * "
+        "sizeof(float)));",
+        "        win.edge_rows = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ne * co * "
+        "sizeof(float)));",
+        "        if ((!win.edges && kdim != 0) || !win.edge_rows) return 1;",
+        "        ral->parallel_for(ral, batch * oh, 1.0 * ne * kdim + 1.0, "
+        "&ConvWindows::gather_edges, &win);",
+        "        ral->sgemm_epilogue(ral, 1, 1, batch * oh * ne, co, kdim, win.edges, kdim, 0, 0, 0,",
+        f"                            {wp}, co, 0, 0, 0, win.edge_rows, co, 0, 0, nullptr, "
+        "nullptr, 0, 0);",
+        "        ral->parallel_for(ral, batch * oh, 2.0 * ne * co + 1.0, &ConvWindows::place_edges, "
+        "&win);",
+        "        ral->free_temp(ral, win.edge_rows);",
+        "        if (win.edges) ral->free_temp(ral, win.edges);",
+        "      }",
+    ]
+
+
+#: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, the
+#: ranges of rows and columns whose windows lie inside it, and the parallel copies made
+#: of it (a padded input, gathered patches, the edge columns' windows).
 CONV_WINDOWS_SUPPORT = r"""
 #ifndef DISC_CONV_WINDOWS
 #define DISC_CONV_WINDOWS
@@ -328,11 +413,39 @@ struct ConvWindows {
   float* padded = nullptr;         // x between zero rows and columns, or null
   float* patches = nullptr;        // gathered windows [batch * oh * ow, kh * kw * ci], or null
                                    // (read from x, without a padded copy)
+  float* edges = nullptr;          // windows of the edge columns [0, edge_lo) and
+                                   // [edge_hi, ow) of every output row, as patches are
+  float* edge_rows = nullptr;      // their rows of C, as one GEMM writes them
+  float* c = nullptr;              // the conv's result, [batch, oh, ow, co]
+  int64_t co = 0;
+  disc_gemm_epilogue_fn epilogue = nullptr;  // run on the edges' rows once in C
+  void* closure = nullptr;
   const float* image = nullptr;    // what the GEMMs read: x or padded
   int64_t row_pitch = 0, image_pitch = 0;
   int64_t height = 0, width = 0, ci = 0, oh = 0, ow = 0, pad_top = 0, pad_left = 0;
   int64_t sh = 1, sw = 1, dh = 1, dw = 1, kh = 1, kw = 1, rows = 0, cols = 0;
   int64_t taps = 1, groups = 1, depth = 0;  // GEMMs per filter row, in all; depth of each
+  int64_t edge_lo = 0, edge_hi = 0;
+
+  // The outputs [first(before, step, count), last(...)) of `count`, output o reading
+  // input o * step - before (+ span - 1 for its window's last tap) of `size`: those
+  // whose windows lie inside the input.
+  static int64_t first(int64_t before, int64_t step, int64_t count) {
+    const int64_t o = before <= 0 ? 0 : (before + step - 1) / step;
+    return o < count ? o : count;
+  }
+  static int64_t last(int64_t before, int64_t step, int64_t count, int64_t size,
+                      int64_t span) {
+    const int64_t lo = first(before, step, count), room = size - span + before;
+    const int64_t hi = room < 0 ? 0 : room / step + 1;
+    return hi < lo ? lo : hi > count ? count : hi;
+  }
+  // Output columns [col_lo(), col_hi()) have their whole window inside x's columns.
+  int64_t col_lo() const { return first(pad_left, sw, ow); }
+  int64_t col_hi() const { return last(pad_left, sw, ow, width, (kw - 1) * dw + 1); }
+  // Output rows [row_lo(i), row_hi(i)) read an input row inside x with filter row i.
+  int64_t row_lo(int64_t i) const { return first(pad_top - i * dh, sh, oh); }
+  int64_t row_hi(int64_t i) const { return last(pad_top - i * dh, sh, oh, height, 1); }
 
   // The ci floats of pixel (row, col) of image n of x into dst, zeros outside x.
   void copy_pixel(float* dst, int64_t n, int64_t row, int64_t col) const {
@@ -340,6 +453,23 @@ struct ConvWindows {
       __builtin_memset(dst, 0, ci * sizeof(float));
     } else {
       __builtin_memcpy(dst, x + ((n * height + row) * width + col) * ci, ci * sizeof(float));
+    }
+  }
+
+  // The window of output pixel (r, c) of image n into dst: kh * kw * ci floats in the
+  // filter's order, zeros where they fall in the padding.
+  void copy_window(float* dst, int64_t n, int64_t r, int64_t c) const {
+    for (int64_t i = 0; i < kh; ++i) {
+      const int64_t row = r * sh + i * dh - pad_top;
+      const int64_t col0 = c * sw - pad_left;
+      if (dw == 1 && row >= 0 && row < height && col0 >= 0 && col0 + kw <= width) {
+        // the filter row's window lies in the input: kw * ci consecutive floats
+        __builtin_memcpy(dst, x + ((n * height + row) * width + col0) * ci,
+                         kw * ci * sizeof(float));
+        dst += kw * ci;
+        continue;
+      }
+      for (int64_t j = 0; j < kw; ++j, dst += ci) copy_pixel(dst, n, row, col0 + j * dw);
     }
   }
 
@@ -353,29 +483,55 @@ struct ConvWindows {
     }
   }
 
-  // The windows of output rows [begin, end), row u = image * oh + r: each output
-  // pixel's kh * kw * ci floats in the filter's order, zeros where they fall in the
-  // padding.
+  // The windows of output rows [begin, end), row u = image * oh + r.
   static void gather_rows(void* p, int64_t begin, int64_t end) {
     const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    const int64_t window = w.kh * w.kw * w.ci;
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t n = u / w.oh, r = u % w.oh;
-      float* dst = w.patches + u * w.ow * w.kh * w.kw * w.ci;
-      for (int64_t c = 0; c < w.ow; ++c) {
-        for (int64_t i = 0; i < w.kh; ++i) {
-          const int64_t row = r * w.sh + i * w.dh - w.pad_top;
-          const int64_t col0 = c * w.sw - w.pad_left;
-          if (w.dw == 1 && row >= 0 && row < w.height && col0 >= 0 && col0 + w.kw <= w.width) {
-            // the filter row's window lies in the input: kw * ci consecutive floats
-            const float* src = w.x + ((n * w.height + row) * w.width + col0) * w.ci;
-            __builtin_memcpy(dst, src, w.kw * w.ci * sizeof(float));
-            dst += w.kw * w.ci;
-            continue;
-          }
-          for (int64_t j = 0; j < w.kw; ++j, dst += w.ci) w.copy_pixel(dst, n, row, col0 + j * w.dw);
-        }
-      }
+      for (int64_t c = 0; c < w.ow; ++c)
+        w.copy_window(w.patches + (u * w.ow + c) * window, u / w.oh, u % w.oh, c);
     }
+  }
+
+  // The edge columns' windows of output rows [begin, end), row u = image * oh + r:
+  // edge e of a row is output column e before edge_lo, edge_hi + e - edge_lo after.
+  int64_t edge_column(int64_t e) const { return e < edge_lo ? e : edge_hi + e - edge_lo; }
+  static void gather_edges(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    const int64_t window = w.kh * w.kw * w.ci, ne = w.edge_lo + w.ow - w.edge_hi;
+    for (int64_t u = begin; u < end; ++u) {
+      for (int64_t e = 0; e < ne; ++e)
+        w.copy_window(w.edges + (u * ne + e) * window, u / w.oh, u % w.oh, w.edge_column(e));
+    }
+  }
+
+  // The edges' rows of output rows [begin, end) into C, then the epilogue on them.
+  static void place_edges(void* p, int64_t begin, int64_t end) {
+    const ConvWindows& w = *static_cast<const ConvWindows*>(p);
+    const int64_t ne = w.edge_lo + w.ow - w.edge_hi;
+    for (int64_t u = begin; u < end; ++u) {
+      for (int64_t e = 0; e < ne; ++e) {
+        __builtin_memcpy(w.c + (u * w.ow + w.edge_column(e)) * w.co,
+                         w.edge_rows + (u * ne + e) * w.co, w.co * sizeof(float));
+      }
+      if (w.epilogue == nullptr) continue;
+      if (w.edge_lo > 0) w.epilogue(w.closure, u, 0, w.edge_lo, 0, w.co);
+      if (w.edge_hi < w.ow) w.epilogue(w.closure, u, w.edge_hi, w.ow, 0, w.co);
+    }
+  }
+};
+
+// An epilogue seeing the products and rows of a GEMM over part of a conv's C: the
+// GEMM's product q is image q / rows, output row first_row + q % rows, and its row i
+// is output column first_col + i.
+struct ConvPart {
+  disc_gemm_epilogue_fn fn;
+  void* closure;
+  int64_t oh, rows, first_row, first_col;
+  static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const ConvPart& h = *static_cast<const ConvPart*>(p);
+    h.fn(h.closure, q / h.rows * h.oh + h.first_row + q % h.rows, h.first_col + i0,
+         h.first_col + i1, j0, j1);
   }
 };
 #endif  // DISC_CONV_WINDOWS

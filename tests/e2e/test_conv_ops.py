@@ -248,28 +248,71 @@ assert disc_tf.stats()["fallbacks"] == 0
 """
 
 
+def _peaks(script: str) -> list[tuple[int, int, int]]:
+    """Runs a script printing ``PEAK size bytes x_bytes`` for three inputs, in a fresh
+    process on TF's BFC allocator; returns those rows."""
+    import os
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", PYTHONPATH=str(repo))
+    proc = fresh_python.run(["-c", script], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peaks = [tuple(int(v) for v in line.split()[1:])
+             for line in proc.stdout.splitlines() if line.startswith("PEAK")]
+    assert len(peaks) == 3
+    return peaks
+
+
 @pytest.mark.cpu_backend  # the CPU backend's windowed Conv1D GEMM
 def test_a_padded_conv1d_makes_no_padded_copy_of_its_input():
     """SAME padding: only the output columns whose windows reach into the zeros read a
     copy (of their windows); the rest read x in place. With 256 input and 8 output
     channels a padded copy of x would be 32 times the output; the call's activation
     memory (TF's BFC allocator, as the bench measures it) stays a few outputs' worth."""
-    import os
-    import pathlib
-
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", PYTHONPATH=str(repo))
-    proc = fresh_python.run(["-c", _CONV1D_PEAK_SCRIPT], env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    peaks = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("PEAK")]
-    assert len(peaks) == 3
-    for t, peak, x_bytes in ((int(a), int(b), int(c)) for a, b, c in peaks):
+    for t, peak, x_bytes in _peaks(_CONV1D_PEAK_SCRIPT):
         if t < 1000:
             continue  # a short input: the copies of the edges' windows are most of it
         # The output and the GEMM's result are x_bytes / 32 each; BFC may hand out a
         # chunk up to twice the size asked for. A padded copy alone was x_bytes (8.9 MB
         # at t = 4000, against 0.54 MB now).
         assert peak < x_bytes / 4, (t, peak, x_bytes)
+
+
+_CONV2D_PEAK_SCRIPT = """
+import numpy as np, tensorflow as tf, disc_tf
+rng = np.random.default_rng(3)
+w = rng.normal(size=(3, 3, 128, 8)).astype(np.float32) / 34
+fn = tf.function(lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME") + 0.5),
+                 input_signature=[tf.TensorSpec([None, None, None, 128], tf.float32)])
+jitted = disc_tf.jit(fn, min_cluster_size=1)
+assert jitted.report.compiled
+mem = tf.config.experimental
+for h, wd in ((100, 300), (101, 299), (5, 7)):
+    x = tf.constant(rng.normal(size=(1, h, wd, 128)).astype(np.float32))
+    np.testing.assert_allclose(jitted(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    mem.reset_memory_stats("CPU:0")
+    before = mem.get_memory_info("CPU:0")["current"]
+    jitted(x)
+    print("PEAK", h * wd, mem.get_memory_info("CPU:0")["peak"] - before, x.shape.num_elements() * 4)
+assert disc_tf.stats()["fallbacks"] == 0
+"""
+
+
+@pytest.mark.cpu_backend  # the CPU backend's GEMMs per filter row
+def test_a_padded_conv2d_makes_no_padded_copy_of_its_input():
+    """SAME padding: each filter row's GEMM reads the rows and columns of x its windows
+    cover in place, and only the edge columns read a copy of their windows. With 128
+    input and 8 output channels a padded copy of x (18.7 MB at 100 x 300 before) would
+    be 16 times the output; the call's activation memory (TF's BFC allocator, as the
+    bench measures it) stays a few outputs' worth (2.9 MB)."""
+    for pixels, peak, x_bytes in _peaks(_CONV2D_PEAK_SCRIPT):
+        if pixels < 1000:
+            continue  # a small image: the copies of the edges' windows are most of it
+        # The output and the GEMMs' result are x_bytes / 16 each, the edge windows
+        # (two columns of 9 * 128 floats a row) x_bytes / 17; BFC may hand out a chunk
+        # up to twice the size asked for.
+        assert peak < x_bytes / 4, (pixels, peak, x_bytes)
 
 
 def test_conv1d_with_a_layer_norm_on_each_block_of_rows():
