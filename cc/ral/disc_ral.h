@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 7
+#define DISC_RAL_ABI_VERSION 8
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -55,6 +55,10 @@ typedef void (*disc_gemm_epilogue_fn)(void* closure, int64_t q, int64_t i0,
  * at c with row stride ldc; valid only during the call. */
 typedef void (*disc_gemm_scratch_fn)(void* closure, int64_t q, int64_t i0, int64_t i1,
                                      float* c, int64_t ldc);
+
+/* Rows [i0, i1) of a GEMM's A made on demand (ABI 8): row i's k floats written at
+ * dst + (i - i0) * k. */
+typedef void (*disc_gemm_gather_fn)(void* closure, int64_t i0, int64_t i1, float* dst);
 
 typedef struct disc_ral disc_ral;
 
@@ -177,6 +181,16 @@ struct disc_ral {
                           const float* b, int64_t ldb, int64_t stride_b_outer,
                           int64_t stride_b_inner, int transpose_b, disc_gemm_scratch_fn fn,
                           void* closure);
+
+  /* ABI 8. C (m x n, row stride ldc) = A B, B k x n row-major (ldb), with A never in
+   * memory whole: each task has rows(rows_closure, i0, i1, dst) write its rows of A
+   * (a convolution's windows) into scratch of its own thread and multiplies them
+   * there, then runs `epilogue` (may be NULL) on its block as sgemm_epilogue does (one
+   * product: q = 0; whole rows with full_rows). */
+  void (*sgemm_gathered_a)(disc_ral* ral, int64_t m, int64_t n, int64_t k,
+                           disc_gemm_gather_fn rows, void* rows_closure, const float* b,
+                           int64_t ldb, float* c, int64_t ldc, disc_gemm_epilogue_fn epilogue,
+                           void* closure, int32_t full_rows);
 };
 
 #ifdef __cplusplus

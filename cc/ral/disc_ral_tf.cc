@@ -766,6 +766,86 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
     r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_scratch_c: out of memory for a block of C");
 }
 
+// ---- GEMMs whose A is made per task (ABI 8)
+
+// Floats of one task's rows of A (4 MiB): more rows per task stream B fewer times.
+constexpr int64_t kGatheredBlockFloats = 1024 * 1024;
+
+void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
+                       disc_gemm_gather_fn rows_fn, void* rows_closure, const float* b,
+                       int64_t ldb, float* c, int64_t ldc, disc_gemm_epilogue_fn epilogue_fn,
+                       void* closure, int32_t full_rows) {
+  TfRal* r = TfRal::From(ral);
+  if (m < 0 || n < 0 || k < 0 || rows_fn == nullptr) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_gathered_a: m ", m, ", n ", n, ", k ", k));
+    return;
+  }
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "gathered");
+  if (m == 0 || n == 0) return;
+  const GemmIsa& isa = Gemm();
+  const std::shared_ptr<const PackedOperand> prepacked =
+      SharedPrepackedB(r, isa, 1, BatchStrides{1, 0, 0}, b, k, n, ldb, false);
+  const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
+  const TaskPool pool = TaskPoolOf(r);
+  const double work = static_cast<double>(m) * n * k;
+  // Whole rows: each task gathers its rows once and streams all of B past them (and
+  // without a GEMM block, Eigen wants a dense block of C). Where A is smaller than B
+  // and fits one task, columns instead: each task gathers all of A again but streams
+  // only its part of B (a 3x3 512 -> 512 conv at 7 x 7: rows took 1.3x as long).
+  GemmSplit split = ProductSplit(isa, packed_b != nullptr, 1, m, n, k, pool.NumThreads(),
+                                 /*full_rows=*/true);
+  if (full_rows == 0 && isa.block != nullptr && split.row_blocks > 1 && m < n &&
+      m * k <= kGatheredBlockFloats) {
+    split = GemmSplit{};
+    split.col_blocks = std::max<int64_t>(1, std::min<int64_t>(pool.NumThreads(), n / 64));
+  }
+  // A task's rows of A are read once for each panel of B: at most kGatheredBlockFloats
+  // of them, or, where B is small (an RGB stem's 27 x 32), as many as keep A and C's
+  // rows in L2 (B's traffic no longer matters there; a 4 x 160 x 160 stem in two blocks
+  // of 12800 rows, 1.4 + 1.6 MiB, took 1.1x as long as the gathered patches).
+  int64_t rows = split.rows(m);
+  const bool small_b = static_cast<double>(k) * n <= kSmallPackedFloats;
+  const int64_t most = std::max<int64_t>(
+      1, small_b ? kScratchBlockFloats / std::max<int64_t>(k + n, 1)
+                 : kGatheredBlockFloats / std::max<int64_t>(k, 1));
+  if (rows > most) rows = most >= 6 ? most / 6 * 6 : most;
+  const int64_t cols = split.cols(n);
+  const int64_t row_blocks = (m + rows - 1) / rows, col_blocks = (n + cols - 1) / cols;
+  if (r->profiling) {
+    timer.detail = absl::StrCat("m=", m, " n=", n, " k=", k, " (rows of A per task)",
+                                epilogue_fn ? " +epilogue" : "", packed_b ? " prepacked" : "",
+                                " blocks=", row_blocks, "x", col_blocks);
+  }
+  const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
+  std::atomic<bool> short_of_memory{false};
+  RunOn(pool, row_blocks * col_blocks, [&](int64_t t) {
+    const int64_t i0 = t / col_blocks * rows, j0 = t % col_blocks * cols;
+    const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
+    thread_local AlignedBuffer scratch;
+    float* a = scratch.Reserve(std::max<int64_t>(1, (i1 - i0) * k));
+    if (a == nullptr) {
+      short_of_memory = true;
+      return;
+    }
+    rows_fn(rows_closure, i0, i1, a);
+    float* cq = c + i0 * ldc + j0;
+    if (k == 0) {
+      for (int64_t i = i0; i < i1; ++i) std::fill_n(c + i * ldc + j0, j1 - j0, 0.0f);
+    } else if (packed_b != nullptr) {  // j0 is a multiple of 64, so of every ISA's panel
+      isa.prepacked(i1 - i0, j1 - j0, k, a, k, false, packed_b + j0 * k, cq, ldc, 0);
+    } else if (isa.block != nullptr) {
+      isa.block(i1 - i0, j1 - j0, k, a, k, false, b + j0, ldb, false, cq, ldc, 0);
+    } else if (ldb == n && ldc == n) {
+      ContractPacked(Eigen::DefaultDevice(), i1 - i0, n, k, a, false, b, false, cq, false);
+    } else {
+      ContractStrided(i1 - i0, j1 - j0, k, a, k, false, b + j0, ldb, false, cq, ldc, false);
+    }
+    epilogue(0, i0, i1, j0, j1);
+  }, /*inline_only=*/work < kSmallGemm);
+  if (short_of_memory)
+    r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_gathered_a: out of memory for a block of A");
+}
+
 // ---- Conv1D by Winograd F(2, 3) or F(4, 3) (conv_winograd.h)
 
 // DISC_TF_WINOGRAD (read once per process): "0" runs every Conv1D as the direct
@@ -904,6 +984,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_shared_a = &RalSgemmSharedA;
   conv1d_winograd = &RalConv1dWinograd;
   sgemm_scratch_c = &RalSgemmScratchC;
+  sgemm_gathered_a = &RalSgemmGatheredA;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

@@ -1,7 +1,7 @@
 """Host-runner lines of convolutions as GEMMs through the RAL, without an im2col
 buffer: a Conv1D over the input's overlapping windows (or, for kernel widths that
 are multiples of 3, the RAL's Winograd F(2, 3) or F(4, 3)); a dilated one per tap; a Conv2D
-per filter row or over gathered patches."""
+per filter row or over windows each GEMM task gathers (RAL ``sgemm_gathered_a``)."""
 
 from __future__ import annotations
 
@@ -209,8 +209,8 @@ def conv_per_tap_launch(em: KernelEmitter, buffer_ptr: dict[str, str]) -> list[s
     ]
 
 
-#: conv_rows gathers im2col patches and runs one GEMM over all of the filter
-#: (bench/conv_paths.py, "windows" against "im2col", AVX-512) where the GEMMs per
+#: conv_rows runs one GEMM over all of the filter whose tasks gather their rows'
+#: windows (bench/conv_paths.py, "windows" against "im2col", AVX-512) where the GEMMs per
 #: filter row lose: below this many output columns a product of them has too few rows
 #: to reuse a filter row that is not in cache, and ...
 PATCH_MAX_COLUMNS = 24
@@ -230,12 +230,13 @@ def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     of A is the kw * ci floats of input row r * sh + i * dh from column c * sw: the
     windows of consecutive outputs overlap, sw * ci floats apart (lda), so A is the
     input itself, read in place. Dilated along W, a window is not contiguous: one GEMM
-    per tap (i, j) then, with depth ci. Padding, or windows past the input, read a
-    copy of x with the zero rows and columns around it. The first GEMM writes C, the
-    others add to it, and the last one runs the ``epilogue`` on each block it
-    finishes. Narrow outputs with big filter rows, and shallow filter rows, gather the
-    patches instead (see ``PATCH_MAX_COLUMNS``) and run one GEMM over all of the
-    filter."""
+    per tap (i, j) then, with depth ci. Padding is read in place too (the edge columns
+    copy their windows; ``_in_place_rows_lines``), or, dilated along W, from a copy of x
+    with the zero rows and columns around it. The first GEMM writes C, the others add
+    to it, and the last one runs the ``epilogue`` on each block it finishes. Narrow
+    outputs with big filter rows, and shallow filter rows, run one GEMM over all of the
+    filter instead (see ``PATCH_MAX_COLUMNS``), each of its tasks gathering its rows'
+    windows into scratch (RAL ``sgemm_gathered_a``): no im2col buffer either."""
     plan, k = em.plan, em.k
     (op,) = k.ops
     a = op.attrs
@@ -274,17 +275,11 @@ def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "    const int64_t product_rows = patches ? batch * oh * ow : ow;  // rows of C per product",
         *epi,
         "    if (batch > 0 && oh > 0 && ow > 0 && co > 0 && patches) {",
-        "      // one GEMM over the gathered windows, all of the filter at once",
-        "      win.patches = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ow * "
-        "kh * kw * ci * sizeof(float)));",
-        "      if (!win.patches && ci != 0) return 1;",
-        "      ral->parallel_for(ral, batch * oh, 1.0 * ow * kh * kw * ci + 1.0, "
-        "&ConvWindows::gather_rows, &win);",
-        "      ral->sgemm_epilogue(ral, 1, 1, batch * oh * ow, co, kh * kw * ci, win.patches, "
-        "kh * kw * ci, 0, 0, 0,",
-        f"                          {wp}, co, 0, 0, 0, {cp}, co, 0, 0, {fn}, {closure}, "
-        f"{full_rows}, 0);",
-        "      ral->free_temp(ral, win.patches);",
+        "      // one GEMM over the windows, all of the filter at once; each task gathers",
+        "      // its rows' windows into scratch of its own (no im2col buffer)",
+        "      ral->sgemm_gathered_a(ral, batch * oh * ow, co, kh * kw * ci, "
+        "&ConvWindows::window_rows, &win,",
+        f"                            {wp}, co, {cp}, co, {fn}, {closure}, {full_rows});",
         "    } else if (batch > 0 && oh > 0 && ow > 0 && co > 0) {",
         *(_padded_rows_lines(wp, cp, fn, closure, full_rows) if per_tap
           else _in_place_rows_lines(wp, cp, fn, closure, full_rows)),
@@ -404,17 +399,15 @@ def _in_place_rows_lines(wp: str, cp: str, fn: str, closure: str,
 
 #: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, the
 #: ranges of rows and columns whose windows lie inside it, and the parallel copies made
-#: of it (a padded input, gathered patches, the edge columns' windows).
+#: of it (a padded input, the edge columns' windows) or of its windows per GEMM task.
 CONV_WINDOWS_SUPPORT = r"""
 #ifndef DISC_CONV_WINDOWS
 #define DISC_CONV_WINDOWS
 struct ConvWindows {
   const float* x = nullptr;        // the input, [batch, height, width, ci]
   float* padded = nullptr;         // x between zero rows and columns, or null
-  float* patches = nullptr;        // gathered windows [batch * oh * ow, kh * kw * ci], or null
-                                   // (read from x, without a padded copy)
   float* edges = nullptr;          // windows of the edge columns [0, edge_lo) and
-                                   // [edge_hi, ow) of every output row, as patches are
+                                   // [edge_hi, ow) of every output row
   float* edge_rows = nullptr;      // their rows of C, as one GEMM writes them
   float* c = nullptr;              // the conv's result, [batch, oh, ow, co]
   int64_t co = 0;
@@ -483,13 +476,21 @@ struct ConvWindows {
     }
   }
 
-  // The windows of output rows [begin, end), row u = image * oh + r.
-  static void gather_rows(void* p, int64_t begin, int64_t end) {
+  // The windows of output pixels [i0, i1) (pixel i = (image * oh + r) * ow + c) into
+  // dst, one after another: sgemm_gathered_a's rows of A.
+  static void window_rows(void* p, int64_t i0, int64_t i1, float* dst) {
     const ConvWindows& w = *static_cast<const ConvWindows*>(p);
     const int64_t window = w.kh * w.kw * w.ci;
-    for (int64_t u = begin; u < end; ++u) {
-      for (int64_t c = 0; c < w.ow; ++c)
-        w.copy_window(w.patches + (u * w.ow + c) * window, u / w.oh, u % w.oh, c);
+    int64_t c = i0 % w.ow, r = i0 / w.ow % w.oh, n = i0 / (w.ow * w.oh);
+    for (int64_t i = i0; i < i1; ++i, dst += window) {
+      w.copy_window(dst, n, r, c);
+      if (++c == w.ow) {  // the next output row, or image
+        c = 0;
+        if (++r == w.oh) {
+          r = 0;
+          ++n;
+        }
+      }
     }
   }
 

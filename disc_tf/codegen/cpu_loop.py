@@ -271,6 +271,12 @@ void sub_sgemm_scratch_c(disc_ral* r, int64_t bo, int64_t bi, int64_t m, int64_t
   parent_of(r)->sgemm_scratch_c(parent_of(r), bo, bi, m, n, k, a, lda, sao, sai, ta, b, ldb,
                                 sbo, sbi, tb, fn, closure);
 }
+void sub_sgemm_gathered_a(disc_ral* r, int64_t m, int64_t n, int64_t k, disc_gemm_gather_fn rows,
+                          void* rows_closure, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows) {
+  parent_of(r)->sgemm_gathered_a(parent_of(r), m, n, k, rows, rows_closure, b, ldb, c, ldc,
+                                 epilogue, closure, full_rows);
+}
 
 // Runs one step's runner on `inputs`; its outputs are new temporaries in `outputs`.
 int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, int32_t n_in,
@@ -295,6 +301,7 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.sgemm_shared_a = &sub_sgemm_shared_a;
   call.ral.conv1d_winograd = &sub_conv1d_winograd;
   call.ral.sgemm_scratch_c = &sub_sgemm_scratch_c;
+  call.ral.sgemm_gathered_a = &sub_sgemm_gathered_a;
   call.parent = ral;
   call.inputs = inputs;
   call.outputs = outputs;

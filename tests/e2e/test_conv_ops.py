@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from disc_tf.runtime import isa
 from tests import fresh_python
 from tests.harness import assert_ops_compiled, assert_same, compiled, gpu_code_path, random_value
 from tests.stage_helpers import dyn
@@ -196,6 +197,76 @@ def test_conv2d_runs_without_an_im2col_buffer(name):
         x = rng.normal(size=(n, h, wd, filt[2])).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
     assert disc_tf.stats()["fallbacks"] == 0
+
+
+_GATHERED_SCRIPT = """
+import numpy as np, tensorflow as tf, disc_tf
+rng = np.random.default_rng(31)
+mem = tf.config.experimental
+# (filter, strides): an RGB stem (filter rows 9 floats deep), and big filter rows at an
+# output narrower than PATCH_MAX_COLUMNS
+for filt, strides in (((3, 3, 3, 16), 2), ((3, 3, 128, 176), 1)):
+    w = rng.normal(size=filt).astype(np.float32) / np.float32(np.prod(filt[:3]) ** 0.5)
+    b = rng.normal(size=filt[3]).astype(np.float32)
+    fn = tf.function(lambda x: tf.nn.relu(tf.nn.conv2d(x, w, strides, "SAME") + b),
+                     input_signature=[tf.TensorSpec([None, None, None, filt[2]], tf.float32)])
+    jitted = disc_tf.jit(fn, min_cluster_size=1)
+    assert jitted.report.compiled
+    for n, h, wd in ((2, 37, 29), (1, 1, 1), (3, 9, 14), (4, 20, 20)):
+        x = tf.constant(rng.normal(size=(n, h, wd, filt[2])).astype(np.float32))
+        np.testing.assert_allclose(jitted(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
+        mem.reset_memory_stats("CPU:0")
+        before = mem.get_memory_info("CPU:0")["current"]
+        jitted(x)
+        oh, ow = -(-h // strides), -(-wd // strides)
+        out = n * oh * ow * filt[3] * 4
+        print("PEAK", filt[2], int(ow < 24), mem.get_memory_info("CPU:0")["peak"] - before, out,
+              np.prod(filt[:3]) * out // filt[3])
+# in a while loop's step: the step's RAL forwards sgemm_gathered_a to the call's
+from tests.loop_steps import jit_looped
+w_loop = tf.Variable(rng.normal(size=(3, 3, 3, 3)).astype(np.float32) / 3)
+looped, jitted = jit_looped(lambda h, w: tf.nn.conv2d(h, w, 1, "SAME"), w_loop,
+                            [None, None, None, 3])
+for shape in ((2, 11, 13, 3), (1, 30, 4, 3)):
+    x = rng.normal(size=shape).astype(np.float32)
+    np.testing.assert_allclose(jitted(x).numpy(), looped(x).numpy(), rtol=1e-4, atol=1e-4)
+assert disc_tf.stats()["fallbacks"] == 0
+print("OK")
+"""
+
+
+@pytest.mark.cpu_backend  # the CPU backend's conv_rows
+@pytest.mark.parametrize("gemm_isa", ["", "avx2", "baseline"], ids=["host", "avx2", "baseline"])
+def test_gathered_window_convs_hold_no_im2col_buffer(tmp_path, gemm_isa):
+    """The convolutions that run as one GEMM over the whole filter (shallow filter rows,
+    big ones at narrow outputs) gather each task's windows into its own scratch (RAL
+    sgemm_gathered_a, forwarded by a while loop's step too), on every GEMM path (the
+    host's block, the AVX2 block, Eigen without one): the launch profile shows every
+    call as such a GEMM, and with big
+    filter rows the call's activation memory (TF's BFC allocator) stays a few outputs'
+    worth where the gathered windows alone were 6.5 times the output."""
+    import os
+    import pathlib
+
+    if gemm_isa == "avx2" and isa.host_level() == "x86-64":
+        pytest.skip("the AVX2 GEMM block needs AVX2+FMA")
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    profile = tmp_path / "profile.txt"
+    env = dict(os.environ, DISC_TF_GEMM_ISA=gemm_isa, PYTHONPATH=str(repo),
+               TF_CPU_ALLOCATOR_USE_BFC="true", DISC_TF_PROFILE=str(profile))
+    proc = fresh_python.run(["-c", _GATHERED_SCRIPT], env=env, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    rows = [line.split() for line in profile.read_text().splitlines()[2:]]
+    gathered = sum(int(r[3]) for r in rows if len(r) > 3 and r[2] == "gathered")
+    # Each shape's call twice: the stem's four, the big rows' three narrower than 24
+    # output columns (29 columns run a GEMM per filter row); the loop's conv three
+    # times a call, for two calls.
+    assert gathered == 2 * (4 + 3) + 3 * 2, profile.read_text()
+    for ci, narrow, peak, out, windows in (tuple(int(v) for v in line.split()[1:])
+                                           for line in proc.stdout.splitlines()
+                                           if line.startswith("PEAK")):
+        if ci == 128 and narrow:  # gathered; BFC may hand out a chunk up to 2x the size
+            assert peak < 3 * out < windows, (peak, out, windows)
 
 
 def test_conv2d_with_a_layer_norm_on_each_block_of_rows():

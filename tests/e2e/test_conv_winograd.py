@@ -85,18 +85,9 @@ for name, (kw, padding, ci, co, epilogue) in CASES.items():
         print("EXPECT", f"winograd{m}", f"ci={ci} co={co} kw={kw}", calls)
 
 # a Conv1D in a while loop's step: the step's RAL forwards conv1d_winograd to the call's
+from tests.loop_steps import jit_looped
 w_loop = tf.Variable(rng.normal(size=(3, 12, 12)).astype(np.float32) / 6)
-
-@tf.function(input_signature=[tf.TensorSpec([None, None, 12], tf.float32)])
-def looped(x):
-    w = tf.convert_to_tensor(w_loop)  # read once, outside the step
-
-    def body(i, h):
-        return i + 1, tf.tanh(tf.nn.conv1d(h, w, 1, "SAME") + h)
-    return tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])[1]
-
-jitted = disc_tf.jit(looped, min_cluster_size=1)
-assert any(c.name.startswith("disc_loop_") for c in jitted.report.compiled), jitted.report
+looped, jitted = jit_looped(lambda h, w: tf.nn.conv1d(h, w, 1, "SAME"), w_loop, [None, None, 12])
 tiled = {2: 0, 4: 0}
 for i, t in enumerate([40, 9, 130, 16]):
     x = rng.normal(size=(1 + i % 2, t, 12)).astype(np.float32)
