@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs
+from disc_tf.codegen.cpu_ops import STORAGE
+from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs, sym
 from disc_tf.fusion.plan import Buffer, gemm_form
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     ``chain`` GEMM on the block's rows after it."""
     k = em.k
     (op,) = k.ops
+    if "gathered_a" in op.attrs:
+        return gathered_launch(em, buffer_ptr, epilogue)
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue, chain)
     lhs, rhs = (em.buf(a) for a in k.inputs)
@@ -45,6 +48,68 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     ]
 
 
+def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                    epilogue: KernelEmitter | None = None) -> list[str]:
+    """A GEMM whose A is the table rows a gather picks (``fusion/gathered_a.py``):
+    each task of ``sgemm_gathered_a`` copies its rows from the table into its own
+    scratch, so the gathered tensor is never written; an index outside the table
+    gives TF's InvalidArgument once the GEMM is done (its row reads as zeros)."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    g = op.attrs["gathered_a"]
+    table, rhs, ids = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    form = gemm_form(len(ids.dims) + 1, len(rhs.dims), op.attrs)
+    assert form is not None and not form.batch and not form.transpose_b, op.attrs
+    id_type = STORAGE[ids.elem]
+    tf = g["tf_node"].replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    title = (f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, its A the rows of "
+             f"{table.name} that {comment(g['tf_node'])} picks, read in place")
+    lines = [
+        title + (f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each "
+                 "block" if epilogue is not None else ""),
+        f"    const int64_t m = {product(ids.dims, plan)};",
+        f"    const int64_t n = {product([rhs.dims[p] for p in form.n], plan)};",
+        f"    const int64_t kk = {sym(table.dims[1], plan)};",
+        "    struct TableRows {  // rows [i0, i1) of A: table rows ids[i0..i1)",
+        "      const float* table;",
+        f"      const {id_type}* ids;",
+        "      int64_t rows, depth, bad;",
+        "      static void copy(void* p, int64_t i0, int64_t i1, float* dst) {",
+        "        TableRows& g = *static_cast<TableRows*>(p);",
+        "        for (int64_t i = i0; i < i1; ++i, dst += g.depth) {",
+        "          const int64_t idx = (int64_t)g.ids[i];",
+        "          if (idx < 0 || idx >= g.rows) {",
+        "            __atomic_store_n(&g.bad, idx, __ATOMIC_RELAXED);",
+        "            __builtin_memset(dst, 0, g.depth * sizeof(float));",
+        "          } else {",
+        "            __builtin_memcpy(dst, g.table + idx * g.depth, g.depth * sizeof(float));",
+        "          }",
+        "        }",
+        "      }",
+        "    };",
+        f"    TableRows rows{{{buffer_ptr[table.name]}, reinterpret_cast<const {id_type}*>("
+        f"{buffer_ptr[ids.name]}),",
+        f"                   {sym(table.dims[0], plan)}, kk, INT64_MIN}};",
+    ]
+    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr)
+    lines += epi
+    full_rows = int(k.epilogue_full_rows) if epilogue is not None else 0
+    return lines + [
+        "    if (m > 0 && n > 0) {",
+        f"      ral->sgemm_gathered_a(ral, m, n, kk, &TableRows::copy, &rows, "
+        f"{buffer_ptr[rhs.name]}, {product([rhs.dims[p] for p in form.ldb], plan)},",
+        f"                            {buffer_ptr[out_name]}, n, {fn}, {closure}, {full_rows});",
+        "    }",
+        "    if (rows.bad != INT64_MIN) {",
+        f'      snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in [0, %lld)",',
+        "               (long long)rows.bad, (long long)rows.rows);",
+        "      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);",
+        "    }",
+        "  }",
+    ]
+
+
 def epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
                       cols: str) -> tuple[list[str], str, str]:
     """Host lines building ``epilogue``'s args and the closure ``epi`` a GEMM hands it
@@ -55,6 +120,15 @@ def epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: 
         f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
         f"    const {struct} epi{{&k, {rows}, inner_rows > 0 ? {cols} / inner_rows : 1}};"]
     return lines, f"{epilogue.fn}_epilogue", f"const_cast<{struct}*>(&epi)"
+
+
+def _optional_epilogue(epilogue: KernelEmitter | None,
+                       buffer_ptr: dict[str, str]) -> tuple[list[str], str, str]:
+    """``epilogue_closure`` over m rows of n columns, or no lines and null function and
+    closure without an epilogue."""
+    if epilogue is None:
+        return [], "nullptr", "nullptr"
+    return epilogue_closure(epilogue, buffer_ptr, "m", "n")
 
 
 def _gemm_operands(em: KernelEmitter) -> dict:
@@ -173,10 +247,8 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"    float* const cs[{count}] = {{{', '.join(c_ptrs)}}};",
         f"    const int64_t ldcs[{count}] = {{{', '.join(f'n_{i}' for i in range(count))}}};",
     ]
-    fn, closure = "nullptr", "nullptr"
-    if epilogue is not None:
-        epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
-        lines += epi
+    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr)
+    lines += epi
     lines += [
         "    if (outer > 0 && m > 0) {",
         f"      ral->sgemm_shared_a(ral, {count}, m, kk, {a_ptr}, {g['lda']}, bs, ldbs, tbs, "

@@ -139,7 +139,8 @@ def plan_chains(order: list[Kernel], buffers: dict[str, Buffer],
     first_write = _first_writes(order, buffers)
     chained: set[str] = set()
     for li, lib in enumerate(order):
-        if lib.kind != "library" or lib.ops[0].op != "dot_general" or lib.epilogue is None:
+        if (lib.kind != "library" or lib.ops[0].op != "dot_general" or lib.epilogue is None
+                or "gathered_a" in lib.ops[0].attrs):
             continue
         ei = by_name[lib.epilogue]
         e = order[ei]

@@ -337,6 +337,10 @@ class FusionPlan:
             lines.append(f"  TF ops: {', '.join(k.tf_ops)}")
             lines.append(f"  reads: {', '.join(str(a) for a in k.inputs)}")
             lines.append(f"  writes: {', '.join(f'{v} -> {b}' for v, b in k.outputs)}")
+            gathered = k.ops[0].attrs.get("gathered_a") if k.kind == "library" else None
+            if gathered:
+                lines.append(f"  A: rows of {gathered['table']} that {gathered['tf_node']} picks "
+                             f"by {gathered['ids']}, copied by each task (no gathered buffer)")
             layout = k.ops[0].attrs.get("c_layout") if k.kind == "library" else None
             if layout:
                 lines.append(f"  layout: C written into {k.outputs[0][1]} as "

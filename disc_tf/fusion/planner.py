@@ -29,16 +29,11 @@ from disc_tf.fusion.epilogue import (
     plan_epilogues,
     plan_shared_a,
 )
+from disc_tf.fusion.gathered_a import plan_gathered_a
 from disc_tf.fusion.gemm_layout import plan_result_layouts, plan_transposed_products
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
-from disc_tf.fusion.plan import (
-    Access,
-    Buffer,
-    FusionPlan,
-    Kernel,
-    KernelOp,
-)
+from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, analyze, speculate_no_broadcast
 from disc_tf.fusion.symbols import ShapeError
 from disc_tf.fusion.value_access import ValueAccess
@@ -81,13 +76,15 @@ class PlanOptions:
     #: a GEMM writes its result in the layout of the transposing copy that reads it
     #: (attention's context as [batch, seq, heads, dim]), and the copy goes
     gemm_layouts: bool = True
+    #: a GEMM reads the rows of a table a gather picks for its A in place (``gathered_a``)
+    gathered_a: bool = True
 
     @classmethod
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
                    scratch_c=False, shared_a_gemms=False, conv_taps=False, concat_maps=False,
-                   gemm_layouts=False)
+                   gemm_layouts=False, gathered_a=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -550,6 +547,8 @@ class _Planner(DataKernelPlacement):
             plan_transposed_products(order, self.buffers, results)
         if self.options.gemm_epilogues:
             order = hoist_epilogue_inputs(order, self.buffers)
+        if self.options.gathered_a:
+            order = plan_gathered_a(order, self.buffers)
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)

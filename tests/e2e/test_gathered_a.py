@@ -1,0 +1,109 @@
+"""Gathers read in place by the GEMM that reads them (fusion/gathered_a.py, RAL
+``sgemm_gathered_a``): an embedding lookup feeding a MatMul or a Dense einsum is one
+library kernel whose tasks copy their rows of the table, with no gathered tensor in
+memory. Against TF at random shapes (1-D and 2-D ids, int32 and int64, no ids), TF's
+InvalidArgument for an index outside the table, and the plans that keep the gather (a
+second reader, B transposed, a gather along another axis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from disc_tf import pipeline
+from tests.harness import assert_matches_tf, assert_ops_compiled, compiled
+from tests.stage_helpers import cluster_of
+
+#: The CPU backend's planner option (the CUDA backend keeps the gather kernel).
+pytestmark = pytest.mark.cpu_backend
+
+F32 = tf.float32
+ROWS, DEPTH, UNITS = 1000, 64, 48
+RNG = np.random.default_rng(41)
+TABLE = tf.Variable(RNG.normal(size=(ROWS, DEPTH)).astype(np.float32))
+W = tf.Variable((RNG.normal(size=(DEPTH, UNITS)) / 8).astype(np.float32))
+B = tf.Variable(RNG.normal(size=(UNITS,)).astype(np.float32))
+
+
+def dense_of_rows(ids):
+    return tf.nn.relu(tf.matmul(tf.gather(TABLE, ids), W) + B)
+
+
+def dense_of_sequence(ids):
+    return tf.tanh(tf.einsum("bsd,du->bsu", tf.gather(TABLE, ids), W))
+
+
+def _plan(fn, spec):
+    return pipeline.front_end(cluster_of(fn, spec)).plan
+
+
+def _gathered(plan) -> list:
+    return [k for k in plan.kernels if k.kind == "library"
+            and "gathered_a" in k.ops[0].attrs]
+
+
+@pytest.mark.parametrize("fn,rank", [(dense_of_rows, 1), (dense_of_sequence, 2)],
+                         ids=["matmul", "einsum"])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64], ids=["i32", "i64"])
+def test_a_gather_feeding_a_gemm_is_read_in_place(fn, rank, id_dtype):
+    """One library kernel reads the table and the ids (no index kernel, no gathered
+    temporary: the call's temporaries are the GEMM's C alone), and matches TF."""
+    spec = tf.TensorSpec([None] * rank, id_dtype)
+    plan = _plan(fn, spec)
+    (gemm,) = _gathered(plan)
+    assert not any(k.kind == "index" for k in plan.kernels), plan.describe()
+    assert len(plan.kernels) == 2 and gemm.epilogue, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"ResourceGather"})
+    shapes = [(7,), (300,), (0,), (1,)] if rank == 1 else [(2, 5), (3, 130), (1, 1), (4, 0)]
+    for shape in shapes:
+        ids = RNG.integers(0, ROWS, shape).astype(id_dtype.as_numpy_dtype)
+        disc_tf.reset_stats()
+        assert_matches_tf(tf_fn, jitted, [ids], 1e-4, 1e-4)
+        rows = int(np.prod(shape))
+        assert disc_tf.stats()["peak_temp_bytes"] == rows * UNITS * 4, (shape, disc_tf.stats())
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("bad", [ROWS, -1, 2**40], ids=["past_end", "negative", "huge"])
+def test_an_index_outside_the_table_is_invalid_argument(bad):
+    tf_fn = tf.function(dense_of_rows, input_signature=[tf.TensorSpec([None], tf.int64)])
+    jitted = compiled(tf_fn)
+    ids = np.array([3, bad, 5], np.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"{bad} is not in \[0, {ROWS}\)"):
+        jitted(ids)
+    # still fine afterwards
+    ok = np.array([3, 4], np.int64)
+    assert_matches_tf(tf_fn, jitted, [ok], 1e-4, 1e-4)
+
+
+def _returned_too(ids):
+    g = tf.gather(TABLE, ids)
+    return tf.matmul(g, W), g * 2.0
+
+
+def _b_transposed(ids):
+    return tf.matmul(tf.gather(TABLE, ids), tf.transpose(W) * 1.0, transpose_b=True)
+
+
+def _columns(ids):
+    return tf.matmul(W, tf.gather(tf.transpose(TABLE) * 1.0, ids, axis=1), transpose_a=True)
+
+
+@pytest.mark.parametrize("fn", [_returned_too, _b_transposed, _columns],
+                         ids=["second_reader", "b_transposed", "gather_along_axis_1"])
+def test_other_gathers_keep_their_kernel(fn):
+    """A gathered tensor something else reads, a GEMM reading B transposed (the RAL
+    service reads B row-major), a gather along another axis: the gather stays an
+    index kernel, and the answers still match TF."""
+    spec = tf.TensorSpec([None], tf.int32)
+    plan = _plan(fn, spec)
+    assert not _gathered(plan), plan.describe()
+    assert any(k.kind == "index" for k in plan.kernels), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    ids = RNG.integers(0, ROWS, (37,)).astype(np.int32)
+    assert_matches_tf(tf_fn, jitted, [ids], 1e-4, 1e-4)
