@@ -4,12 +4,14 @@
 // trusted signature vouches for it (artifact_trust.h); otherwise the cluster is
 // rebuilt on this host from the fallback function (cluster_rebuild.h), or runs
 // the fallback, as the artifact policy says.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -217,15 +219,23 @@ class DiscClusterOp : public AsyncOpKernel {
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::vector<Tensor> inputs;
-    absl::Status s = InputValues(ctx, &inputs);
+    const LoadedArtifact* artifact = CurrentArtifact();
+    // The compiled code runs before this returns, so it reads variables in
+    // copy-on-read mode under their shared locks, held till then, as TF's
+    // ResourceGather does, instead of copying them (an embedding table a call reads
+    // a few rows of); the fallback, which finishes later, reads copies.
+    std::vector<tensorflow::tf_shared_lock> locks;
+    std::vector<int> sparse_written;  // inputs so read: not constant for the weight cache
+    absl::Status s = InputValues(ctx, &inputs, artifact != nullptr ? &locks : nullptr,
+                                 &sparse_written);
     if (!s.ok()) {
       ctx->SetStatus(WithPrefix(s, prefix_));
       done();
       return;
     }
-    const LoadedArtifact* artifact = CurrentArtifact();
     if (artifact != nullptr) {
-      RunArtifact(ctx, artifact, std::move(inputs));
+      RunArtifact(ctx, artifact, std::move(inputs), sparse_written);
+      locks.clear();
       done();
       return;
     }
@@ -264,11 +274,19 @@ class DiscClusterOp : public AsyncOpKernel {
   }
 
   // The value of every input: the input itself, or for a resource input the
-  // variable's current value, read as ReadVariableOp does (shared lock; a copy
-  // in copy-on-read mode). The reference held for the call makes a concurrent
-  // assignment write a new buffer instead of this one.
-  absl::Status InputValues(OpKernelContext* ctx, std::vector<Tensor>* values) const {
+  // variable's current value, read as ReadVariableOp does (shared lock). The
+  // reference held for the call makes a concurrent assignment write a new buffer
+  // instead of this one. In copy-on-read mode (a sparse op has touched the
+  // variable: scatter updates then write its buffer in place) the value is a copy,
+  // or, with `held`, the variable itself under its shared lock, moved into `held`
+  // (once per variable) for the caller to keep while it reads the value; such
+  // inputs go into `in_place`: a scatter update may change them in place between
+  // calls, so no packed copy of them may be kept.
+  absl::Status InputValues(OpKernelContext* ctx, std::vector<Tensor>* values,
+                           std::vector<tensorflow::tf_shared_lock>* held,
+                           std::vector<int>* in_place) const {
     values->reserve(ctx->num_inputs());
+    std::vector<const Var*> locked;
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       if (ctx->input_dtype(i) != tensorflow::DT_RESOURCE) {
         values->push_back(ctx->input(i));
@@ -277,14 +295,23 @@ class DiscClusterOp : public AsyncOpKernel {
       tensorflow::core::RefCountPtr<Var> var;
       TF_RETURN_IF_ERROR(tensorflow::LookupResource(
           ctx, tensorflow::HandleFromInput(ctx, i), &var));
-      tensorflow::tf_shared_lock lock(*var->mu());
+      const bool again = std::find(locked.begin(), locked.end(), var.get()) != locked.end();
+      std::optional<tensorflow::tf_shared_lock> lock;
+      if (!again) lock.emplace(*var->mu());
       if (!var->is_initialized) {
         return absl::FailedPreconditionError(absl::StrCat(
             "input ", i, " reads an uninitialized variable"));
       }
       const Tensor& value = *var->tensor();
-      values->push_back(var->copy_on_read_mode.load() ? tensorflow::tensor::DeepCopy(value)
-                                                      : value);
+      const bool sparse = again || var->copy_on_read_mode.load();
+      values->push_back(sparse && held == nullptr ? tensorflow::tensor::DeepCopy(value) : value);
+      if (held != nullptr && sparse) {
+        in_place->push_back(i);
+        if (lock.has_value()) {
+          held->push_back(std::move(*lock));
+          locked.push_back(var.get());
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -331,9 +358,16 @@ class DiscClusterOp : public AsyncOpKernel {
 #endif
   }
 
+  // Runs the artifact on `inputs`; the constant inputs but `sparse_written` may keep
+  // packed copies across calls.
   void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact,
-                   std::vector<Tensor> inputs) {
+                   std::vector<Tensor> inputs, const std::vector<int>& sparse_written) {
     absl::Status s;
+    std::vector<int> constants;
+    for (int i : constant_inputs_) {
+      if (std::find(sparse_written.begin(), sparse_written.end(), i) == sparse_written.end())
+        constants.push_back(i);
+    }
     {
       // The launch profile's cluster: its name and artifact, so that clusters of one
       // name in different models (each model's first is disc_cluster_0) stay apart.
@@ -341,9 +375,9 @@ class DiscClusterOp : public AsyncOpKernel {
                 profile::Enabled()
                     ? absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8))
                     : std::string());
-      if (!constant_inputs_.empty() && !on_gpu_) {
+      if (!constants.empty() && !on_gpu_) {
         ral.packed_weights = &packed_weights_;
-        ral.constant_inputs = &constant_inputs_;
+        ral.constant_inputs = &constants;
       }
       int32_t rc = 0;
       try {

@@ -107,3 +107,82 @@ def test_other_gathers_keep_their_kernel(fn):
     jitted = compiled(tf_fn)
     ids = RNG.integers(0, ROWS, (37,)).astype(np.int32)
     assert_matches_tf(tf_fn, jitted, [ids], 1e-4, 1e-4)
+
+
+_COPY_ON_READ_SCRIPT = """
+import numpy as np, tensorflow as tf, disc_tf
+rng = np.random.default_rng(5)
+table = tf.Variable(rng.normal(size=(20000, 256)).astype(np.float32))  # 20 MB
+w = tf.Variable((rng.normal(size=(256, 32)) / 16).astype(np.float32))
+fn = tf.function(lambda ids: tf.matmul(tf.gather(table, ids), w),
+                 input_signature=[tf.TensorSpec([None], tf.int32)])
+jitted = disc_tf.jit(fn, min_cluster_size=1, strict=True)
+ids = rng.integers(0, 20000, 64).astype(np.int32)
+np.testing.assert_allclose(jitted(ids).numpy(), fn(ids).numpy(), rtol=1e-4, atol=1e-4)
+# TF's own ResourceGather (fn above) put the variable in copy-on-read mode; a sparse
+# write now updates its buffer in place, and the next call reads the new rows
+table.scatter_update(tf.IndexedSlices(tf.ones([2, 256]), tf.constant([int(ids[0]), int(ids[5])])))
+np.testing.assert_allclose(jitted(ids).numpy(), fn(ids).numpy(), rtol=1e-4, atol=1e-4)
+mem = tf.config.experimental
+mem.reset_memory_stats("CPU:0")
+before = mem.get_memory_info("CPU:0")["current"]
+jitted(ids)
+print("PEAK", mem.get_memory_info("CPU:0")["peak"] - before, 20000 * 256 * 4)
+print("OK")
+"""
+
+
+def test_a_variable_in_copy_on_read_mode_is_read_in_place():
+    """Once a sparse op has touched a variable (TF's ResourceGather, a scatter
+    update), TF copies it on every dense read; the compiled call reads it under its
+    shared lock instead, as ResourceGather does: an embedding table of 20 MB adds
+    nothing to the call's activation memory, and a scatter update before the call is
+    seen by it."""
+    import os
+    import pathlib
+
+    from tests import fresh_python
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", PYTHONPATH=str(repo))
+    proc = fresh_python.run(["-c", _COPY_ON_READ_SCRIPT], env=env, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    (peak, table_bytes), = [tuple(int(v) for v in line.split()[1:])
+                            for line in proc.stdout.splitlines() if line.startswith("PEAK")]
+    assert peak < table_bytes / 20, (peak, table_bytes)  # the output: 64 x 32 floats
+
+
+_TIED_SCRIPT = """
+import numpy as np, tensorflow as tf, disc_tf
+rng = np.random.default_rng(6)
+table = tf.Variable(rng.normal(size=(300, 64)).astype(np.float32))
+# tied embeddings: the table gathered by the ids and read whole as the GEMM's B
+fn = tf.function(lambda ids, h: tf.matmul(h + tf.gather(table, ids), table, transpose_b=True),
+                 input_signature=[tf.TensorSpec([None], tf.int32),
+                                  tf.TensorSpec([None, 64], tf.float32)])
+jitted = disc_tf.jit(fn, min_cluster_size=1, strict=True)
+for step in range(4):
+    ids = rng.integers(0, 300, 70).astype(np.int32)
+    h = rng.normal(size=(70, 64)).astype(np.float32)
+    np.testing.assert_allclose(jitted(ids, h).numpy(), fn(ids, h).numpy(), rtol=1e-4, atol=1e-4)
+    # a sparse write in place (copy-on-read mode): the next call multiplies by the new rows
+    rows = rng.integers(0, 300, 40)
+    table.scatter_add(tf.IndexedSlices(tf.ones([40, 64]) * float(step + 1), tf.constant(rows)))
+print("OK")
+"""
+
+
+def test_tied_embeddings_written_in_place_stay_current():
+    """Tied embeddings updated by scatter ops between calls (in place: the variable is
+    in copy-on-read mode): the gather reads the table under its lock at the call, and
+    the GEMM's B (the same variable through a ReadVariableOp, which TF copies in that
+    mode) is the new value, not a packed copy of an old one."""
+    import os
+    import pathlib
+
+    from tests import fresh_python
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    proc = fresh_python.run(["-c", _TIED_SCRIPT], env=env, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
