@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -224,18 +225,19 @@ class DiscClusterOp : public AsyncOpKernel {
     // copy-on-read mode under their shared locks, held till then, as TF's
     // ResourceGather does, instead of copying them (an embedding table a call reads
     // a few rows of); the fallback, which finishes later, reads copies.
-    std::vector<tensorflow::tf_shared_lock> locks;
+    std::optional<HeldVariables> held;
+    if (artifact != nullptr) held.emplace();
     std::vector<int> sparse_written;  // inputs so read: not constant for the weight cache
-    absl::Status s = InputValues(ctx, &inputs, artifact != nullptr ? &locks : nullptr,
-                                 &sparse_written);
+    absl::Status s = InputValues(ctx, &inputs, held ? &*held : nullptr, &sparse_written);
     if (!s.ok()) {
+      held.reset();
       ctx->SetStatus(WithPrefix(s, prefix_));
       done();
       return;
     }
     if (artifact != nullptr) {
       RunArtifact(ctx, artifact, std::move(inputs), sparse_written);
-      locks.clear();
+      held.reset();
       done();
       return;
     }
@@ -273,45 +275,68 @@ class DiscClusterOp : public AsyncOpKernel {
     return fallback_reason_.empty() ? "no artifact is available" : fallback_reason_;
   }
 
+  // Variables read in place for one call: their references and shared locks (the
+  // locks go first: members are destroyed in reverse order).
+  struct HeldVariables {
+    std::vector<tensorflow::core::RefCountPtr<Var>> vars;
+    std::vector<tensorflow::tf_shared_lock> locks;
+  };
+
   // The value of every input: the input itself, or for a resource input the
   // variable's current value, read as ReadVariableOp does (shared lock). The
   // reference held for the call makes a concurrent assignment write a new buffer
   // instead of this one. In copy-on-read mode (a sparse op has touched the
   // variable: scatter updates then write its buffer in place) the value is a copy,
-  // or, with `held`, the variable itself under its shared lock, moved into `held`
-  // (once per variable) for the caller to keep while it reads the value; such
-  // inputs go into `in_place`: a scatter update may change them in place between
-  // calls, so no packed copy of them may be kept.
+  // or, with `held`, the variable itself: `held` keeps a reference and a shared
+  // lock of each such variable (taken once, in address order, as TF's
+  // MaybeLockVariableInputMutexesInOrder does, so that two calls cannot wait on
+  // each other through queued writers) for the caller to keep while it reads the
+  // values; such inputs go into `in_place`: a scatter update may change them in
+  // place between calls, so no packed copy of them may be kept.
   absl::Status InputValues(OpKernelContext* ctx, std::vector<Tensor>* values,
-                           std::vector<tensorflow::tf_shared_lock>* held,
-                           std::vector<int>* in_place) const {
-    values->reserve(ctx->num_inputs());
-    std::vector<const Var*> locked;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      if (ctx->input_dtype(i) != tensorflow::DT_RESOURCE) {
+                           HeldVariables* held, std::vector<int>* in_place) const {
+    const int n = ctx->num_inputs();
+    std::vector<tensorflow::core::RefCountPtr<Var>> vars(n);
+    for (int i = 0; i < n; ++i) {
+      if (ctx->input_dtype(i) == tensorflow::DT_RESOURCE) {
+        TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+            ctx, tensorflow::HandleFromInput(ctx, i), &vars[i]));
+      }
+    }
+    std::vector<Var*> in_mode;  // distinct, in copy-on-read mode, by mutex address
+    if (held != nullptr) {
+      for (const auto& var : vars) {
+        if (var && var->copy_on_read_mode.load()) in_mode.push_back(var.get());
+      }
+      std::sort(in_mode.begin(), in_mode.end(), [](Var* a, Var* b) {
+        return std::less<const void*>()(a->mu(), b->mu());
+      });
+      in_mode.erase(std::unique(in_mode.begin(), in_mode.end()), in_mode.end());
+      for (Var* var : in_mode) {
+        var->Ref();
+        held->vars.emplace_back(var);
+        held->locks.emplace_back(*var->mu());
+      }
+    }
+    values->reserve(n);
+    for (int i = 0; i < n; ++i) {
+      if (!vars[i]) {
         values->push_back(ctx->input(i));
         continue;
       }
-      tensorflow::core::RefCountPtr<Var> var;
-      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
-          ctx, tensorflow::HandleFromInput(ctx, i), &var));
-      const bool again = std::find(locked.begin(), locked.end(), var.get()) != locked.end();
+      Var* var = vars[i].get();
+      const bool locked = std::find(in_mode.begin(), in_mode.end(), var) != in_mode.end();
       std::optional<tensorflow::tf_shared_lock> lock;
-      if (!again) lock.emplace(*var->mu());
+      if (!locked) lock.emplace(*var->mu());
       if (!var->is_initialized) {
         return absl::FailedPreconditionError(absl::StrCat(
             "input ", i, " reads an uninitialized variable"));
       }
       const Tensor& value = *var->tensor();
-      const bool sparse = again || var->copy_on_read_mode.load();
-      values->push_back(sparse && held == nullptr ? tensorflow::tensor::DeepCopy(value) : value);
-      if (held != nullptr && sparse) {
-        in_place->push_back(i);
-        if (lock.has_value()) {
-          held->push_back(std::move(*lock));
-          locked.push_back(var.get());
-        }
-      }
+      // A variable that turned copy-on-read after the locks were taken is copied.
+      const bool copy = !locked && var->copy_on_read_mode.load();
+      values->push_back(copy ? tensorflow::tensor::DeepCopy(value) : value);
+      if (locked) in_place->push_back(i);
     }
     return absl::OkStatus();
   }

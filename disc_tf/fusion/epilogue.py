@@ -153,6 +153,7 @@ def plan_chains(order: list[Kernel], buffers: dict[str, Buffer],
         for l2i in range(ei + 1, len(order)):
             l2 = order[l2i]
             if (l2.kind != "library" or l2.ops[0].op != "dot_general" or l2.epilogue
+                    or "gathered_a" in l2.ops[0].attrs
                     or l2.chain or l2.name in chained or not l2.inputs
                     or l2.inputs[0].buffer not in results or not l2.inputs[0].is_identity):
                 continue

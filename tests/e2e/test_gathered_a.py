@@ -186,3 +186,46 @@ def test_tied_embeddings_written_in_place_stay_current():
     env = dict(os.environ, PYTHONPATH=str(repo))
     proc = fresh_python.run(["-c", _TIED_SCRIPT], env=env, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_a_gathered_gemm_is_not_chained_on_the_softmax_it_reads():
+    """The table a GEMM gathers its A from may be a row-wise epilogue's result (a
+    softmax over another GEMM's rows): the gathered GEMM has other rows than that
+    GEMM's C, so it is not chained on its blocks."""
+    w1 = tf.constant(RNG.normal(size=(DEPTH, DEPTH)).astype(np.float32) / 8)
+
+    def fn(x, ids):
+        t = tf.nn.softmax(tf.matmul(x, w1))
+        return tf.matmul(tf.gather(t, ids), W)
+
+    specs = [tf.TensorSpec([None, DEPTH], F32), tf.TensorSpec([None], tf.int32)]
+    plan = pipeline.front_end(cluster_of(fn, *specs)).plan
+    (gemm,) = _gathered(plan)
+    assert not any(k.chain for k in plan.kernels), plan.describe()
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    for rows, picks in [(40, 7), (3, 90), (130, 130)]:
+        x = RNG.normal(size=(rows, DEPTH)).astype(np.float32)
+        ids = RNG.integers(0, rows, picks).astype(np.int32)
+        assert_matches_tf(tf_fn, jitted, [x, ids], 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("table_shape,units", [((50, 16), 0), ((50, 0), 8)],
+                         ids=["no_columns", "empty_rows"])
+def test_bad_ids_of_an_empty_product_fare_as_in_tf(table_shape, units):
+    """With no column of C the ids are still checked (TF's gather checks them); rows
+    of no floats are never looked up (neither TF's nor the gather kernel checks them)."""
+    table = tf.constant(RNG.normal(size=table_shape).astype(np.float32))
+    w = tf.constant(np.ones((table_shape[1], units), np.float32))
+    tf_fn = tf.function(lambda ids: tf.matmul(tf.gather(table, ids), w),
+                        input_signature=[tf.TensorSpec([None], tf.int32)])
+    assert _gathered(_plan(tf_fn.python_function, tf.TensorSpec([None], tf.int32)))
+    jitted = compiled(tf_fn)
+    ids = np.array([1, 50 + 7], np.int32)
+    outcomes = []
+    for impl in (tf_fn, jitted):
+        try:
+            outcomes.append(np.asarray(impl(ids)).shape)
+        except tf.errors.InvalidArgumentError:
+            outcomes.append("InvalidArgument")
+    assert outcomes[0] == outcomes[1], outcomes
