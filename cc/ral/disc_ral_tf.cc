@@ -697,6 +697,32 @@ void RalSgemmRows(disc_ral* ral, int64_t m, int64_t n, int64_t k, const float* a
   }
 }
 
+// ---- Single-thread blocks of the scratch-C (ABI 7) and gathered-A (ABI 8) GEMMs
+
+// C (rows x cols, ldc) = op(A) op(B) on this thread: B packed (packed_b, at the
+// block's first column), else the ISA's GEMM block, else Eigen (densely stored
+// operands) or the strided loop.
+void BlockProduct(const GemmIsa& isa, int64_t rows, int64_t cols, int64_t k, const float* a,
+                  int64_t lda, bool ta, const float* packed_b, const float* b, int64_t ldb,
+                  bool tb, float* c, int64_t ldc) {
+  if (k == 0) {
+    for (int64_t i = 0; i < rows; ++i) std::fill_n(c + i * ldc, cols, 0.0f);
+  } else if (packed_b != nullptr) {
+    isa.prepacked(rows, cols, k, a, lda, ta, packed_b, c, ldc, 0);
+  } else if (isa.block != nullptr) {
+    isa.block(rows, cols, k, a, lda, ta, b, ldb, tb, c, ldc, 0);
+  } else if (!ta && lda == k && ldb == (tb ? k : cols) && ldc == cols) {
+    ContractPacked(Eigen::DefaultDevice(), rows, cols, k, a, false, b, tb, c, false);
+  } else {
+    ContractStrided(rows, cols, k, a, lda, ta, b, ldb, tb, c, ldc, false);
+  }
+}
+
+// Rows per task at most `most`, whole 6-row register tiles where that allows.
+int64_t CapRows(int64_t rows, int64_t most) {
+  return rows <= most ? rows : most >= 6 ? most / 6 * 6 : most;
+}
+
 // ---- GEMMs whose C lives in per-block scratch (ABI 7)
 
 // Floats of one task's block of C (1 MiB): a long sequence's rows of scores are cut
@@ -726,17 +752,16 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
   const TaskPool pool = TaskPoolOf(r);
   const double work = static_cast<double>(m) * n * k;
-  int64_t rows = ProductSplit(isa, packed_b != nullptr, batch, m, n, k, pool.NumThreads(),
-                              /*full_rows=*/true).rows(m);
-  const int64_t most = std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1));
-  if (rows > most) rows = most >= 6 ? most / 6 * 6 : most;
+  const int64_t rows = CapRows(
+      ProductSplit(isa, packed_b != nullptr, batch, m, n, k, pool.NumThreads(),
+                   /*full_rows=*/true).rows(m),
+      std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1)));
   const int64_t row_blocks = (m + rows - 1) / rows;
   if (r->profiling) {
     timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
                                 ta ? " ta" : "", tb ? " tb" : "", " +scratch C",
                                 packed_b ? " prepacked" : "", " blocks=", row_blocks, "x1");
   }
-  const bool dense_a = !ta && lda == k, dense_b = ldb == (tb ? k : n);
   std::atomic<bool> short_of_memory{false};
   RunOn(pool, batch * row_blocks, [&](int64_t t) {
     const int64_t q = t / row_blocks, i0 = t % row_blocks * rows;
@@ -747,19 +772,8 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
       short_of_memory = true;
       return;
     }
-    const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
-    const float* bq = b + stride_b(q);
-    if (n > 0 && k == 0) {
-      std::fill_n(c, (i1 - i0) * n, 0.0f);
-    } else if (packed_b != nullptr) {
-      isa.prepacked(i1 - i0, n, k, aq, lda, ta, packed_b, c, n, 0);
-    } else if (isa.block != nullptr) {
-      isa.block(i1 - i0, n, k, aq, lda, ta, bq, ldb, tb, c, n, 0);
-    } else if (dense_a && dense_b) {
-      ContractPacked(Eigen::DefaultDevice(), i1 - i0, n, k, aq, false, bq, tb, c, false);
-    } else {
-      ContractStrided(i1 - i0, n, k, aq, lda, ta, bq, ldb, tb, c, n, false);
-    }
+    BlockProduct(isa, i1 - i0, n, k, a + stride_a(q) + (ta ? i0 : i0 * lda), lda, ta,
+                 packed_b, b + stride_b(q), ldb, tb, c, n);
     fn(closure, q, i0, i1, c, n);
   }, /*inline_only=*/work * batch < kSmallGemm);
   if (short_of_memory)
@@ -803,12 +817,10 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
   // of them, or, where B is small (an RGB stem's 27 x 32), as many as keep A and C's
   // rows in L2 (B's traffic no longer matters there; a 4 x 160 x 160 stem in two blocks
   // of 12800 rows, 1.4 + 1.6 MiB, took 1.1x as long as the gathered patches).
-  int64_t rows = split.rows(m);
   const bool small_b = static_cast<double>(k) * n <= kSmallPackedFloats;
-  const int64_t most = std::max<int64_t>(
-      1, small_b ? kScratchBlockFloats / std::max<int64_t>(k + n, 1)
-                 : kGatheredBlockFloats / std::max<int64_t>(k, 1));
-  if (rows > most) rows = most >= 6 ? most / 6 * 6 : most;
+  const int64_t most = small_b ? kScratchBlockFloats / std::max<int64_t>(k + n, 1)
+                               : kGatheredBlockFloats / std::max<int64_t>(k, 1);
+  const int64_t rows = CapRows(split.rows(m), std::max<int64_t>(1, most));
   const int64_t cols = split.cols(n);
   const int64_t row_blocks = (m + rows - 1) / rows, col_blocks = (n + cols - 1) / cols;
   if (r->profiling) {
@@ -828,18 +840,10 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
       return;
     }
     rows_fn(rows_closure, i0, i1, a);
-    float* cq = c + i0 * ldc + j0;
-    if (k == 0) {
-      for (int64_t i = i0; i < i1; ++i) std::fill_n(c + i * ldc + j0, j1 - j0, 0.0f);
-    } else if (packed_b != nullptr) {  // j0 is a multiple of 64, so of every ISA's panel
-      isa.prepacked(i1 - i0, j1 - j0, k, a, k, false, packed_b + j0 * k, cq, ldc, 0);
-    } else if (isa.block != nullptr) {
-      isa.block(i1 - i0, j1 - j0, k, a, k, false, b + j0, ldb, false, cq, ldc, 0);
-    } else if (ldb == n && ldc == n) {
-      ContractPacked(Eigen::DefaultDevice(), i1 - i0, n, k, a, false, b, false, cq, false);
-    } else {
-      ContractStrided(i1 - i0, j1 - j0, k, a, k, false, b + j0, ldb, false, cq, ldc, false);
-    }
+    // j0 is a multiple of 64, so of every ISA's panel
+    BlockProduct(isa, i1 - i0, j1 - j0, k, a, k, false,
+                 packed_b != nullptr ? packed_b + j0 * k : nullptr, b + j0, ldb, false,
+                 c + i0 * ldc + j0, ldc);
     epilogue(0, i0, i1, j0, j1);
   }, /*inline_only=*/work < kSmallGemm);
   if (short_of_memory)
