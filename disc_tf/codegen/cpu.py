@@ -395,7 +395,8 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
     out.append("namespace {")
     for p in plans:
         out.extend(_const_data(b) for b in p.buffers.values() if b.role == "const")
-    if any(k.kind == "library" and k.ops[0].op == "conv_rows" for p in plans for k in p.kernels):
+    if any(k.kind == "library" and k.ops[0].op in ("conv_rows", "conv_taps")
+           for p in plans for k in p.kernels):
         out.append(CONV_WINDOWS_SUPPORT)
     out.append("}  // namespace")
     out.append("")

@@ -89,37 +89,25 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
             f"{cp},",
             f"                             {fn}, {closure}, {full_rows}) != 0;",
         ]
-    shift, shift_decl, shifted = [], [], "nullptr, nullptr"
-    if epilogue is not None:  # a GEMM over output columns [r0, r1) sees its rows shifted by r0
-        shift = [
-            "    struct Rows {",
-            "      disc_gemm_epilogue_fn fn;",
-            "      void* closure;",
-            "      int64_t r0;",
-            "      static void run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t j0, "
-            "int64_t j1) {",
-            "        const Rows& h = *static_cast<const Rows*>(p);",
-            "        h.fn(h.closure, q, h.r0 + i0, h.r0 + i1, j0, j1);",
-            "      }",
-            "    };",
-        ]
-        shift_decl = [f"      Rows shift{{{fn}, {closure}, r0}};"]
-        shifted = "&Rows::run, &shift"
+    # a GEMM over output columns [r0, r1) of each image sees its rows shifted by r0
+    shifted = "&ConvPart::run, &shift" if epilogue is not None else "nullptr, nullptr"
     return [
         title,
         *dims,
         f"    const int64_t kw = {a['kw']}, kdim = kw * ci;",
         *epi,
+        "    // x as one row of the Conv2D windows (oh = kh = 1)",
+        "    ConvWindows win{};",
+        f"    win.x = {xp};",
+        "    win.height = 1; win.width = width; win.ci = ci; win.oh = 1; win.ow = ow;",
+        "    win.pad_left = pad; win.kw = kw;",
+        "    const int64_t oh = 1, kh = 1;",
         "    // Output columns [lo, hi) have their whole window inside x; those before and",
         "    // after read a copy of their windows with the zero padding around x.",
-        "    const int64_t lo = pad < 0 ? 0 : (pad < ow ? pad : ow);",
-        "    int64_t hi = width - kw + 1 + pad;",
-        "    if (hi > ow) hi = ow;",
-        "    if (hi < lo) hi = lo;",
-        *shift,
+        "    const int64_t lo = win.col_lo(), hi = win.col_hi(), right = ow - hi;",
         "    // C[n, r0:r1, :] = windows of output columns r0.. (rows lda = ci apart) * w.",
         "    auto columns = [&](int64_t r0, int64_t r1, const float* windows, int64_t stride) {",
-        *shift_decl,
+        f"      ConvPart shift{{{fn}, {closure}, 1, 1, 0, r0}};",
         f"      ral->sgemm_epilogue(ral, batch, 1, r1 - r0, co, kdim, windows, ci, stride, 0, 0, "
         f"{wp},",
         f"                          co, 0, 0, 0, {cp} + r0 * co, co, ow * co, 0, {shifted}, "
@@ -128,46 +116,7 @@ def conv_windows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         *winograd,
         f"    if ({'!winograd && ' if winograd else ''}batch > 0 && ow > 0 && co > 0) {{",
         f"      if (hi > lo) columns(lo, hi, {xp} + (lo - pad) * ci, width * ci);",
-        "      // The edges' rows [0, lo) and [hi, ow): their windows copied with the zeros",
-        "      // around x, one window per row, and one GEMM for both edges (each read all",
-        "      // of B: a kernel-9 256 -> 1024 filter is 9 MiB), into rows copied to C.",
-        "      const int64_t ne = lo + (ow - hi);",
-        "      if (ne > 0) {",
-        "        float* windows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * kdim * "
-        "sizeof(float)));",
-        "        float* rows = static_cast<float*>(ral->alloc_temp(ral, batch * ne * co * "
-        "sizeof(float)));",
-        "        if (!rows || (!windows && kdim != 0)) return 1;",
-        "        for (int64_t n = 0; n < batch; ++n) {",
-        "          for (int64_t e = 0; e < ne; ++e) {",
-        "            const int64_t oc = e < lo ? e : hi + (e - lo);  // its output column",
-        "            for (int64_t t = 0; t < kw; ++t) {",
-        "              const int64_t col = oc + t - pad;",
-        "              float* dst = windows + ((n * ne + e) * kw + t) * ci;",
-        "              if (col < 0 || col >= width) {",
-        "                __builtin_memset(dst, 0, ci * sizeof(float));",
-        "              } else {",
-        f"                __builtin_memcpy(dst, {xp} + (n * width + col) * ci, ci * "
-        "sizeof(float));",
-        "              }",
-        "            }",
-        "          }",
-        "        }",
-        f"        ral->sgemm_epilogue(ral, batch, 1, ne, co, kdim, windows, kdim, ne * kdim, 0, 0, "
-        f"{wp}, co,",
-        "                            0, 0, 0, rows, co, ne * co, 0, nullptr, nullptr, 0, 0);",
-        "        for (int64_t n = 0; n < batch; ++n) {",
-        "          for (int64_t e = 0; e < ne; ++e) {",
-        "            const int64_t oc = e < lo ? e : hi + (e - lo);",
-        f"            __builtin_memcpy({cp} + (n * ow + oc) * co, rows + (n * ne + e) * co, "
-        "co * sizeof(float));",
-        "          }",
-        *([f"          if (lo > 0) {fn}({closure}, n, 0, lo, 0, co);",
-           f"          if (ow > hi) {fn}({closure}, n, hi, ow, 0, co);"] if epilogue else []),
-        "        }",
-        "        ral->free_temp(ral, rows);",
-        "        ral->free_temp(ral, windows);",
-        "      }",
+        *_edge_columns_lines(wp, cp, fn, closure),
         "    }",
         "  }",
     ]
@@ -371,22 +320,33 @@ def _in_place_rows_lines(wp: str, cp: str, fn: str, closure: str,
             "        }",
         ] if has_epilogue else []),
         "      }",
+        *_edge_columns_lines(wp, cp, fn, closure),
+    ]
+
+
+def _edge_columns_lines(wp: str, cp: str, fn: str, closure: str) -> list[str]:
+    """The output columns [0, lo) and [hi, ow) of every output row (``win``, ``lo``,
+    ``hi``, ``right`` = ow - hi, ``batch``, ``oh``, ``kh``, ``kw``, ``ci``, ``co`` in
+    scope): their windows copied with the zeros around x, one GEMM over all of the
+    filter for both sides and every row, its rows placed into C with the epilogue
+    (``fn``) run on them. Shared by the Conv1D and Conv2D windowed GEMMs."""
+    return [
         "      const int64_t ne = lo + right;",
         "      if (ne > 0) {",
         "        // The edge columns: their windows copied with the zeros around x, and one",
         "        // GEMM over all of the filter for both sides and every row (a GEMM per row",
         "        // would read all of B for a row or two), into rows placed into C.",
-        "        const int64_t kdim = kh * kw * ci;",
+        "        const int64_t edge_k = kh * kw * ci;  // floats of a window",
         "        win.edge_lo = lo; win.edge_hi = hi;",
         f"        win.c = {cp}; win.co = co; win.epilogue = {fn}; win.closure = {closure};",
-        "        win.edges = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ne * kdim * "
+        "        win.edges = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ne * edge_k * "
         "sizeof(float)));",
         "        win.edge_rows = static_cast<float*>(ral->alloc_temp(ral, batch * oh * ne * co * "
         "sizeof(float)));",
-        "        if ((!win.edges && kdim != 0) || !win.edge_rows) return 1;",
-        "        ral->parallel_for(ral, batch * oh, 1.0 * ne * kdim + 1.0, "
+        "        if ((!win.edges && edge_k != 0) || !win.edge_rows) return 1;",
+        "        ral->parallel_for(ral, batch * oh, 1.0 * ne * edge_k + 1.0, "
         "&ConvWindows::gather_edges, &win);",
-        "        ral->sgemm_epilogue(ral, 1, 1, batch * oh * ne, co, kdim, win.edges, kdim, 0, 0, 0,",
+        "        ral->sgemm_epilogue(ral, 1, 1, batch * oh * ne, co, edge_k, win.edges, edge_k, 0, 0, 0,",
         f"                            {wp}, co, 0, 0, 0, win.edge_rows, co, 0, 0, nullptr, "
         "nullptr, 0, 0);",
         "        ral->parallel_for(ral, batch * oh, 2.0 * ne * co + 1.0, &ConvWindows::place_edges, "
@@ -397,9 +357,10 @@ def _in_place_rows_lines(wp: str, cp: str, fn: str, closure: str,
     ]
 
 
-#: Host-runner support of ``conv_rows_launch``: the input as its GEMMs read it, the
-#: ranges of rows and columns whose windows lie inside it, and the parallel copies made
-#: of it (a padded input, the edge columns' windows) or of its windows per GEMM task.
+#: Host-runner support of ``conv_rows_launch`` and ``conv_windows_launch`` (a Conv1D is
+#: one row of it): the input as its GEMMs read it, the ranges of rows and columns whose
+#: windows lie inside it, and the parallel copies made of it (a padded input, the edge
+#: columns' windows) or of its windows per GEMM task.
 CONV_WINDOWS_SUPPORT = r"""
 #ifndef DISC_CONV_WINDOWS
 #define DISC_CONV_WINDOWS
