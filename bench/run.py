@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--isa", choices=sorted(ISA_CAPS), default=None,
                    help="cap the peers' code paths at this x86-64 level (disc: DISC_TF_ISA; "
                         "tf's oneDNN and XLA by their own caps; ort cannot be capped)")
+    p.add_argument("--hide-avx512", action="store_true",
+                   help="hide AVX-512 from every peer's CPUID (bench/hide_avx512.py), ort "
+                        "included, and cap the others at x86-64-v3: all peers' AVX2 paths")
     p.add_argument("--out-dir", type=pathlib.Path, default=BENCH_DIR / "out")
     p.add_argument("--report", type=pathlib.Path, default=BENCH_DIR / "RESULTS.md",
                    help="markdown report path (the PNG plot goes next to it)")
@@ -143,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         print(write_report(results, args.report))
         return 0
     load_start = machine.load_average()
-    caps = cap_isa(args.isa) if args.isa else {}
+    if args.hide_avx512:
+        from bench import hide_avx512
+
+        args.isa = "x86-64-v3"
+        caps = cap_isa(args.isa)
+        caps["all"] = f"AVX-512 hidden from CPUID by {pathlib.Path(hide_avx512.enable()).name}"
+        caps["ort"] = "MLAS takes its AVX2 kernels (AVX-512 hidden from CPUID)"
+    else:
+        caps = cap_isa(args.isa) if args.isa else {}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 

@@ -142,3 +142,78 @@ def test_optimize_keeps_every_level_and_jit_the_hosts(tmp_path, monkeypatch):
         (node,) = models.disc_nodes(models.read_saved_model(out))
         exports = elf_check.exported_functions(node.attr["artifact"].s)
         assert any(n.endswith(".resolver") for n in exports) == clones, sorted(exports)
+
+
+_HIDDEN_AVX512_SCRIPT = """
+import ctypes, pathlib, subprocess, sys
+import numpy as np, tensorflow as tf
+import disc_tf
+from disc_tf.runtime import native
+from tests.harness import assert_matches_tf, compiled
+from tests.runtime.test_isa import _exports, _model
+
+features = np._core._multiarray_umath.__cpu_features__
+print("CPUID", int(features["AVX2"]), int(features["AVX512F"]))
+fn = tf.function(_model, input_signature=[tf.TensorSpec([None, 24]), tf.TensorSpec([24])])
+jitted = compiled(fn)
+rng = np.random.default_rng(5)
+for rows in (1, 9, 130):
+    x = tf.constant(rng.standard_normal((rows, 24)), tf.float32)
+    b = tf.constant(rng.standard_normal(24), tf.float32)
+    assert_matches_tf(fn, jitted, [x, b], rtol=1e-4, atol=1e-5)
+assert disc_tf.stats()["fallbacks"] == 0
+# Which clone each kernel's resolver picks, by its offset in the artifact's symbol table.
+(node,) = [n for n in jitted.graph_def.node if n.op == "DiscCluster"]
+path = pathlib.Path(sys.argv[1]) / "artifact.so"
+path.write_bytes(node.attr["artifact"].s)
+symbols = {}
+for line in subprocess.run(["nm", str(path)], capture_output=True, text=True,
+                           check=True).stdout.splitlines():
+    parts = line.split()
+    if len(parts) == 3:
+        symbols[parts[2]] = int(parts[0], 16)
+lib = ctypes.CDLL(str(path))
+base = ctypes.cast(lib.disc_entry, ctypes.c_void_p).value - symbols["disc_entry"]
+offsets = {offset: name for name, offset in symbols.items()}
+for resolver in sorted(n for n in _exports(jitted) if n.endswith(".resolver")):
+    pick = lib[resolver]
+    pick.restype = ctypes.c_void_p
+    print("CLONE", offsets.get(pick() - base, "unknown").rsplit(".", 1)[-1])
+print("GEMM", native.load().py.gemm_isa())
+"""
+
+
+def _cpuid_faulting() -> bool:
+    """Whether arch_prctl(ARCH_SET_CPUID) works here (asked in a child process)."""
+    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+             "print(libc.syscall(158, 0x1012, 1))")  # SYS_arch_prctl, ARCH_SET_CPUID, on
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == "0"
+
+
+@pytest.mark.cpu_backend  # the CPU kernels' target_clones and the RAL's GEMM blocks
+def test_a_cpu_without_avx512_takes_the_avx2_clones(tmp_path):
+    """What an AVX2-only machine runs, without any cap: a process whose CPUID hides
+    AVX-512 (bench/hide_avx512.py's shim, through Linux's CPUID faulting) loads a
+    portable artifact, and every kernel's resolver picks its x86-64-v3 clone, the RAL
+    picks its AVX2 GEMM block, and the answers are TF's."""
+    if isa.host_level() == "x86-64":
+        pytest.skip("the AVX2 clones need AVX2+FMA")
+    if not _cpuid_faulting():
+        pytest.skip("this kernel or hypervisor has no CPUID faulting to hide AVX-512 with")
+    from bench import hide_avx512
+
+    env = dict(os.environ, DISC_TF_ISA="portable", PYTHONPATH=str(REPO),
+               DISC_TF_CACHE_DIR=str(tmp_path / "cache"),
+               LD_PRELOAD=str(hide_avx512.build()))
+    env.pop("DISC_TF_GEMM_ISA", None)
+    proc = fresh_python.run(["-c", _HIDDEN_AVX512_SCRIPT, str(tmp_path)], env=env, cwd=REPO,
+                            timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CPUID 1 0" in proc.stdout, proc.stdout
+    clones = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("CLONE")]
+    assert len(clones) >= 4 and set(clones) == {"arch_x86_64_v3"}, proc.stdout
+    assert "GEMM avx2" in proc.stdout, proc.stdout
