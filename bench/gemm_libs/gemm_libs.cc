@@ -123,12 +123,14 @@ void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k, disc_tf::Prepacked
   disc_tf::GemmSplit split;
   if (pool != nullptr && work >= disc_tf::kSmallGemm)
     split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false, rows_rule);
-  const int64_t rows = split.rows(m), cols = split.cols(n);
+  const disc_tf::RowBlocks row_blocks(m, split.rows(m), split.row_align);
+  const int64_t cols = split.cols(n);
   const int64_t col_blocks = (n + cols - 1) / cols;
-  const int64_t blocks = (m + rows - 1) / rows * col_blocks;
+  const int64_t blocks = row_blocks.count * col_blocks;
   auto task = [&](int64_t t) {
-    const int64_t i0 = t / col_blocks * rows, j0 = t % col_blocks * cols;
-    block(i0, std::min(m, i0 + rows), j0, std::min(n, j0 + cols));
+    const int64_t j0 = t % col_blocks * cols;
+    block(row_blocks.begin(t / col_blocks), row_blocks.end(t / col_blocks), j0,
+          std::min(n, j0 + cols));
   };
   RunTasks(work < disc_tf::kSmallGemm ? nullptr : pool, blocks, task);
 }

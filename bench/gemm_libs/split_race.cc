@@ -7,7 +7,8 @@
 //
 // Candidates: `columns` (ChoosePrepackedSplit's columns-first split), `full_rows`
 // (its rows-only split, as for a row-wise epilogue), `ral` (the split the RAL
-// takes on this ISA: gemm_split.h, PrepackedRowsFor), `rowsR` for each R of
+// takes on this ISA: gemm_split.h, PrepackedRowsFor), `blocks48` and `tall` (each
+// rule of gemm_split.h, whichever the ISA takes), `rowsR` for each R of
 // $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
 // within kRowBlockMaxPackedFloats, else as `columns`), and `rows48_any` (48-row
 // blocks whatever B's size: what that bound was measured with). Each round times
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
   const Pool pool{&spin};
   std::vector<Candidate> cands = {{"columns"}, {"full_rows", true}};
   cands.push_back({"ral", false, disc_tf::PrepackedRowsFor(isa.c_str())});
+  cands.push_back({"blocks48", false, disc_tf::PrepackedRows::kBlocksOf48});
+  cands.push_back({"tall", false, disc_tf::PrepackedRows::kTallProducts});
   const char* rows_list = getenv("SPLIT_RACE_ROWS");
   for (const char* p = rows_list != nullptr ? rows_list : "48,96,192"; *p != '\0';) {
     char* end = nullptr;
@@ -121,12 +124,13 @@ int main(int argc, char** argv) {
       s.row_blocks = 2 * ((m + 2 * cand.row_block - 1) / (2 * cand.row_block));
       s.row_align = 6;
     }
-    const int64_t rows = s.rows(m), cols = s.cols(n);
+    const disc_tf::RowBlocks row_blocks(m, s.rows(m), s.row_align);
+    const int64_t cols = s.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
-    const int64_t blocks = (m + rows - 1) / rows * col_blocks;
+    const int64_t blocks = row_blocks.count * col_blocks;
     disc_tf::RunTasks(&pool, blocks, [&](int64_t t) {
-      const int64_t i0 = t / col_blocks * rows, j0 = t % col_blocks * cols;
-      const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
+      const int64_t i0 = row_blocks.begin(t / col_blocks), j0 = t % col_blocks * cols;
+      const int64_t i1 = row_blocks.end(t / col_blocks), j1 = std::min(n, j0 + cols);
       block(i1 - i0, j1 - j0, k, a.data() + i0 * k, k, 0, packed.data() + j0 * k,
             c.data() + i0 * n + j0, n, 0);
       BiasRelu(c.data(), n, bias.data(), i0, i1, j0, j1);

@@ -501,16 +501,16 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const TaskPool tasks_pool = TaskPoolOf(r);
     const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
                                          tasks_pool.NumThreads(), epilogue.full_rows);
-    const int64_t rows = split.rows(m), cols = split.cols(n);
-    const int64_t row_blocks = (m + rows - 1) / rows;
+    const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+    const int64_t cols = split.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
-    const int64_t blocks = row_blocks * col_blocks;
-    if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks, "x", col_blocks);
+    const int64_t blocks = row_blocks.count * col_blocks;
+    if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks);
     auto task = [=](int64_t t) {
       const int64_t q = t / blocks;
-      const int64_t i0 = (t % blocks) / col_blocks * rows;
-      const int64_t j0 = (t % blocks) % col_blocks * cols;
-      const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
+      const int64_t i0 = row_blocks.begin((t % blocks) / col_blocks);
+      const int64_t i1 = row_blocks.end((t % blocks) / col_blocks);
+      const int64_t j0 = (t % blocks) % col_blocks * cols, j1 = std::min(n, j0 + cols);
       const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
       float* cq = c + stride_c(q) + i0 * ldc + j0;
       if (packed_b != nullptr) {  // j0 is a multiple of 64, so of every ISA's panel
@@ -660,11 +660,10 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   if (threads > 1 && work >= kSmallGemm)
     split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,
                                  all_packed ? isa.rows : PrepackedRows::kColumnsFirst);
-  const int64_t rows = split.rows(m);
-  const int64_t tasks = (m + rows - 1) / rows;
-  if (r->profiling) timer.detail += absl::StrCat(" blocks=", tasks, "x1");
-  RunOn(tasks_pool, tasks, [&](int64_t t) {
-    const int64_t i0 = t * rows, i1 = std::min(m, i0 + rows);
+  const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+  if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x1");
+  RunOn(tasks_pool, row_blocks.count, [&](int64_t t) {
+    const int64_t i0 = row_blocks.begin(t), i1 = row_blocks.end(t);
     for (int32_t p = 0; p < count; ++p) {
       if (n[p] == 0) continue;
       if (packed[p] != nullptr) {
@@ -756,16 +755,18 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
       ProductSplit(isa, packed_b != nullptr, batch, m, n, k, pool.NumThreads(),
                    /*full_rows=*/true).rows(m),
       std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1)));
-  const int64_t row_blocks = (m + rows - 1) / rows;
+  const RowBlocks row_blocks(m, rows);
   if (r->profiling) {
     timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
                                 ta ? " ta" : "", tb ? " tb" : "", " +scratch C",
-                                packed_b ? " prepacked" : "", " blocks=", row_blocks, "x1");
+                                packed_b ? " prepacked" : "", " blocks=", row_blocks.count,
+                                "x1");
   }
   std::atomic<bool> short_of_memory{false};
-  RunOn(pool, batch * row_blocks, [&](int64_t t) {
-    const int64_t q = t / row_blocks, i0 = t % row_blocks * rows;
-    const int64_t i1 = std::min(m, i0 + rows);
+  RunOn(pool, batch * row_blocks.count, [&](int64_t t) {
+    const int64_t q = t / row_blocks.count;
+    const int64_t i0 = row_blocks.begin(t % row_blocks.count);
+    const int64_t i1 = row_blocks.end(t % row_blocks.count);
     thread_local AlignedBuffer scratch;
     float* c = scratch.Reserve(std::max<int64_t>(1, (i1 - i0) * n));
     if (c == nullptr) {
@@ -822,17 +823,18 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
                                : kGatheredBlockFloats / std::max<int64_t>(k, 1);
   const int64_t rows = CapRows(split.rows(m), std::max<int64_t>(1, most));
   const int64_t cols = split.cols(n);
-  const int64_t row_blocks = (m + rows - 1) / rows, col_blocks = (n + cols - 1) / cols;
+  const RowBlocks row_blocks(m, rows, split.row_align);
+  const int64_t col_blocks = (n + cols - 1) / cols;
   if (r->profiling) {
     timer.detail = absl::StrCat("m=", m, " n=", n, " k=", k, " (rows of A per task)",
                                 epilogue_fn ? " +epilogue" : "", packed_b ? " prepacked" : "",
-                                " blocks=", row_blocks, "x", col_blocks);
+                                " blocks=", row_blocks.count, "x", col_blocks);
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
   std::atomic<bool> short_of_memory{false};
-  RunOn(pool, row_blocks * col_blocks, [&](int64_t t) {
-    const int64_t i0 = t / col_blocks * rows, j0 = t % col_blocks * cols;
-    const int64_t i1 = std::min(m, i0 + rows), j1 = std::min(n, j0 + cols);
+  RunOn(pool, row_blocks.count * col_blocks, [&](int64_t t) {
+    const int64_t i0 = row_blocks.begin(t / col_blocks), i1 = row_blocks.end(t / col_blocks);
+    const int64_t j0 = t % col_blocks * cols, j1 = std::min(n, j0 + cols);
     thread_local AlignedBuffer scratch;
     float* a = scratch.Reserve(std::max<int64_t>(1, (i1 - i0) * k));
     if (a == nullptr) {

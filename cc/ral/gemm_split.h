@@ -38,6 +38,24 @@ struct GemmSplit {
   }
 };
 
+// The row blocks of m rows cut into blocks of at most `rows` rows: as many blocks as
+// blocks of `rows` rows take, sharing m's tiles of `align` rows (the GEMM block's
+// register tiles) as evenly as they can. 150 rows in blocks of 42: 36, 36, 36 and 42
+// rows, where blocks of 42 from the top leave 42, 42, 42 and 24 (two threads then wait
+// on 84 rows against 66: 12% of the product; bench/GEMM.md, "Balanced row blocks").
+struct RowBlocks {
+  int64_t m, count, unit, tiles;
+  RowBlocks(int64_t m_rows, int64_t rows, int64_t align = 6)
+      : m(m_rows),
+        count(m_rows > 0 && rows > 0 ? (m_rows + rows - 1) / rows : 1),
+        unit(align > 0 && rows % align == 0 ? align : 1),
+        tiles((m_rows + unit - 1) / unit) {}
+  // First row of block i (i in [0, count]; begin(count) == m). No block has more
+  // than `rows` rows, as each has at most ceil(tiles / count) tiles.
+  int64_t begin(int64_t i) const { return std::min(m, i * tiles / count * unit); }
+  int64_t end(int64_t i) const { return begin(i + 1); }
+};
+
 // The split into at least `want` blocks (rows of 8 or more, columns of 64 or
 // more, where the product allows) that packs the fewest elements of B; with
 // full_rows, rows only.

@@ -1,7 +1,8 @@
 """How the RAL cuts a prepacked GEMM for its threads (cc/ral/gemm_split.h), over a grid
 of shapes and thread counts: every block is non-empty, the blocks tile C, each thread
-gets as many blocks as the others wherever rounding allows, and each ISA's rule cuts
-the shapes it was measured on as measured (bench/GEMM.md)."""
+gets as many blocks as the others wherever rounding allows, each ISA's rule cuts
+the shapes it was measured on as measured (bench/GEMM.md), and row blocks share the
+rows' register tiles evenly."""
 
 from __future__ import annotations
 
@@ -30,18 +31,37 @@ int main() {
 }
 """
 
+#: Prints the row blocks RowBlocks(m, rows, align) cuts, for each "m rows align" line.
+_ROW_BLOCKS = r"""
+#include <cstdio>
+#include "cc/ral/gemm_split.h"
+int main() {
+  long long m, rows, align;
+  while (std::scanf("%lld %lld %lld", &m, &rows, &align) == 3) {
+    const disc_tf::RowBlocks blocks(m, rows, align);
+    for (long long i = 0; i < blocks.count; ++i)
+      std::printf("%lld:%lld ", (long long)blocks.begin(i), (long long)blocks.end(i));
+    std::printf("\n");
+  }
+}
+"""
+
+
+def _build(d: pathlib.Path, name: str, source: str) -> pathlib.Path:
+    (d / f"{name}.cc").write_text(source)
+    subprocess.run([compiler.resolve(compiler.cxx()), "-O1", "-std=c++17", f"-I{REPO}",
+                    str(d / f"{name}.cc"), "-o", str(d / name)], check=True)
+    return d / name
+
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
     """Runs ChoosePrepackedSplit on (m, n, k, threads, full_rows, isa) rows."""
-    d = tmp_path_factory.mktemp("split")
-    (d / "split.cc").write_text(_PROGRAM)
-    subprocess.run([compiler.resolve(compiler.cxx()), "-O1", "-std=c++17", f"-I{REPO}",
-                    str(d / "split.cc"), "-o", str(d / "split")], check=True)
+    program = _build(tmp_path_factory.mktemp("split"), "split", _PROGRAM)
 
     def run(cases):
         text = "".join(f"{m} {n} {k} {t} {int(f)} {isa}\n" for m, n, k, t, f, isa in cases)
-        out = subprocess.run([str(d / "split")], input=text, capture_output=True, text=True,
+        out = subprocess.run([str(program)], input=text, capture_output=True, text=True,
                              check=True).stdout.split("\n")
         return [tuple(int(v) for v in line.split()) for line in out if line]
     return run
@@ -77,3 +97,29 @@ def test_blocks_tile_c_and_threads_share_them_evenly(split):
 def test_measured_cuts(split, m, n, k, threads, isa, launches):
     (_, _, got), = split([(m, n, k, threads, False, isa)])
     assert got == launches
+
+
+def test_row_blocks_share_the_tiles_evenly(tmp_path):
+    """RowBlocks keeps the count of blocks of ``rows`` rows, tiles [0, m) in order with
+    non-empty blocks of at most ``rows`` rows that start on whole tiles, and gives every
+    block as many tiles as the others, or one more: 150 rows in blocks of 42 are 36,
+    36, 36 and 42 rows, not 42, 42, 42 and 24."""
+    program = _build(tmp_path, "row_blocks", _ROW_BLOCKS)
+    cases = [(m, rows, align) for m in [1, 5, 6, 7, 48, 100, 149, 150, 383, 1000, 2048]
+             for rows in [1, 4, 6, 12, 42, 48, 96, 175, 180, 2048] for align in [1, 6]]
+    text = "".join(f"{m} {rows} {align}\n" for m, rows, align in cases)
+    out = subprocess.run([str(program)], input=text, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    got = {case: [tuple(int(v) for v in b.split(":")) for b in line.split()]
+           for case, line in zip(cases, out)}
+    for (m, rows, align), blocks in got.items():
+        unit = align if rows % align == 0 else 1
+        assert len(blocks) == -(-m // rows), (m, rows, align, blocks)
+        assert blocks[0][0] == 0 and blocks[-1][1] == m, (m, rows, align, blocks)
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:])), blocks
+        assert all(0 < e - b <= rows and b % unit == 0 for b, e in blocks), (m, rows, blocks)
+        tiles = [-(-(e - b) // unit) for b, e in blocks]
+        assert max(tiles) - min(tiles) <= 1, (m, rows, align, blocks)
+    assert got[(150, 42, 6)] == [(0, 36), (36, 72), (72, 108), (108, 150)]
+    # 167 tiles (the last of 4 rows) in 21 blocks of 7 or 8 tiles
+    assert {e - b for b, e in got[(1000, 48, 6)]} == {42, 46, 48} and len(got[(1000, 48, 6)]) == 21
