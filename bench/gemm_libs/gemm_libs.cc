@@ -145,7 +145,9 @@ struct Problem {
 };
 
 // The RAL's rule for sharing a product among threads on this ISA.
-disc_tf::PrepackedRows RowRule(const Problem& p) { return disc_tf::PrepackedRowsFor(p.isa.c_str()); }
+disc_tf::PrepackedRows RowRule(const Problem& p) {
+  return disc_tf::PrepackedRowsFor(p.isa.c_str(), disc_tf::L2CacheBytes());
+}
 
 class Candidate {
  public:

@@ -11,7 +11,8 @@
 // rule of gemm_split.h, whichever the ISA takes), `rowsR` for each R of
 // $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
 // within kRowBlockMaxPackedFloats, else as `columns`), and `rows48_any` (48-row
-// blocks whatever B's size: what that bound was measured with). Each round times
+// blocks whatever B's size: what that bound was measured with), and `halves` (one block
+// of whole rows per thread). Each round times
 // every candidate (best of 5 calls), in an order rotated by one each round; prints
 // per candidate the median time and the median [range] of columns / candidate
 // over the rounds (> 1: faster).
@@ -100,7 +101,8 @@ int main(int argc, char** argv) {
   spin.Reserve(1);
   const Pool pool{&spin};
   std::vector<Candidate> cands = {{"columns"}, {"full_rows", true}};
-  cands.push_back({"ral", false, disc_tf::PrepackedRowsFor(isa.c_str())});
+  cands.push_back(
+      {"ral", false, disc_tf::PrepackedRowsFor(isa.c_str(), disc_tf::L2CacheBytes())});
   cands.push_back({"blocks48", false, disc_tf::PrepackedRows::kBlocksOf48});
   cands.push_back({"tall", false, disc_tf::PrepackedRows::kTallProducts});
   const char* rows_list = getenv("SPLIT_RACE_ROWS");
@@ -116,10 +118,15 @@ int main(int argc, char** argv) {
     p = *end == ',' ? end + 1 : end;
   }
   cands.push_back({"rows48_any", false, disc_tf::PrepackedRows::kColumnsFirst, 48, true});
+  cands.push_back({"halves", false, disc_tf::PrepackedRows::kColumnsFirst, -1});
   auto run = [&](const Candidate& cand) {
     disc_tf::GemmSplit s = disc_tf::ChoosePrepackedSplit(m, n, k, 2, cand.full_rows, cand.rule);
     const bool b_fits = static_cast<double>(k) * n <= disc_tf::kRowBlockMaxPackedFloats;
-    if (cand.row_block > 0 && m >= 2 * cand.row_block && (b_fits || cand.any_size)) {
+    if (cand.row_block < 0) {  // one block of whole rows per thread
+      s = disc_tf::GemmSplit{};
+      s.row_blocks = 2;
+      s.row_align = 6;
+    } else if (cand.row_block > 0 && m >= 2 * cand.row_block && (b_fits || cand.any_size)) {
       s = disc_tf::GemmSplit{};
       s.row_blocks = 2 * ((m + 2 * cand.row_block - 1) / (2 * cand.row_block));
       s.row_align = 6;

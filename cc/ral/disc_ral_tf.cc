@@ -308,7 +308,7 @@ struct GemmIsa {
     #isa, &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,           \
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
-        PrepackedRowsFor(#isa),                                                \
+        PrepackedRowsFor(#isa, L2CacheBytes()),                                \
   }
 
 // The GEMM for this CPU (no block: the Eigen fallback).

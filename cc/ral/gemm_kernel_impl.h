@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -364,12 +365,33 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
   }
 }
 
-// Packed floats of B per block of columns in PrepackedStrips: a quarter of a Zen 3
-// core's L2.
-constexpr int64_t kStripBlockFloats = 32 * 1024;
+// Packed floats of B per block of columns in PrepackedStrips: a quarter of the core's
+// L2 ($DISC_TF_L2_BYTES, else sysconf, else 512 KiB), within 32 K-256 K floats. Measured
+// with the AVX2 block: 32 K floats on Zen 3 (512 KiB of L2); on Sapphire Rapids (2 MiB)
+// 128 K floats, 1.06-1.08x at two threads where k or n is 2304-3072 against 32 K, ties
+// at BERT-small's shapes (bench/GEMM.md, "AVX2 block on Sapphire Rapids").
+// A block has at most kStripMaxColumns columns: 8 panels of the AVX2 block, what 32 K
+// floats hold at k = 256 (the whole L2's quarter there was 0.98x).
+// A benchmark build may fix it (bench/gemm_libs, DISC_VARIANT_FLAGS).
+constexpr int64_t kStripMaxColumns = 128;
+int64_t StripBlockFloats() {
+#if defined(DISC_GEMM_STRIP_BLOCK_FLOATS)
+  return DISC_GEMM_STRIP_BLOCK_FLOATS;
+#else
+  static const int64_t floats = [] {  // L2 as gemm_split.h's L2CacheBytes reads it
+    const char* forced = getenv("DISC_TF_L2_BYTES");
+    const long l2 = forced != nullptr && atoll(forced) > 0 ? atoll(forced)
+                                                           : sysconf(_SC_LEVEL2_CACHE_SIZE);
+    const int64_t bytes = l2 > 0 ? l2 : 512 * 1024;
+    return std::clamp<int64_t>(bytes / 4 / static_cast<int64_t>(sizeof(float)), 32 * 1024,
+                               256 * 1024);
+  }();
+  return floats;
+#endif
+}
 
 // C = op(A) * pre-packed op(B), strip by strip: for each block of columns whose
-// packed panels fit in kStripBlockFloats (in L2), each 6-row strip of A is read
+// packed panels fit in StripBlockFloats() (in L2), each 6-row strip of A is read
 // once for all of the block's panels (from L1), where PrepackedPanels reads all
 // of A once per panel. The same tiles, each summed over k in the same order.
 template <bool TA>
@@ -378,7 +400,8 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
   for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
     const int64_t kc = std::min(kPackDepth, k - p0);
     const bool acc = accumulate || p0 > 0;
-    const int64_t block = std::max(kPanel, kStripBlockFloats / kc / kPanel * kPanel);
+    const int64_t block =
+        std::clamp(StripBlockFloats() / kc / kPanel * kPanel, kPanel, kStripMaxColumns);
     for (int64_t j0 = 0; j0 < n; j0 += block) {
       const int64_t j1 = std::min(n, j0 + block);
       for (int64_t i = 0; i < m; i += kRows) {

@@ -5,7 +5,9 @@
 #define DISC_TF_CC_RAL_GEMM_SPLIT_H_
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -94,9 +96,24 @@ enum class PrepackedRows {
   kTallProducts,
 };
 
-// The rule measured for the GEMM block of ISA `isa` ("avx2", "avx512").
-inline PrepackedRows PrepackedRowsFor(const char* isa) {
-  if (strcmp(isa, "avx2") == 0) return PrepackedRows::kBlocksOf48;
+// This core's L2 in bytes: $DISC_TF_L2_BYTES where set (tests; a machine whose sysconf
+// is wrong), else sysconf, else 512 KiB.
+inline int64_t L2CacheBytes() {
+  const char* forced = getenv("DISC_TF_L2_BYTES");
+  if (forced != nullptr && atoll(forced) > 0) return atoll(forced);
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return l2 > 0 ? l2 : 512 * 1024;
+}
+
+// The rule measured for the GEMM block of ISA `isa` ("avx2", "avx512") on a core with
+// `l2_bytes` of L2. The AVX2 block's 48-row blocks were measured on Zen 3 (512 KiB of
+// L2, a fast L3); on Sapphire Rapids (2 MiB of L2, a slower L3) the same block cut so
+// lost 8-9% at 300-600 x 768 x 768 against whole rows and columns, where B comes from
+// L3 for every block (bench/GEMM.md, "AVX2 block on Sapphire Rapids"): cores with 1 MiB
+// of L2 or more take the rule measured there.
+inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
+  if (strcmp(isa, "avx2") == 0)
+    return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kTallProducts;
   if (strcmp(isa, "avx512") == 0) return PrepackedRows::kTallProducts;
   return PrepackedRows::kColumnsFirst;
 }
@@ -146,7 +163,7 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
     return split;
   }
   const double work = static_cast<double>(m) * n * k;
-  const int64_t most = (std::max<int64_t>(threads, std::min<int64_t>(
+  int64_t most = (std::max<int64_t>(threads, std::min<int64_t>(
                             2 * threads, static_cast<int64_t>(work / kMinBlockWork))) +
                         threads - 1) / threads * threads;
   // kTallProducts only where every wanted block gets a 6-row tile or more.
@@ -154,6 +171,11 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
       (2 * m >= n || packed_floats <= kSmallPackedFloats)) {
     full_rows = true;
   }
+  // Whole rows of a B that leaves L2: each block streams all of B again from L3, so one
+  // block per thread (split_race, Sapphire Rapids: 1.02-1.25x against two per thread at
+  // 130-1000 x 768 x 768, 1000 x 768 x 2304 and 600 x 3072 x 768 on the AVX-512 block,
+  // 1.04-1.08x on the AVX2 block; bench/GEMM.md).
+  if (full_rows && packed_floats > kSmallPackedFloats) most = threads;
   // As many blocks for every thread: rows rounded up to 6-row tiles and columns to
   // 64-column panels can make fewer launches than blocks wanted (4 wanted of 49
   // rows: 18 + 18 + 13), so an uneven count falls back to one block wanted per

@@ -121,7 +121,9 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
     return next(w for w in row if w.startswith("blocks="))
 
 
-#: Each ISA's split of the script's first calls (launch sizes -> blocks=RxC), with why.
+#: Each rule's split of the script's first calls (launch sizes -> blocks=RxC), with why:
+#: the AVX2 block on a core with 512 KiB of L2 ("avx2", measured on Zen 3), and the
+#: AVX-512 block or the AVX2 block with 1 MiB of L2 or more ("tall").
 EXPECTED_BLOCKS = {
     "avx2": {
         # bias + ReLU at 1000 rows: 2 * ceil(1000 / 96) = 22 blocks wanted, of 46 rows
@@ -133,7 +135,7 @@ EXPECTED_BLOCKS = {
         "m=100 n=768 k=512": "blocks=4x1",  # 2 * ceil(100 / 96) blocks of 25 -> 30 rows
         "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
     },
-    "avx512": {
+    "tall": {
         "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
         # B of 32 K floats: whole rows; 2 blocks wanted (2.9 M multiply-adds), 45 -> 48
         "m=90 n=512 k=64": "blocks=2x1",
@@ -145,9 +147,9 @@ EXPECTED_BLOCKS = {
 }
 
 
-def _assert_blocks(rows: list[list[str]], gemm_isa: str) -> None:
-    for sizes, blocks in EXPECTED_BLOCKS[gemm_isa].items():
-        assert _blocks(rows, sizes) == blocks, (gemm_isa, sizes)
+def _assert_blocks(rows: list[list[str]], rule: str) -> None:
+    for sizes, blocks in EXPECTED_BLOCKS[rule].items():
+        assert _blocks(rows, sizes) == blocks, (rule, sizes)
 
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
@@ -156,12 +158,22 @@ def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
     """Every pool setting gives TF's answers, from one caller and from six at once;
     the RAL's own workers run unless DISC_TF_TASK_POOL=tf asks for TF's pool, and
     prepacked products of many rows are cut into row blocks of about 48 rows when
-    their packed B is small, else columns first (the AVX2 block)."""
+    their packed B is small, else columns first (the AVX2 block on a core with 512 KiB
+    of L2)."""
     env = {"spin": {}, "sleep": {"DISC_TF_SPIN_US": "0"},
            "tf": {"DISC_TF_TASK_POOL": "tf"}}[pool]
-    workers, rows = _run(tmp_path, **env)
+    workers, rows = _run(tmp_path, DISC_TF_L2_BYTES=str(512 << 10), **env)
     assert workers == (0 if pool == "tf" else 1)
     _assert_blocks(rows, "avx2")
+
+
+@pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
+def test_avx2_block_with_a_big_l2_cuts_as_avx512_does(tmp_path):
+    """With 2 MiB of L2 (Sapphire Rapids) the AVX2 block takes the AVX-512 block's rule:
+    48-row blocks lost there, where B comes from a slower L3 for every block."""
+    workers, rows = _run(tmp_path, DISC_TF_L2_BYTES=str(2 << 20))
+    assert workers == 1
+    _assert_blocks(rows, "tall")
 
 
 @pytest.mark.skipif(isa.host_level() != "x86-64-v4", reason="the AVX-512 block needs AVX-512")
@@ -171,4 +183,4 @@ def test_avx512_cuts_tall_or_small_products_by_rows(tmp_path):
     or a B of at most 256 K floats; else columns first, as many blocks per thread."""
     workers, rows = _run(tmp_path, gemm_isa="avx512")
     assert workers == 1
-    _assert_blocks(rows, "avx512")
+    _assert_blocks(rows, "tall")

@@ -20,11 +20,12 @@ _PROGRAM = r"""
 #include <cstdio>
 #include "cc/ral/gemm_split.h"
 int main() {
-  long long m, n, k, threads, full_rows;
+  long long m, n, k, threads, full_rows, l2;
   char isa[16];
-  while (std::scanf("%lld %lld %lld %lld %lld %15s", &m, &n, &k, &threads, &full_rows, isa) == 6) {
+  while (std::scanf("%lld %lld %lld %lld %lld %15s %lld", &m, &n, &k, &threads, &full_rows, isa,
+                    &l2) == 7) {
     const disc_tf::GemmSplit s = disc_tf::ChoosePrepackedSplit(
-        m, n, k, threads, full_rows != 0, disc_tf::PrepackedRowsFor(isa));
+        m, n, k, threads, full_rows != 0, disc_tf::PrepackedRowsFor(isa, l2));
     std::printf("%lld %lld %lld\n", (long long)s.rows(m), (long long)s.cols(n),
                 (long long)s.launches(m, n));
   }
@@ -56,11 +57,13 @@ def _build(d: pathlib.Path, name: str, source: str) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
-    """Runs ChoosePrepackedSplit on (m, n, k, threads, full_rows, isa) rows."""
+    """Runs ChoosePrepackedSplit on (m, n, k, threads, full_rows, isa[, L2 bytes]) rows
+    (the L2 of a Zen 3 core, 512 KiB, unless given)."""
     program = _build(tmp_path_factory.mktemp("split"), "split", _PROGRAM)
 
     def run(cases):
-        text = "".join(f"{m} {n} {k} {t} {int(f)} {isa}\n" for m, n, k, t, f, isa in cases)
+        text = "".join(f"{m} {n} {k} {t} {int(f)} {isa} {(rest or [512 << 10])[0]}\n"
+                       for m, n, k, t, f, isa, *rest in cases)
         out = subprocess.run([str(program)], input=text, capture_output=True, text=True,
                              check=True).stdout.split("\n")
         return [tuple(int(v) for v in line.split()) for line in out if line]
@@ -68,11 +71,12 @@ def split(tmp_path_factory):
 
 
 def test_blocks_tile_c_and_threads_share_them_evenly(split):
-    cases = [(m, n, k, t, f, isa)
-             for m, n, k, t, f, isa in itertools.product(
+    cases = [(m, n, k, t, f, isa, l2)
+             for m, n, k, t, f, isa, l2 in itertools.product(
                  [1, 6, 13, 48, 49, 54, 96, 100, 383, 1000, 2048], [1, 64, 96, 264, 320, 512, 768],
-                 [16, 256, 1024], [2, 3, 4, 8, 16], [False, True], ["avx2", "avx512", "none"])]
-    for (m, n, k, t, f, isa), (rows, cols, launches) in zip(cases, split(cases)):
+                 [16, 256, 1024], [2, 3, 4, 8, 16], [False, True], ["avx2", "avx512", "none"],
+                 [512 << 10, 2 << 20])]
+    for (m, n, k, t, f, isa, _), (rows, cols, launches) in zip(cases, split(cases)):
         assert 1 <= rows <= m and 1 <= cols <= n, (m, n, k, t, f, isa)
         assert launches == -(-m // rows) * -(-n // cols)
         if f:
@@ -96,6 +100,21 @@ def test_blocks_tile_c_and_threads_share_them_evenly(split):
 ])
 def test_measured_cuts(split, m, n, k, threads, isa, launches):
     (_, _, got), = split([(m, n, k, threads, False, isa)])
+    assert got == launches
+
+
+@pytest.mark.parametrize("m,n,k,full_rows,isa,l2,launches", [
+    (1000, 512, 64, False, "avx2", 2 << 20, 4),  # 2 MiB of L2: AVX2 takes the tall rule
+    (300, 768, 768, True, "avx512", 2 << 20, 2),  # whole rows of a B past L2: one per thread
+    (1000, 2304, 768, True, "avx512", 2 << 20, 2),
+    (600, 768, 768, False, "avx2", 2 << 20, 2),  # tall (2m >= n), B past L2: one per thread
+    (300, 768, 768, False, "avx2", 2 << 20, 4),  # not tall: columns, 2 per thread
+    (2048, 512, 64, True, "avx512", 2 << 20, 4),  # a small B keeps two per thread
+])
+def test_cuts_by_cache(split, m, n, k, full_rows, isa, l2, launches):
+    """The rules that depend on the core's caches: the AVX2 block's rule by L2 size, and
+    whole rows of a B that leaves L2 cut once per thread (bench/GEMM.md)."""
+    (_, _, got), = split([(m, n, k, 2, full_rows, isa, l2)])
     assert got == launches
 
 
