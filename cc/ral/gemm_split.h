@@ -89,6 +89,9 @@ enum class PrepackedRows {
   // AVX2 (Zen 3): blocks of about kRowBlockRows whole rows, for a product of at
   // least threads * kRowBlockRows rows whose packed B fits kRowBlockMaxPackedFloats.
   kBlocksOf48,
+  // AVX2 on a core with 1 MiB of L2 or more (Sapphire Rapids): as kBlocksOf48, but
+  // only for a packed B of at most kSmallPackedFloats (in L2 for every block).
+  kBlocksOf48SmallB,
   // AVX-512 (Sapphire Rapids): up to two blocks of whole rows per thread, for a
   // product of at least kRowBlockRows rows whose packed B fits
   // kRowBlockMaxPackedFloats, and either is small (kSmallPackedFloats) or has
@@ -107,13 +110,13 @@ inline int64_t L2CacheBytes() {
 
 // The rule measured for the GEMM block of ISA `isa` ("avx2", "avx512") on a core with
 // `l2_bytes` of L2. The AVX2 block's 48-row blocks were measured on Zen 3 (512 KiB of
-// L2, a fast L3); on Sapphire Rapids (2 MiB of L2, a slower L3) the same block cut so
-// lost 8-9% at 300-600 x 768 x 768 against whole rows and columns, where B comes from
-// L3 for every block (bench/GEMM.md, "AVX2 block on Sapphire Rapids"): cores with 1 MiB
-// of L2 or more take the rule measured there.
+// L2, a fast L3). On Sapphire Rapids (2 MiB of L2, a slower L3) they lost 8-9% at
+// 300-600 x 768 x 768 against columns, where B (590 K floats) comes from L3 for every
+// block, and still won where B is in L2 (1.06x at 200 x 256 x 1024); the AVX-512 rule
+// lost 2-6% there at 64 rows (bench/GEMM.md, "AVX2 block on Sapphire Rapids").
 inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
   if (strcmp(isa, "avx2") == 0)
-    return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kTallProducts;
+    return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kBlocksOf48SmallB;
   if (strcmp(isa, "avx512") == 0) return PrepackedRows::kTallProducts;
   return PrepackedRows::kColumnsFirst;
 }
@@ -157,8 +160,10 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
   split.row_align = 6;  // whole register tiles of every ISA's GEMM block
   const double packed_floats = static_cast<double>(k) * n;
   const bool b_fits = packed_floats <= kRowBlockMaxPackedFloats;
-  if (rows == PrepackedRows::kBlocksOf48 && threads > 1 && m >= threads * kRowBlockRows &&
-      b_fits) {
+  const bool blocks_of_48 =
+      (rows == PrepackedRows::kBlocksOf48 && b_fits) ||
+      (rows == PrepackedRows::kBlocksOf48SmallB && packed_floats <= kSmallPackedFloats);
+  if (blocks_of_48 && threads > 1 && m >= threads * kRowBlockRows) {
     split.row_blocks = threads * ((m + threads * kRowBlockRows - 1) / (threads * kRowBlockRows));
     return split;
   }

@@ -122,8 +122,8 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
 
 
 #: Each rule's split of the script's first calls (launch sizes -> blocks=RxC), with why:
-#: the AVX2 block on a core with 512 KiB of L2 ("avx2", measured on Zen 3), and the
-#: AVX-512 block or the AVX2 block with 1 MiB of L2 or more ("tall").
+#: the AVX2 block on a core with 512 KiB of L2 ("avx2", measured on Zen 3), with 2 MiB
+#: ("avx2_big_l2", Sapphire Rapids), and the AVX-512 block ("tall").
 EXPECTED_BLOCKS = {
     "avx2": {
         # bias + ReLU at 1000 rows: 2 * ceil(1000 / 96) = 22 blocks wanted, of 46 rows
@@ -133,6 +133,14 @@ EXPECTED_BLOCKS = {
         "m=300 n=256 k=256": "blocks=8x1",  # softmax: whole rows
         "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
         "m=100 n=768 k=512": "blocks=4x1",  # 2 * ceil(100 / 96) blocks of 25 -> 30 rows
+        "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
+    },
+    "avx2_big_l2": {
+        "m=1000 n=512 k=64": "blocks=21x1",  # B in L2: blocks of about 48 rows
+        "m=90 n=512 k=64": "blocks=1x2",
+        "m=300 n=256 k=256": "blocks=8x1",
+        "m=200 n=768 k=1024": "blocks=1x4",
+        "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats leaves L2's share: columns
         "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
     },
     "tall": {
@@ -168,12 +176,13 @@ def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
 
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
-def test_avx2_block_with_a_big_l2_cuts_as_avx512_does(tmp_path):
-    """With 2 MiB of L2 (Sapphire Rapids) the AVX2 block takes the AVX-512 block's rule:
-    48-row blocks lost there, where B comes from a slower L3 for every block."""
+def test_avx2_block_with_a_big_l2_cuts_48_row_blocks_only_of_a_small_b(tmp_path):
+    """With 2 MiB of L2 (Sapphire Rapids) the AVX2 block cuts 48-row blocks only where
+    packed B is at most 256 K floats: with a larger B they lost there, where B comes
+    from a slower L3 for every block."""
     workers, rows = _run(tmp_path, DISC_TF_L2_BYTES=str(2 << 20))
     assert workers == 1
-    _assert_blocks(rows, "tall")
+    _assert_blocks(rows, "avx2_big_l2")
 
 
 @pytest.mark.skipif(isa.host_level() != "x86-64-v4", reason="the AVX-512 block needs AVX-512")

@@ -104,16 +104,18 @@ def test_measured_cuts(split, m, n, k, threads, isa, launches):
 
 
 @pytest.mark.parametrize("m,n,k,full_rows,isa,l2,launches", [
-    (1000, 512, 64, False, "avx2", 2 << 20, 4),  # 2 MiB of L2: AVX2 takes the tall rule
+    (1000, 512, 64, False, "avx2", 2 << 20, 21),  # 2 MiB of L2, B in L2: 48-row blocks
+    (600, 768, 768, False, "avx2", 512 << 10, 13),  # Zen 3: 48-row blocks of this B
+    (600, 768, 768, False, "avx2", 2 << 20, 4),  # 2 MiB: a B past L2's share: columns
+    (600, 768, 768, True, "avx2", 2 << 20, 2),  # its whole rows: one block per thread
     (300, 768, 768, True, "avx512", 2 << 20, 2),  # whole rows of a B past L2: one per thread
     (1000, 2304, 768, True, "avx512", 2 << 20, 2),
-    (600, 768, 768, False, "avx2", 2 << 20, 2),  # tall (2m >= n), B past L2: one per thread
-    (300, 768, 768, False, "avx2", 2 << 20, 4),  # not tall: columns, 2 per thread
+    (600, 768, 768, False, "avx512", 2 << 20, 2),  # tall (2m >= n), B past L2: one per thread
     (2048, 512, 64, True, "avx512", 2 << 20, 4),  # a small B keeps two per thread
 ])
 def test_cuts_by_cache(split, m, n, k, full_rows, isa, l2, launches):
-    """The rules that depend on the core's caches: the AVX2 block's rule by L2 size, and
-    whole rows of a B that leaves L2 cut once per thread (bench/GEMM.md)."""
+    """The rules that depend on the core's caches: the AVX2 block's 48-row blocks by L2
+    size, and whole rows of a B that leaves L2 cut once per thread (bench/GEMM.md)."""
     (_, _, got), = split([(m, n, k, 2, full_rows, isa, l2)])
     assert got == launches
 
