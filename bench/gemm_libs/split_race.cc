@@ -10,10 +10,10 @@
 // takes on this ISA: gemm_split.h, PrepackedRowsFor), `blocks48`, `blocks48_small_b`
 // and `tall` (each rule of gemm_split.h, whichever the ISA takes), `rowsR` for each R of
 // $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
-// within kRowBlockMaxPackedFloats, else as `columns`), and `rows48_any` (48-row
-// blocks whatever B's size: what that bound was measured with), and `halves` (one block
-// of whole rows per thread). Each round times
-// every candidate (best of 5 calls), in an order rotated by one each round; prints
+// within kRowBlockMaxPackedFloats, else as `columns`), `rows48_any` (48-row blocks
+// whatever B's size: what that bound was measured with), `halves` (one block of whole
+// rows per thread) and `column_halves` (one block of all rows per thread). Each round
+// times every candidate (best of 5 calls), in an order rotated by one each round; prints
 // per candidate the median time and the median [range] of columns / candidate
 // over the rounds (> 1: faster).
 #include <stdint.h>
@@ -120,13 +120,17 @@ int main(int argc, char** argv) {
   }
   cands.push_back({"rows48_any", false, disc_tf::PrepackedRows::kColumnsFirst, 48, true});
   cands.push_back({"halves", false, disc_tf::PrepackedRows::kColumnsFirst, -1});
+  cands.push_back({"column_halves", false, disc_tf::PrepackedRows::kColumnsFirst, -2});
   auto run = [&](const Candidate& cand) {
     disc_tf::GemmSplit s = disc_tf::ChoosePrepackedSplit(m, n, k, 2, cand.full_rows, cand.rule);
     const bool b_fits = static_cast<double>(k) * n <= disc_tf::kRowBlockMaxPackedFloats;
-    if (cand.row_block < 0) {  // one block of whole rows per thread
+    if (cand.row_block == -1) {  // one block of whole rows per thread
       s = disc_tf::GemmSplit{};
       s.row_blocks = 2;
       s.row_align = 6;
+    } else if (cand.row_block == -2) {  // one block of whole columns per thread
+      s = disc_tf::GemmSplit{};
+      s.col_blocks = 2;
     } else if (cand.row_block > 0 && m >= 2 * cand.row_block && (b_fits || cand.any_size)) {
       s = disc_tf::GemmSplit{};
       s.row_blocks = 2 * ((m + 2 * cand.row_block - 1) / (2 * cand.row_block));
