@@ -196,6 +196,14 @@ def findings(records: dict[str, Record]) -> list[str]:
     return notes
 
 
+
+def _isa_seen(machine: dict) -> str:
+    """The host's ISA, and what the peers saw where AVX-512 was hidden from them."""
+    isa = machine.get("isa", "ISA not recorded")
+    if "all" in (machine.get("isa_caps") or {}):
+        return f"{isa}, hidden from every peer's CPUID: all ran their AVX2 paths"
+    return isa
+
 def _header(results: dict[str, Any]) -> list[str]:
     m = results["machine"]
     cfg = results["config"]
@@ -205,7 +213,7 @@ def _header(results: dict[str, Any]) -> list[str]:
         "# disc_tf benchmark results",
         "",
         f"- CPU: {m['cpu']} ({m['cores']} cores, {m.get('memory_gib')} GiB, "
-        f"{m.get('isa', 'ISA not recorded')}); {m.get('platform')}",
+        f"{_isa_seen(m)}); {m.get('platform')}",
         f"- TensorFlow {m['tensorflow']}, numpy {m['numpy']}, Python {m['python']}; "
         f"disc_tf commit {m.get('commit')}",
     ]

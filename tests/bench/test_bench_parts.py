@@ -121,6 +121,18 @@ def test_report_tables_targets_and_fallbacks() -> None:
     assert "m (2 cores, AVX2): optimize cold 2.0 s = 0.50 XLA shape compiles" in text
 
 
+def test_report_says_when_avx512_was_hidden_from_the_peers() -> None:
+    results = _results()
+    results["machine"]["isa"] = "AVX-512"
+    assert "AVX-512); " in report.markdown_report(results)
+    results["machine"]["isa_cap"] = "x86-64-v3"
+    results["machine"]["isa_caps"] = {"disc": "DISC_TF_ISA=x86-64-v3",
+                                      "all": "AVX-512 hidden from CPUID by hide_avx512.so"}
+    text = report.markdown_report(results)
+    assert "AVX-512, hidden from every peer's CPUID: all ran their AVX2 paths)" in text
+    assert "- Code paths capped at x86-64-v3: disc: DISC_TF_ISA=x86-64-v3; all: AVX-512" in text
+
+
 def test_report_calls_a_spread_across_one_a_tie() -> None:
     results = _results()
     records = results["results"]["bert_base"]
