@@ -196,13 +196,13 @@ def findings(records: dict[str, Record]) -> list[str]:
     return notes
 
 
-
 def _isa_seen(machine: dict) -> str:
     """The host's ISA, and what the peers saw where AVX-512 was hidden from them."""
     isa = machine.get("isa", "ISA not recorded")
     if "all" in (machine.get("isa_caps") or {}):
         return f"{isa}, hidden from every peer's CPUID: all ran their AVX2 paths"
     return isa
+
 
 def _header(results: dict[str, Any]) -> list[str]:
     m = results["machine"]

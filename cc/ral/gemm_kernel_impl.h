@@ -20,11 +20,11 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
 
 #include "cc/ral/aligned_buffer.h"
+#include "cc/ral/cache_size.h"
 #include "cc/ral/gemm_kernels.h"
 
 namespace {
@@ -366,7 +366,7 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 }
 
 // Packed floats of B per block of columns in PrepackedStrips: a quarter of the core's
-// L2 ($DISC_TF_L2_BYTES, else sysconf, else 512 KiB), within 32 K-256 K floats. Measured
+// L2 (L2CacheBytes, cache_size.h), within 32 K-256 K floats. Measured
 // with the AVX2 block: 32 K floats on Zen 3 (512 KiB of L2); on Sapphire Rapids (2 MiB)
 // 128 K floats, 1.06-1.08x at two threads where k or n is 2304-3072 against 32 K, ties
 // at BERT-small's shapes (bench/GEMM.md, "AVX2 block on Sapphire Rapids").
@@ -378,14 +378,8 @@ int64_t StripBlockFloats() {
 #if defined(DISC_GEMM_STRIP_BLOCK_FLOATS)
   return DISC_GEMM_STRIP_BLOCK_FLOATS;
 #else
-  static const int64_t floats = [] {  // L2 as gemm_split.h's L2CacheBytes reads it
-    const char* forced = getenv("DISC_TF_L2_BYTES");
-    const long l2 = forced != nullptr && atoll(forced) > 0 ? atoll(forced)
-                                                           : sysconf(_SC_LEVEL2_CACHE_SIZE);
-    const int64_t bytes = l2 > 0 ? l2 : 512 * 1024;
-    return std::clamp<int64_t>(bytes / 4 / static_cast<int64_t>(sizeof(float)), 32 * 1024,
-                               256 * 1024);
-  }();
+  static const int64_t floats = std::clamp<int64_t>(
+      disc_tf::L2CacheBytes() / 4 / static_cast<int64_t>(sizeof(float)), 32 * 1024, 256 * 1024);
   return floats;
 #endif
 }

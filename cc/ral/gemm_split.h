@@ -5,11 +5,11 @@
 #define DISC_TF_CC_RAL_GEMM_SPLIT_H_
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <algorithm>
+
+#include "cc/ral/cache_size.h"
 
 namespace disc_tf {
 
@@ -99,21 +99,13 @@ enum class PrepackedRows {
   kTallProducts,
 };
 
-// This core's L2 in bytes: $DISC_TF_L2_BYTES where set (tests; a machine whose sysconf
-// is wrong), else sysconf, else 512 KiB.
-inline int64_t L2CacheBytes() {
-  const char* forced = getenv("DISC_TF_L2_BYTES");
-  if (forced != nullptr && atoll(forced) > 0) return atoll(forced);
-  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return l2 > 0 ? l2 : 512 * 1024;
-}
-
 // The rule measured for the GEMM block of ISA `isa` ("avx2", "avx512") on a core with
-// `l2_bytes` of L2. The AVX2 block's 48-row blocks were measured on Zen 3 (512 KiB of
-// L2, a fast L3). On Sapphire Rapids (2 MiB of L2, a slower L3) they lost 8-9% at
-// 300-600 x 768 x 768 against columns, where B (590 K floats) comes from L3 for every
-// block, and still won where B is in L2 (1.06x at 200 x 256 x 1024); the AVX-512 rule
-// lost 2-6% there at 64 rows (bench/GEMM.md, "AVX2 block on Sapphire Rapids").
+// `l2_bytes` of L2 (L2CacheBytes, cache_size.h). The AVX2 block's 48-row blocks were
+// measured on Zen 3 (512 KiB of L2, a fast L3). On Sapphire Rapids (2 MiB of L2, a
+// slower L3) they lost 8-9% at 300-600 x 768 x 768 against columns, where B (590 K
+// floats) comes from L3 for every block, and still won where B is in L2 (1.06x at
+// 200 x 256 x 1024); the AVX-512 rule lost 2-6% there at 64 rows (bench/GEMM.md,
+// "AVX2 block on Sapphire Rapids").
 inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
   if (strcmp(isa, "avx2") == 0)
     return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kBlocksOf48SmallB;

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -187,9 +189,6 @@ def _cpuid_faulting() -> bool:
     """Whether arch_prctl(ARCH_SET_CPUID) works here (asked in a child process)."""
     probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
              "print(libc.syscall(158, 0x1012, 1))")  # SYS_arch_prctl, ARCH_SET_CPUID, on
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     return out.returncode == 0 and out.stdout.strip() == "0"
 
