@@ -7,7 +7,7 @@
 //
 // Candidates: `columns` (ChoosePrepackedSplit's columns-first split), `full_rows`
 // (its rows-only split, as for a row-wise epilogue), `ral` (the split the RAL
-// takes on this ISA: gemm_split.h, PrepackedRowsFor), `blocks48`, `blocks48_small_b`
+// takes on this ISA: gemm_split.h, PrepackedRowsFor), `blocks48`, `thread_rows_small_b`
 // and `tall` (each rule of gemm_split.h, whichever the ISA takes), `rowsR` for each R of
 // $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
 // within kRowBlockMaxPackedFloats, else as `columns`), `rows48_any` (48-row blocks
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   cands.push_back(
       {"ral", false, disc_tf::PrepackedRowsFor(isa.c_str(), disc_tf::L2CacheBytes())});
   cands.push_back({"blocks48", false, disc_tf::PrepackedRows::kBlocksOf48});
-  cands.push_back({"blocks48_small_b", false, disc_tf::PrepackedRows::kBlocksOf48SmallB});
+  cands.push_back({"thread_rows_small_b", false, disc_tf::PrepackedRows::kThreadRowsSmallB});
   cands.push_back({"tall", false, disc_tf::PrepackedRows::kTallProducts});
   const char* rows_list = getenv("SPLIT_RACE_ROWS");
   for (const char* p = rows_list != nullptr ? rows_list : "48,96,192"; *p != '\0';) {

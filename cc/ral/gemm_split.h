@@ -89,9 +89,11 @@ enum class PrepackedRows {
   // AVX2 (Zen 3): blocks of about kRowBlockRows whole rows, for a product of at
   // least threads * kRowBlockRows rows whose packed B fits kRowBlockMaxPackedFloats.
   kBlocksOf48,
-  // AVX2 on a core with 1 MiB of L2 or more (Sapphire Rapids): as kBlocksOf48, but
-  // only for a packed B of at most kSmallPackedFloats (in L2 for every block).
-  kBlocksOf48SmallB,
+  // AVX2 on a core with 1 MiB of L2 or more (Sapphire Rapids): one block of whole
+  // rows per thread for a product of at least threads * kRowBlockRows rows whose
+  // packed B is at most kSmallPackedFloats (in L2 for the whole block); columns
+  // first otherwise.
+  kThreadRowsSmallB,
   // AVX-512 (Sapphire Rapids): up to two blocks of whole rows per thread, for a
   // product of at least kRowBlockRows rows whose packed B fits
   // kRowBlockMaxPackedFloats, and either is small (kSmallPackedFloats) or has
@@ -105,10 +107,16 @@ enum class PrepackedRows {
 // slower L3) they lost 8-9% at 300-600 x 768 x 768 against columns, where B (590 K
 // floats) comes from L3 for every block, and still won where B is in L2 (1.06x at
 // 200 x 256 x 1024); the AVX-512 rule lost 2-6% there at 64 rows (bench/GEMM.md,
-// "AVX2 block on Sapphire Rapids").
+// "AVX2 block on Sapphire Rapids"). There 48-row blocks of a small B also lost to one
+// block per thread inside a model (4 x 2 dense layers of 256 x 1024 and 1024 x 256,
+// 300 rows: 6.6-6.7 -> 6.2 ms a call; BERT-small's stream 1.5-3%), where each
+// layer's B comes from L3 and its A from the last layer's epilogue: with one block
+// per thread, the caller's rows are its own in every layer, and no thread waits on
+// another's last block (the split_race harness, with A and B hot, ties them within
+// 3%; bench/GEMM.md, "One block per thread in a model").
 inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
   if (strcmp(isa, "avx2") == 0)
-    return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kBlocksOf48SmallB;
+    return l2_bytes < (1 << 20) ? PrepackedRows::kBlocksOf48 : PrepackedRows::kThreadRowsSmallB;
   if (strcmp(isa, "avx512") == 0) return PrepackedRows::kTallProducts;
   return PrepackedRows::kColumnsFirst;
 }
@@ -152,12 +160,16 @@ inline GemmSplit ChoosePrepackedSplit(int64_t m, int64_t n, int64_t k, int64_t t
   split.row_align = 6;  // whole register tiles of every ISA's GEMM block
   const double packed_floats = static_cast<double>(k) * n;
   const bool b_fits = packed_floats <= kRowBlockMaxPackedFloats;
-  const bool blocks_of_48 =
-      (rows == PrepackedRows::kBlocksOf48 && b_fits) ||
-      (rows == PrepackedRows::kBlocksOf48SmallB && packed_floats <= kSmallPackedFloats);
-  if (blocks_of_48 && threads > 1 && m >= threads * kRowBlockRows) {
-    split.row_blocks = threads * ((m + threads * kRowBlockRows - 1) / (threads * kRowBlockRows));
-    return split;
+  if (threads > 1 && m >= threads * kRowBlockRows) {
+    if (rows == PrepackedRows::kBlocksOf48 && b_fits) {
+      split.row_blocks =
+          threads * ((m + threads * kRowBlockRows - 1) / (threads * kRowBlockRows));
+      return split;
+    }
+    if (rows == PrepackedRows::kThreadRowsSmallB && packed_floats <= kSmallPackedFloats) {
+      split.row_blocks = threads;
+      return split;
+    }
   }
   const double work = static_cast<double>(m) * n * k;
   int64_t most = (std::max<int64_t>(threads, std::min<int64_t>(

@@ -136,12 +136,12 @@ EXPECTED_BLOCKS = {
         "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
     },
     "avx2_big_l2": {
-        "m=1000 n=512 k=64": "blocks=21x1",  # B in L2: blocks of about 48 rows
-        "m=90 n=512 k=64": "blocks=1x2",
-        "m=300 n=256 k=256": "blocks=8x1",
+        "m=1000 n=512 k=64": "blocks=2x1",  # B in L2: one block of whole rows per thread
+        "m=90 n=512 k=64": "blocks=1x2",  # fewer than 2 x 48 rows: columns
+        "m=300 n=256 k=256": "blocks=2x1",  # softmax: whole rows, one block per thread
         "m=200 n=768 k=1024": "blocks=1x4",
         "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats leaves L2's share: columns
-        "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
+        "shared A: 3 products m=500 k=128 n=384": "blocks=2x1",
     },
     "tall": {
         "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
@@ -176,10 +176,11 @@ def test_gemm_blocks_on_each_pool_match_tf(tmp_path, pool):
 
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the AVX2 block needs AVX2+FMA")
-def test_avx2_block_with_a_big_l2_cuts_48_row_blocks_only_of_a_small_b(tmp_path):
-    """With 2 MiB of L2 (Sapphire Rapids) the AVX2 block cuts 48-row blocks only where
-    packed B is at most 256 K floats: with a larger B they lost there, where B comes
-    from a slower L3 for every block."""
+def test_avx2_block_with_a_big_l2_cuts_one_row_block_per_thread_of_a_small_b(tmp_path):
+    """With 2 MiB of L2 (Sapphire Rapids) the AVX2 block gives each thread one block of
+    whole rows where packed B is at most 256 K floats and there are at least 48 rows per
+    thread; columns first otherwise (48-row blocks lost there: with a larger B, which
+    comes from a slower L3 for every block, and inside a model with a small one)."""
     workers, rows = _run(tmp_path, DISC_TF_L2_BYTES=str(2 << 20))
     assert workers == 1
     _assert_blocks(rows, "avx2_big_l2")

@@ -104,7 +104,11 @@ def test_measured_cuts(split, m, n, k, threads, isa, launches):
 
 
 @pytest.mark.parametrize("m,n,k,full_rows,isa,l2,launches", [
-    (1000, 512, 64, False, "avx2", 2 << 20, 21),  # 2 MiB of L2, B in L2: 48-row blocks
+    (1000, 512, 64, False, "avx2", 2 << 20, 2),  # 2 MiB of L2, B in L2: one block per thread
+    (1000, 512, 64, False, "avx2", 512 << 10, 21),  # Zen 3: blocks of about 48 rows
+    (96, 1024, 256, False, "avx2", 2 << 20, 2),  # 2 x 48 rows: one block of rows per thread
+    (90, 1024, 256, False, "avx2", 2 << 20, 4),  # fewer rows: columns first, 2 per thread
+    (300, 256, 256, True, "avx2", 2 << 20, 2),  # whole rows of a small B: one per thread
     (600, 768, 768, False, "avx2", 512 << 10, 13),  # Zen 3: 48-row blocks of this B
     (600, 768, 768, False, "avx2", 2 << 20, 4),  # 2 MiB: a B past L2's share: columns
     (600, 768, 768, True, "avx2", 2 << 20, 2),  # its whole rows: one block per thread
@@ -114,8 +118,9 @@ def test_measured_cuts(split, m, n, k, threads, isa, launches):
     (2048, 512, 64, True, "avx512", 2 << 20, 4),  # a small B keeps two per thread
 ])
 def test_cuts_by_cache(split, m, n, k, full_rows, isa, l2, launches):
-    """The rules that depend on the core's caches: the AVX2 block's 48-row blocks by L2
-    size, and whole rows of a B that leaves L2 cut once per thread (bench/GEMM.md)."""
+    """The rules that depend on the core's caches: the AVX2 block's 48-row blocks of a
+    512 KiB L2 and its one block of rows per thread of a small B on a 2 MiB one, and
+    whole rows of a B that leaves L2 cut once per thread (bench/GEMM.md)."""
     (_, _, got), = split([(m, n, k, 2, full_rows, isa, l2)])
     assert got == launches
 
