@@ -108,6 +108,8 @@ class BodyOptimizer:
         self.new_functions: dict[str, function_pb2.FunctionDef] = {}
         #: body and condition functions of loops compiled whole -> the loop cluster
         self.loop_functions: dict[str, str] = {}
+        #: per function, its arguments bound to constants (``saved_model.constant_args``)
+        self.constant_args: dict[str, frozenset[str]] = {}
 
     def loop_front_ends(self, body: str, view: GraphView, fetched: frozenset[str],
                         taken: set[str], refused: dict[str, str],
@@ -283,6 +285,7 @@ class BodyOptimizer:
         fdef, view, nested_to_flat = const_fold.fold_function_def(fdef, view, nested_to_flat,
                                                                   protected)
         fdef, view = const_fold.prune_function_def(fdef, view, nested_to_flat, protected)
+        view.constant_args = self.constant_args.get(body, frozenset())
         fetched = frozenset(nested_to_flat.get(r, r) for r in fdef.ret.values())
         protected = frozenset(n for n in protected if n in view.nodes)
         taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}

@@ -68,6 +68,28 @@ def object_graph_references(meta_graph: meta_graph_pb2.MetaGraphDef
     return {fn: frozenset(names) for fn, names in found.items()}
 
 
+def constant_args(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, frozenset[str]]:
+    """Per library function, its arguments bound to constants: a concrete function's
+    captures are its last arguments, bound in order to the object graph's nodes, and a
+    ``tf.constant`` a ``tf.Module`` holds is saved as a ``constant`` node."""
+    graph = meta_graph.object_graph_def
+    args = {f.signature.name: [a.name for a in f.signature.input_arg]
+            for f in meta_graph.graph_def.library.function}
+    found: dict[str, frozenset[str]] = {}
+    for name, fn in graph.concrete_functions.items():
+        names = args.get(name)
+        bound = list(fn.bound_inputs)
+        if names is None or not bound or len(bound) > len(names):
+            continue
+        tail = names[len(names) - len(bound):]
+        consts = frozenset(arg for arg, node in zip(tail, bound)
+                           if 0 <= node < len(graph.nodes)
+                           and graph.nodes[node].WhichOneof("kind") == "constant")
+        if consts:
+            found[name] = consts
+    return found
+
+
 def resolve_target(target: str) -> str:
     """'cpu', 'cuda', or what 'auto' picks on this machine; checks the name."""
     return _resolve_target(target)
@@ -118,6 +140,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
         report.serving_bodies |= served.functions
         report.entries += [e for e in served.entries if e not in report.entries]
         opt = BodyOptimizer(meta_graph.graph_def.library, options, report)
+        opt.constant_args = constant_args(meta_graph)
         library = opt.optimize_library(object_graph_references(meta_graph),
                                        served.has_function)
         outside = served.outside(n.name for n in meta_graph.graph_def.node)

@@ -67,6 +67,9 @@ class GraphView:
     nodes: dict[str, NodeInfo]
     order: list[str]  # topological order of node names
     flat_graph_def: graph_pb2.GraphDef
+    #: arguments of a function body bound to constants (a SavedModel's captured
+    #: ``tf.constant``s): constant like a Const node, for the GEMM weight cache
+    constant_args: frozenset[str] = frozenset()
 
     def consumers(self) -> dict[str, list[tuple[str, int]]]:
         """Flat tensor name -> [(consumer node, input index)]."""

@@ -143,7 +143,7 @@ def extract_cluster(
             nd.input.append(f"{arg_name(input_index[flat])}:0" if flat in input_index else flat)
     constant_inputs = [i for i, t in enumerate(inputs)
                        if getattr(view.nodes.get(producer(t.name)), "op", None) in _WEIGHT_OPS
-                       or i in resource_inputs]
+                       or producer(t.name) in view.constant_args or i in resource_inputs]
     return ClusterSpec(name, [n for n in node_names if n not in copied], inputs, outputs,
                        control_inputs, sub, constant_inputs, resource_inputs)
 

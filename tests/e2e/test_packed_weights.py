@@ -192,3 +192,36 @@ def test_packing_settings(env, packed):
     proc = fresh_python.run(["-c", _ENV_SCRIPT], env=full, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"PACKED {packed}" in proc.stdout, proc.stdout[-500:]
+
+
+class _ConstantLayers(tf.Module):
+    """Weights held as ``tf.constant``s: a saved function captures them, and the
+    SavedModel binds those arguments to constants of its object graph."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.w1 = tf.constant((rng.standard_normal((40, 130)) / 6.0).astype(np.float32))
+        self.b1 = tf.constant(rng.standard_normal(130).astype(np.float32))
+        self.w2 = tf.constant((rng.standard_normal((130, 40)) / 11.0).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 40], tf.float32)])
+    def __call__(self, x):
+        return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1) + self.b1), self.w2)
+
+
+def test_captured_constants_of_a_saved_model_are_packed_once(tmp_path):
+    """A SavedModel's captured ``tf.constant`` weights are marked constant inputs of its
+    DiscCluster (they reach the function as arguments, not Const nodes), so the GEMMs
+    pack them on the first call and reuse them at every shape."""
+    layers = _ConstantLayers(8)
+    tf.saved_model.save(layers, str(tmp_path / "src"))
+    disc_tf.optimize(str(tmp_path / "src"), str(tmp_path / "out"))
+    disc_tf.reset_stats()
+    model = disc_tf.load(str(tmp_path / "out"))
+    rng = np.random.default_rng(9)
+    for m in [3, 64, 301, 17]:
+        x = _rows(rng, m, 40)
+        np.testing.assert_allclose(model(x).numpy(), layers(x).numpy(), rtol=RTOL, atol=ATOL)
+    stats = disc_tf.stats()
+    assert stats["packed_weights"] == 2 and stats["fallbacks"] == 0, stats
+    assert model.direct_functions()["__call__"] is None
