@@ -6,7 +6,7 @@ import dataclasses
 import threading
 
 from disc_tf.cluster.rewrite import ClusterSpec, arg_name
-from disc_tf.dhlo_bridge import data_rules, host_rules, rules
+from disc_tf.dhlo_bridge import data_rules, host_rules, identities, rules
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
 
@@ -71,10 +71,15 @@ def lower_cluster(spec: ClusterSpec) -> DhloModule:
         arg = TValue(f"%arg{i}", MLIR_TYPE[t.dtype], tuple(t.dims))
         args.append(arg)
         values[f"{arg_name(i)}:0"] = arg
+    one_plus_tanh = identities.one_plus_tanh(spec.subgraph, {t.name for t in spec.outputs})
     for node in spec.subgraph.node:
         if node.op == "Placeholder":
             continue
         b.loc = node.name
+        if node.name in one_plus_tanh:  # its tanh is then dead code
+            values[f"{node.name}:0"] = identities.lower_one_plus_tanh(
+                b, values[one_plus_tanh[node.name]])
+            continue
         operands = [values[i] for i in node.input]
         try:
             outs = host_rules.try_host(b, node, operands)
