@@ -54,6 +54,23 @@ def test_bias_activation_runs_inside_the_gemm():
     _check(dense_gelu, [tf.TensorSpec([None, 96], F32)], lambda r: [(r, 96)], seed=1)
 
 
+W_WIDE = np.random.default_rng(2).standard_normal((96, 700)).astype(np.float32) / 10
+B_WIDE = np.random.default_rng(3).standard_normal(700).astype(np.float32)
+
+
+def wide_dense_gelu(x):
+    y = tf.matmul(x, W_WIDE) + B_WIDE
+    return 0.5 * y * (1.0 + tf.tanh(0.79788456 * (y + 0.044715 * y * y * y)))
+
+
+def test_elementwise_epilogue_follows_the_gemm_by_chunks_of_columns():
+    """A block of whole rows of a packed B wider than the RAL's epilogue chunk (256
+    columns): the GEMM and the epilogue alternate chunk by chunk, the last one partial
+    (700 = 256 + 256 + 188)."""
+    assert _epilogues(_plan(wide_dense_gelu, dyn(2))) == {"kernel0": "loop"}
+    _check(wide_dense_gelu, [tf.TensorSpec([None, 96], F32)], lambda r: [(r, 96)], seed=5)
+
+
 def dense_layer_norm(x):
     y = tf.matmul(x, W) + x[:, :1]
     mean = tf.reduce_mean(y, axis=-1, keepdims=True)
