@@ -38,13 +38,27 @@ def _check(fn, specs, shapes_of, seed, rtol=1e-4, atol=1e-4):
     assert disc_tf.stats()["fallbacks"] == 0
 
 
-W = np.random.default_rng(0).standard_normal((96, 256)).astype(np.float32) / 10
-B = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+def _dense(seed: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Weights [k, n] and a bias [n], seeded."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((k, n)).astype(np.float32) / 10,
+            rng.standard_normal(n).astype(np.float32))
+
+
+def _gelu(y):
+    return 0.5 * y * (1.0 + tf.tanh(0.79788456 * (y + 0.044715 * y * y * y)))
+
+
+W, B = _dense(0, 96, 256)
+W_WIDE, B_WIDE = _dense(2, 96, 700)
 
 
 def dense_gelu(x):
-    y = tf.matmul(x, W) + B
-    return 0.5 * y * (1.0 + tf.tanh(0.79788456 * (y + 0.044715 * y * y * y)))
+    return _gelu(tf.matmul(x, W) + B)
+
+
+def wide_dense_gelu(x):
+    return _gelu(tf.matmul(x, W_WIDE) + B_WIDE)
 
 
 def test_bias_activation_runs_inside_the_gemm():
@@ -52,15 +66,6 @@ def test_bias_activation_runs_inside_the_gemm():
     assert _epilogues(plan) == {"kernel0": "loop"}, plan.describe()
     assert "sgemm_epilogue" in pipeline.front_end(cluster_of(dense_gelu, dyn(2))).source
     _check(dense_gelu, [tf.TensorSpec([None, 96], F32)], lambda r: [(r, 96)], seed=1)
-
-
-W_WIDE = np.random.default_rng(2).standard_normal((96, 700)).astype(np.float32) / 10
-B_WIDE = np.random.default_rng(3).standard_normal(700).astype(np.float32)
-
-
-def wide_dense_gelu(x):
-    y = tf.matmul(x, W_WIDE) + B_WIDE
-    return 0.5 * y * (1.0 + tf.tanh(0.79788456 * (y + 0.044715 * y * y * y)))
 
 
 def test_elementwise_epilogue_follows_the_gemm_by_chunks_of_columns():
