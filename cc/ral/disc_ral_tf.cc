@@ -519,27 +519,25 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       const int64_t j0 = (t % blocks) % col_blocks * cols, j1 = std::min(n, j0 + cols);
       const float* aq = a + stride_a(q) + (ta ? i0 : i0 * lda);
       float* cq = c + stride_c(q) + i0 * ldc + j0;
-      if (packed_b != nullptr) {  // j0 is a multiple of 64, so of every ISA's panel
-        // An elementwise epilogue runs on each chunk of the block's columns as soon as
-        // the chunk is done, while that part of C is still in L2 (a block of one thread's
-        // rows is up to 1-2 MiB of C; docs/architecture.md, "Epilogues by chunks").
-        constexpr int64_t chunk = kEpilogueChunkColumns;
-        if (epilogue.fn != nullptr && !epilogue.full_rows && j1 - j0 > chunk) {
-          for (int64_t c0 = j0; c0 < j1; c0 += chunk) {
-            const int64_t c1 = std::min(j1, c0 + chunk);
-            isa.prepacked(i1 - i0, c1 - c0, k, aq, lda, ta, packed_b + c0 * k, cq + (c0 - j0),
-                          ldc, epilogue.accumulate);
-            epilogue(q, i0, i1, c0, c1);
-          }
-          return;
-        }
-        isa.prepacked(i1 - i0, j1 - j0, k, aq, lda, ta, packed_b + j0 * k, cq, ldc,
-                      epilogue.accumulate);
-      } else {
+      if (packed_b == nullptr) {
         const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
         block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb, cq, ldc, epilogue.accumulate);
+        epilogue(q, i0, i1, j0, j1);
+        return;
       }
-      epilogue(q, i0, i1, j0, j1);
+      // An elementwise epilogue runs on each chunk of the block's columns as soon as the
+      // chunk is done, while that part of C is still in L2 (a block of one thread's rows
+      // is up to 1-2 MiB of C; docs/architecture.md, "Epilogues by chunks"); any other
+      // follows the whole block. Chunks start on multiples of 64 (j0 is one), so on
+      // every ISA's panels.
+      const int64_t step = epilogue.fn != nullptr && !epilogue.full_rows
+                               ? kEpilogueChunkColumns : j1 - j0;
+      for (int64_t c0 = j0; c0 < j1; c0 += step) {
+        const int64_t c1 = std::min(j1, c0 + step);
+        isa.prepacked(i1 - i0, c1 - c0, k, aq, lda, ta, packed_b + c0 * k, cq + (c0 - j0), ldc,
+                      epilogue.accumulate);
+        epilogue(q, i0, i1, c0, c1);
+      }
     };
     const int64_t tasks = batch * blocks;
     // Small products run on the caller alone: a helper's wake-up costs more.

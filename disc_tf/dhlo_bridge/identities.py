@@ -12,19 +12,18 @@ over [-8, 8] (measured with a 1e-6 floor under the reference).
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from disc_tf.cluster.graph_view import producer
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.types import dense_literal
 
 #: Sum ops whose ``1 + tanh(u)`` becomes ``2 * sigmoid(2u)``.
 _ADDS = ("AddV2", "Add")
-
-
-def _node_name(tensor: str) -> str:
-    return tensor.lstrip("^").split(":")[0]
 
 
 def _is_scalar_one(node: node_def_pb2.NodeDef | None) -> bool:
@@ -39,10 +38,8 @@ def one_plus_tanh(subgraph: graph_pb2.GraphDef, kept: set[str]) -> dict[str, str
     (not another node, nor a tensor named in ``kept``, e.g. the cluster's outputs):
     sum node name -> the tensor ``u``."""
     nodes = {n.name: n for n in subgraph.node}
-    readers: dict[str, int] = {}
-    for n in subgraph.node:
-        for t in n.input:
-            readers[_node_name(t)] = readers.get(_node_name(t), 0) + 1
+    readers = collections.Counter(producer(t) for n in subgraph.node for t in n.input)
+    kept_nodes = {producer(t) for t in kept}
     found: dict[str, str] = {}
     for n in subgraph.node:
         if n.op not in _ADDS or n.attr["T"].type != tf.float32.as_datatype_enum:
@@ -51,10 +48,9 @@ def one_plus_tanh(subgraph: graph_pb2.GraphDef, kept: set[str]) -> dict[str, str
         if len(data) != 2:
             continue
         for tanh_in, one_in in (data, data[::-1]):
-            tanh = nodes.get(_node_name(tanh_in))
-            if (tanh is not None and tanh.op == "Tanh" and _is_scalar_one(nodes.get(_node_name(one_in)))
-                    and readers.get(tanh.name) == 1 and not any(_node_name(k) == tanh.name
-                                                                for k in kept)):
+            tanh = nodes.get(producer(tanh_in))
+            if (tanh is not None and tanh.op == "Tanh" and readers[tanh.name] == 1
+                    and tanh.name not in kept_nodes and _is_scalar_one(nodes.get(producer(one_in)))):
                 found[n.name] = tanh.input[0]
                 break
     return found
