@@ -65,8 +65,10 @@ def stats() -> dict[str, int]:
     cache_hits, fallbacks, kernels, peak_temp_bytes (the most temporary
     memory one cluster call held), packed_weights (GEMM weight operands
     packed once and kept for later calls), untrusted (embedded artifacts not
-    loaded for want of a trusted signature) and rebuilds (clusters compiled
-    again on this host instead; see ``docs/serving.md``)."""
+    loaded for want of a trusted signature), rebuilds (clusters compiled
+    again on this host instead; see ``docs/serving.md``) and pool_wakes (sleeping
+    GEMM worker threads a call woke as it started, so that they were polling by its
+    first launch)."""
     return dict(_native.load().py.stats())
 
 

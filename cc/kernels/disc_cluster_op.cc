@@ -221,6 +221,8 @@ class DiscClusterOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::vector<Tensor> inputs;
     const LoadedArtifact* artifact = CurrentArtifact();
+    // Workers woken now are polling by the first launch, after the inputs are read.
+    if (artifact != nullptr && wakes_pool_.load(std::memory_order_relaxed)) WakeTaskPool(ctx);
     // The compiled code runs before this returns, so it reads variables in
     // copy-on-read mode under their shared locks, held till then, as TF's
     // ResourceGather does, instead of copying them (an embedding table a call reads
@@ -420,6 +422,8 @@ class DiscClusterOp : public AsyncOpKernel {
         rc = DISC_INTERNAL;
       }
       s = ral.status();
+      if (ral.scheduled_tasks.load(std::memory_order_relaxed) && !on_gpu_)
+        wakes_pool_.store(true, std::memory_order_relaxed);
       if (rc == 0 && artifact->peak_temp_bytes != nullptr) {
         stats::NoteMax(stats::kPeakTempBytes, artifact->peak_temp_bytes());
       }
@@ -582,6 +586,8 @@ class DiscClusterOp : public AsyncOpKernel {
   PackedWeights packed_weights_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
+  // A call ran tasks on the RAL's workers: the next wakes them first (WakeTaskPool).
+  std::atomic<bool> wakes_pool_{false};
   bool on_gpu_ = false;  // the GPU kernel: runs CUDA artifacts on TF's stream
 
   // Set when the embedded artifact is not trusted and the policy rebuilds it.

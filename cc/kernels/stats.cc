@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
-    "packed_weights", "untrusted", "rebuilds"};
+    "packed_weights", "untrusted", "rebuilds", "pool_wakes"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 

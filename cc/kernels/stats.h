@@ -3,7 +3,8 @@
 // Counters: clusters, compilations, cache_hits, fallbacks, kernels, the maximum
 // peak_temp_bytes, packed_weights (GEMM weight operands packed into a
 // kernel's cache, packed_weights.h), untrusted (embedded artifacts refused by
-// the trust policy) and rebuilds (clusters compiled again here). `clusters`
+// the trust policy), rebuilds (clusters compiled again here) and pool_wakes
+// (sleeping RAL workers a call woke before its first launch, spin_pool.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -27,7 +28,8 @@ enum Counter : int {
   kPackedWeights = 6,  // weight operands packed once for reuse across calls
   kUntrusted = 7,      // embedded artifacts not loaded: no trusted signature
   kRebuilds = 8,       // clusters rebuilt on this host instead (artifact_trust.h)
-  kNumCounters = 9,
+  kPoolWakes = 9,      // sleeping RAL workers woken at a call's start (WakeTaskPool)
+  kNumCounters = 10,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).
@@ -55,7 +57,7 @@ void Reset();
 }  // namespace disc_tf
 
 extern "C" {
-__attribute__((visibility("default"))) void disc_stats_get(int64_t out[9]);
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[10]);
 __attribute__((visibility("default"))) void disc_stats_reset(void);
 // Returns 1 if `name` is a known counter, 0 otherwise.
 __attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,

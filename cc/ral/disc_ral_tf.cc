@@ -9,6 +9,7 @@
 #include "cc/ral/run_tasks.h"
 #include "cc/ral/spin_pool.h"
 #include "cc/ral/launch_profile.h"
+#include "cc/kernels/stats.h"
 
 #include <algorithm>
 #include <atomic>
@@ -45,13 +46,14 @@ constexpr double kInlineCostThreshold = 20000.0;
 constexpr uintptr_t kTempAlignment = 64;
 
 // The kernel's intra-op pool, or null when it has one thread or none.
-tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) {
-  if (r->ctx->device() == nullptr) return nullptr;
+tensorflow::thread::ThreadPool* IntraOpPool(OpKernelContext* ctx) {
+  if (ctx->device() == nullptr) return nullptr;
   const tensorflow::DeviceBase::CpuWorkerThreads* workers =
-      r->ctx->device()->tensorflow_cpu_worker_threads();
+      ctx->device()->tensorflow_cpu_worker_threads();
   if (workers == nullptr || workers->num_threads <= 1) return nullptr;
   return workers->workers;
 }
+tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) { return IntraOpPool(r->ctx); }
 
 // How long the RAL's workers poll for the next task after one (DISC_TF_SPIN_US,
 // microseconds; default 200, 0: they sleep at once).
@@ -71,6 +73,7 @@ struct TaskPool {
   SpinPool* spin = nullptr;
   tensorflow::thread::ThreadPool* intra_op = nullptr;
   int threads = 1;
+  std::atomic<bool>* scheduled = nullptr;  // set once a launch hands tasks to the pool
   bool none() const { return spin == nullptr && intra_op == nullptr; }
   int NumThreads() const { return threads; }
   void Schedule(std::function<void()> job) const {
@@ -90,8 +93,8 @@ bool UseIntraOpPool() {
 // The workers are shared by every call of the process and never stopped. When
 // the system refuses a worker thread, the launches use the workers there are
 // (none: tasks inline), with one warning.
-TaskPool TaskPoolOf(TfRal* r) {
-  tensorflow::thread::ThreadPool* intra_op = IntraOpPool(r);
+TaskPool TaskPoolFor(OpKernelContext* ctx) {
+  tensorflow::thread::ThreadPool* intra_op = IntraOpPool(ctx);
   if (intra_op == nullptr) return {};
   const int threads = intra_op->NumThreads();
   static const bool use_intra_op = UseIntraOpPool();
@@ -114,11 +117,32 @@ TaskPool TaskPoolOf(TfRal* r) {
   return {pool, nullptr, usable};
 }
 
+// The pool of the call `r`, noting in r->scheduled_tasks when it is used.
+TaskPool TaskPoolOf(TfRal* r) {
+  TaskPool pool = TaskPoolFor(r->ctx);
+  pool.scheduled = &r->scheduled_tasks;
+  return pool;
+}
+
 // RunTasks on `pool` (inline when it is none, or with `inline_only`).
 void RunOn(const TaskPool& pool, int64_t tasks, const std::function<void(int64_t)>& fn,
            bool inline_only = false) {
-  RunTasks(pool.none() || inline_only ? nullptr : &pool, tasks, fn);
+  const bool threaded = !pool.none() && !inline_only && tasks > 1;
+  if (threaded && pool.scheduled != nullptr)
+    pool.scheduled->store(true, std::memory_order_relaxed);
+  RunTasks(threaded ? &pool : nullptr, tasks, fn);
 }
+
+}  // namespace
+
+void WakeTaskPool(OpKernelContext* ctx) {
+  const TaskPool pool = TaskPoolFor(ctx);
+  if (pool.spin == nullptr) return;
+  const int woken = pool.spin->Wake(pool.threads - 1);
+  if (woken > 0) stats::Add(stats::kPoolWakes, woken);
+}
+
+namespace {
 
 bool CheckInput(TfRal* r, int32_t i, const char* what) {
   if (i < 0 || i >= r->num_inputs) {
@@ -466,6 +490,22 @@ GemmSplit ProductSplit(const GemmIsa& isa, bool packed_b, int64_t batch, int64_t
 // stream 1-2% faster on AVX2 and AVX-512; the recommender tower ties.
 constexpr int64_t kEpilogueChunkColumns = 256;
 
+// Columns of one product per task when the products of a shared A are cut by columns
+// (a multiple of 64, so of every ISA's panel): 6 tasks for BERT's Q, K and V of 256.
+constexpr int64_t kSharedAColumnChunk = 128;
+
+// Epilogues of fewer floats of C than this run on the caller alone.
+constexpr int64_t kThreadedEpilogueFloats = 16 * 1024;
+
+// Runs a row-wise `epilogue` on all of C (m x n, one product) by blocks of whole rows,
+// one per thread, after the product's blocks (ColumnsThenRows).
+void EpilogueByRows(const TaskPool& pool, const GemmEpilogue& epilogue, int64_t m, int64_t n) {
+  const int64_t threads = pool.NumThreads();
+  const RowBlocks rows(m, (m + threads - 1) / threads, 1);
+  RunOn(pool, rows.count, [&](int64_t t) { epilogue(0, rows.begin(t), rows.end(t), 0, n); },
+        /*inline_only=*/m * n < kThreadedEpilogueFloats);
+}
+
 void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
                const float* a, int64_t lda, BatchStrides stride_a, int transpose_a,
                const float* b, int64_t ldb, BatchStrides stride_b, int transpose_b,
@@ -505,13 +545,23 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C.
     const TaskPool tasks_pool = TaskPoolOf(r);
+    // A row-wise epilogue of few rows follows the whole product (ColumnsThenRows).
+    const bool columns_then_rows = packed_b != nullptr && epilogue.fn != nullptr &&
+                                   epilogue.full_rows && batch == 1 && work >= kSmallGemm &&
+                                   ColumnsThenRows(m, tasks_pool.NumThreads());
+    const GemmEpilogue block_epilogue =
+        columns_then_rows ? GemmEpilogue{nullptr, nullptr, false, epilogue.accumulate}
+                          : epilogue;
     const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
-                                         tasks_pool.NumThreads(), epilogue.full_rows);
+                                         tasks_pool.NumThreads(), block_epilogue.full_rows);
     const RowBlocks row_blocks(m, split.rows(m), split.row_align);
     const int64_t cols = split.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks.count * col_blocks;
-    if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks);
+    if (r->profiling) {
+      timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks,
+                                   columns_then_rows ? " then rows" : "");
+    }
     auto task = [=](int64_t t) {
       const int64_t q = t / blocks;
       const int64_t i0 = row_blocks.begin((t % blocks) / col_blocks);
@@ -521,8 +571,9 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       float* cq = c + stride_c(q) + i0 * ldc + j0;
       if (packed_b == nullptr) {
         const float* bq = b + stride_b(q) + (tb ? j0 * ldb : j0);
-        block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb, cq, ldc, epilogue.accumulate);
-        epilogue(q, i0, i1, j0, j1);
+        block(i1 - i0, j1 - j0, k, aq, lda, ta, bq, ldb, tb, cq, ldc,
+              block_epilogue.accumulate);
+        block_epilogue(q, i0, i1, j0, j1);
         return;
       }
       // An elementwise epilogue runs on each chunk of the block's columns as soon as the
@@ -530,18 +581,19 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       // is up to 1-2 MiB of C; docs/architecture.md, "Epilogues by chunks"); any other
       // follows the whole block. Chunks start on multiples of 64 (j0 is one), so on
       // every ISA's panels.
-      const int64_t step = epilogue.fn != nullptr && !epilogue.full_rows
+      const int64_t step = block_epilogue.fn != nullptr && !block_epilogue.full_rows
                                ? kEpilogueChunkColumns : j1 - j0;
       for (int64_t c0 = j0; c0 < j1; c0 += step) {
         const int64_t c1 = std::min(j1, c0 + step);
         isa.prepacked(i1 - i0, c1 - c0, k, aq, lda, ta, packed_b + c0 * k, cq + (c0 - j0), ldc,
-                      epilogue.accumulate);
-        epilogue(q, i0, i1, c0, c1);
+                      block_epilogue.accumulate);
+        block_epilogue(q, i0, i1, c0, c1);
       }
     };
     const int64_t tasks = batch * blocks;
     // Small products run on the caller alone: a helper's wake-up costs more.
     RunOn(tasks_pool, tasks, task, /*inline_only=*/work * batch < kSmallGemm);
+    if (columns_then_rows) EpilogueByRows(tasks_pool, epilogue, m, n);
     return;
   }
   const bool packed = lda == (ta ? m : k) && ldb == (tb ? k : n) && ldc == n;
@@ -673,6 +725,23 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   const TaskPool tasks_pool = TaskPoolOf(r);
   const int threads = tasks_pool.NumThreads();
   const double work = static_cast<double>(m) * total_n * k;
+  if (all_packed && work >= kSmallGemm && ColumnsThenRows(m, threads)) {
+    // Few rows: the threads share the products' columns, kSharedAColumnChunk at a time,
+    // and the epilogue follows on whole rows (ColumnsThenRows).
+    std::vector<std::pair<int32_t, int64_t>> chunks;  // (product, first column)
+    for (int32_t p = 0; p < count; ++p) {
+      for (int64_t c0 = 0; c0 < n[p]; c0 += kSharedAColumnChunk) chunks.emplace_back(p, c0);
+    }
+    if (r->profiling) timer.detail += absl::StrCat(" blocks=1x", chunks.size(), " then rows");
+    RunOn(tasks_pool, static_cast<int64_t>(chunks.size()), [&](int64_t t) {
+      const auto [p, c0] = chunks[t];
+      const int64_t c1 = std::min(n[p], c0 + kSharedAColumnChunk);
+      isa.prepacked(m, c1 - c0, k, a, lda, 0, packed[p]->data.get() + c0 * k, c[p] + c0,
+                    ldc[p], 0);
+    });
+    EpilogueByRows(tasks_pool, epilogue, m, last_n);
+    return;
+  }
   GemmSplit split;
   if (threads > 1 && work >= kSmallGemm)
     split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,

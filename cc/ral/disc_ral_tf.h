@@ -9,6 +9,7 @@
 #ifndef DISC_TF_CC_RAL_DISC_RAL_TF_H_
 #define DISC_TF_CC_RAL_DISC_RAL_TF_H_
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -26,6 +27,11 @@ namespace disc_tf {
 // DISC_INVALID_ARGUMENT -> InvalidArgument, DISC_RESOURCE_EXHAUSTED ->
 // ResourceExhausted, DISC_OK -> OK, anything else -> Internal.
 absl::Status DiscErrorToStatus(int32_t code, const std::string& message);
+
+// Wakes the RAL's sleeping worker threads for the CPU kernel `ctx` (none when its
+// intra-op pool has one thread), so that they poll when its first launch comes.
+// A DiscCluster call whose last call ran tasks on them calls this first.
+void WakeTaskPool(tensorflow::OpKernelContext* ctx);
 
 // A disc_ral bound to one OpKernelContext for the duration of one call.
 // Not copyable; must outlive the disc_entry call it is passed to.
@@ -80,6 +86,8 @@ struct TfRal : public disc_ral {
   // Launch profiling (DISC_TF_PROFILE): the cluster's name when it is on, and
   // the number of launches so far in this call.
   std::string profile_cluster;
+  // Set once a launch of this call handed tasks to the RAL's worker threads.
+  std::atomic<bool> scheduled_tasks{false};
   bool profiling = false;
   int32_t launches = 0;
   const std::string* profile_key() const { return profiling ? &profile_cluster : nullptr; }

@@ -122,6 +122,16 @@ inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
 }
 
 constexpr int64_t kRowBlockRows = 48;
+
+// Whether a prepacked product with a row-wise epilogue (LayerNorm, softmax over C's
+// rows) of m rows shares its columns among the threads and runs the epilogue on whole
+// rows after them, instead of cutting rows. With fewer than kRowBlockRows rows per
+// thread a row cut gives the threads unequal 6-row tiles (8 rows: one thread does it
+// all) and has every thread read all of B, which dominates at few rows; the epilogue
+// then reads a C of a few KiB to a hundred KiB.
+inline bool ColumnsThenRows(int64_t m, int64_t threads) {
+  return threads > 1 && m < threads * kRowBlockRows;
+}
 constexpr double kRowBlockMaxPackedFloats = 640.0 * 1024;
 constexpr double kSmallPackedFloats = 256.0 * 1024;
 

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -78,6 +79,24 @@ class SpinPool {
   bool Refused() {
     std::lock_guard<std::mutex> lock(mu_);
     return refused_;
+  }
+
+  // Wakes up to `workers` sleeping workers with an empty job each, so that they
+  // poll (for spin_us) when a caller's first real job comes: waking a sleeping
+  // worker (a futex wake, and on a virtual machine an idle virtual CPU) took
+  // 50-100 us here, more than a small product takes. Nothing when none sleeps, or
+  // when workers do not poll (spin_us 0). Returns how many it woke.
+  int Wake(int workers) {
+    if (spin_.count() <= 0) return 0;
+    int woken = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken = std::min(workers, sleepers_ - static_cast<int>(jobs_.size()));
+      for (int i = 0; i < woken; ++i) jobs_.push_back([] {});
+      if (woken > 0) queued_.fetch_add(woken, std::memory_order_release);
+    }
+    for (int i = 0; i < woken; ++i) wake_.notify_one();
+    return std::max(woken, 0);
   }
 
   // Queues `job` for the next free worker.

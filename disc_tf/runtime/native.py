@@ -74,7 +74,7 @@ def _check_shared_counters(ops_lib: pathlib.Path, py: types.ModuleType) -> None:
     get = lib.disc_stats_get
     get.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     get.restype = None
-    values = (ctypes.c_int64 * 9)()  # kNumCounters (stats.h)
+    values = (ctypes.c_int64 * 10)()  # kNumCounters (stats.h)
     get(values)
     before = values[1]  # compilations
     py.add_stat("compilations", 1)

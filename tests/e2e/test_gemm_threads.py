@@ -62,9 +62,18 @@ class Model(tf.Module):
     def qkv(self, x):  # three products of one A: one launch
         return tf.matmul(x, self.wq) * tf.matmul(x, self.wk) + tf.matmul(x, self.wv)
 
+    @tf.function(input_signature=[tf.TensorSpec([None, 256])])
+    def softmax_few(self, x):  # the softmax's product, first called with few rows
+        return tf.nn.softmax(tf.matmul(x, self.w2) * 0.25, axis=-1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 128])])
+    def qkv_few(self, x):  # the three products, first called with few rows
+        return tf.matmul(x, self.wq) * tf.matmul(x, self.wk) - tf.matmul(x, self.wv)
+
 model = Model()
-fns = ["dense", "dense_few", "softmax", "wide", "mid", "qkv"]
-first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "mid": 100, "qkv": 500}
+fns = ["dense", "dense_few", "softmax", "wide", "mid", "qkv", "softmax_few", "qkv_few"]
+first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "mid": 100, "qkv": 500,
+         "softmax_few": 40, "qkv_few": 30}
 jitted = {}
 for name in fns:  # the first call's sizes are the profile's
     tf_fn = getattr(model, name)
@@ -116,9 +125,11 @@ def _run(tmp_path: pathlib.Path, gemm_isa: str = "avx2",
 
 
 def _blocks(rows: list[list[str]], sizes: str) -> str:
-    """The ``blocks=RxC`` of the GEMM launch whose first call had ``sizes``."""
+    """The ``blocks=RxC`` (and ``then rows``, for an epilogue after the product) of the
+    GEMM launch whose first call had ``sizes``."""
     row = next(r for r in rows if sizes in " ".join(r))
-    return next(w for w in row if w.startswith("blocks="))
+    start = next(i for i, w in enumerate(row) if w.startswith("blocks="))
+    return " ".join(row[start:])
 
 
 #: Each rule's split of the script's first calls (launch sizes -> blocks=RxC), with why:
@@ -134,6 +145,10 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
         "m=100 n=768 k=512": "blocks=4x1",  # 2 * ceil(100 / 96) blocks of 25 -> 30 rows
         "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
+        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
+        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
+        "m=40 n=256 k=256": "blocks=1x2 then rows",
+        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
     },
     "avx2_big_l2": {
         "m=1000 n=512 k=64": "blocks=2x1",  # B in L2: one block of whole rows per thread
@@ -142,6 +157,10 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",
         "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats leaves L2's share: columns
         "shared A: 3 products m=500 k=128 n=384": "blocks=2x1",
+        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
+        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
+        "m=40 n=256 k=256": "blocks=1x2 then rows",
+        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
     },
     "tall": {
         "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
@@ -151,6 +170,10 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
         "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats, 100 < 768 / 2 rows: columns
         "shared A: 3 products m=500 k=128 n=384": "blocks=4x1",
+        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
+        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
+        "m=40 n=256 k=256": "blocks=1x2 then rows",
+        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
     },
 }
 
@@ -194,3 +217,55 @@ def test_avx512_cuts_tall_or_small_products_by_rows(tmp_path):
     workers, rows = _run(tmp_path, gemm_isa="avx512")
     assert workers == 1
     _assert_blocks(rows, "tall")
+
+
+_WAKE_SCRIPT = """
+import time
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(2)  # a caller and one worker
+import disc_tf
+
+rng = np.random.default_rng(0)
+w = tf.Variable((rng.standard_normal((256, 256)) / 16).astype(np.float32))
+
+@tf.function(input_signature=[tf.TensorSpec([None, 256])])
+def dense(x):  # its product runs on the caller and the worker
+    return tf.nn.relu(tf.matmul(x, w))
+
+@tf.function(input_signature=[tf.TensorSpec([None, 256])])
+def affine(x):  # no product, and too small a loop for the pool
+    return x * 2.0 + 1.0
+
+def wakes(fn, rows):
+    j = disc_tf.jit(fn)
+    assert j.report.compiled, j.report
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    np.testing.assert_allclose(j(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    disc_tf.reset_stats()
+    for _ in range(10):
+        time.sleep(0.02)  # a worker polls for 200 us after its last job, then sleeps
+        np.testing.assert_allclose(j(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
+    return disc_tf.stats()["pool_wakes"]
+
+print("WAKES", wakes(dense, 512), wakes(affine, 2))
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["200", "0"])
+def test_a_call_wakes_the_sleeping_worker_when_its_last_call_used_it(tmp_path, spin_us):
+    """A cluster whose last call ran tasks on the RAL's worker wakes it as its next call
+    starts, so that the worker polls by the first launch (a sleeping one took 50-100 us
+    to wake, more than a small product); a cluster that never used it wakes nothing,
+    and with DISC_TF_SPIN_US=0 (workers never poll) no call wakes one."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+               DISC_TF_SPIN_US=spin_us)
+    env.pop("DISC_TF_TASK_POOL", None)
+    proc = fresh_python.run(["-c", _WAKE_SCRIPT], env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("WAKES"))
+    gemm_wakes, loop_wakes = map(int, line.split()[1:])
+    assert loop_wakes == 0
+    if spin_us == "0":
+        assert gemm_wakes == 0
+    else:  # 10 calls, each 20 ms after the last: the worker slept before (nearly) every one
+        assert 5 <= gemm_wakes <= 10, gemm_wakes
