@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -36,18 +37,28 @@ struct Table {
     std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
       return x.second.seconds > y.second.seconds;
     });
+    // A "call" row (a whole disc_entry, launch -1) holds its launches: no launch site.
+    auto is_call = [](const Key& key) { return std::get<2>(key) == "call"; };
     double total = 0;
-    for (const auto& r : rows) total += r.second.seconds;
+    size_t sites = 0;
+    for (const auto& r : rows) {
+      if (is_call(r.first)) continue;
+      total += r.second.seconds;
+      ++sites;
+    }
     std::fprintf(out, "disc_tf launch profile: %.3f ms in %zu launch sites\n",
-                 total * 1e3, rows.size());
+                 total * 1e3, sites);
     std::fprintf(out, "%-24s %6s %-8s %8s %10s %10s %6s  %s\n", "cluster", "launch", "kind",
                  "calls", "total ms", "mean us", "share", "detail");
     for (const auto& [key, e] : rows) {
-      std::fprintf(out, "%-24s %6d %-8s %8lld %10.3f %10.1f %5.1f%%  %s\n",
+      char share[16] = "-";
+      if (!is_call(key))
+        std::snprintf(share, sizeof share, "%.1f%%", total > 0 ? 100.0 * e.seconds / total : 0.0);
+      std::fprintf(out, "%-24s %6d %-8s %8lld %10.3f %10.1f %6s  %s\n",
                    std::get<0>(key).c_str(), std::get<1>(key), std::get<2>(key).c_str(),
                    static_cast<long long>(e.calls), e.seconds * 1e3,
                    e.seconds * 1e6 / static_cast<double>(std::max<int64_t>(e.calls, 1)),
-                   total > 0 ? 100.0 * e.seconds / total : 0.0, e.detail.c_str());
+                   share, e.detail.c_str());
     }
     if (out != stderr) std::fclose(out);
   }

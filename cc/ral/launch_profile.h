@@ -5,7 +5,10 @@
 // added to a process-wide table keyed by (cluster, launch number within one
 // call, kind). Launch numbers count launches in the fusion plan's kernel order
 // (`disc-tf inspect --until fusion`, or fusion_plan.txt in DISC_TF_DUMP_DIR); a
-// GEMM epilogue runs inside its GEMM's launch, whose detail says "+epilogue". The table is written at process exit, slowest first, to the
+// GEMM epilogue runs inside its GEMM's launch, whose detail says "+epilogue". Each
+// call's whole disc_entry is a row of kind "call" at launch -1 (its time beyond the
+// sum of its launches is the host runner's own); it is no launch site and has no share.
+// The table is written at process exit, slowest first, to the
 // file DISC_TF_PROFILE names, or to stderr when it is "1" or "stderr".
 #ifndef DISC_TF_CC_RAL_LAUNCH_PROFILE_H_
 #define DISC_TF_CC_RAL_LAUNCH_PROFILE_H_

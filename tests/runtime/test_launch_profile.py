@@ -45,7 +45,15 @@ def test_profile_table_lists_every_launch_with_calls(tmp_path):
     assert lines[0].startswith("disc_tf launch profile:")
     rows = [line.split() for line in lines[2:]]
     kinds = {r[2] for r in rows}
-    assert kinds == {"gemm", "kernel"}, lines
+    assert kinds == {"call", "gemm", "kernel"}, lines
+    # launch -1: the whole disc_entry of each call, which holds every launch
+    call = next(r for r in rows if r[2] == "call")
+    assert call[1] == "-1" and call[3] == "3", call
+    assert call[6] == "-", call  # no share of the launches' total
+    launches = [r for r in rows if r[2] != "call"]
+    assert f"in {len(launches)} launch sites" in lines[0], lines[0]
+    # totals are printed to 0.001 ms: allow each row's rounding
+    assert float(call[4]) >= sum(float(r[4]) for r in launches) - 0.001 * len(rows), lines
     gemm = next(r for r in rows if r[2] == "gemm")
     assert gemm[3] == "3"  # three calls
     assert "m=3 n=32 k=64" in " ".join(gemm)  # sizes of the first call
