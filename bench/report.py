@@ -15,7 +15,9 @@ Record = dict[str, Any]
 #: Issue targets (2-core CPU, fp32) checked per workload.
 HOT_VS_TF = 1.3
 FIRST_VS_TF = 1.3
-FIRST_VS_XLA = 5.0
+#: disc's first pass (artifacts in the model) against XLA's, whose first pass compiles
+#: every distinct shape: the CPU-speed issue asks 20x (an earlier target was 5x).
+FIRST_VS_XLA = 20.0
 #: disc's peak activation memory per call at most TF's.
 ACT_VS_TF = 1.0
 #: disc's hot pass against ONNX Runtime's (median of per-round ratios), per workload.
