@@ -407,10 +407,10 @@ class DiscClusterOp : public AsyncOpKernel {
         ral.constant_inputs = &constants;
       }
       int32_t rc = 0;
-      // The whole disc_entry (host runner and launches) is launch -1 of the profile:
+      // The whole disc_entry (host runner and launches) is the profile's call row:
       // what it takes beyond the launches' sum is the host runner's own time.
-      int32_t entry_launch = -1;
-      profile::LaunchTimer entry_timer(ral.profile_key(), &entry_launch, "call");
+      int32_t entry_launch = profile::kCallLaunch;
+      profile::LaunchTimer entry_timer(ral.profile_key(), &entry_launch, profile::kCallKind);
       if (ral.profiling) entry_timer.detail = "disc_entry: the host runner and its launches";
       try {
 #ifdef DISC_TF_GPU

@@ -53,7 +53,6 @@ tensorflow::thread::ThreadPool* IntraOpPool(OpKernelContext* ctx) {
   if (workers == nullptr || workers->num_threads <= 1) return nullptr;
   return workers->workers;
 }
-tensorflow::thread::ThreadPool* IntraOpPool(TfRal* r) { return IntraOpPool(r->ctx); }
 
 // How long the RAL's workers poll for the next task after one (DISC_TF_SPIN_US,
 // microseconds; default 200, 0: they sleep at once).
@@ -533,7 +532,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     }
     return;
   }
-  tensorflow::thread::ThreadPool* pool = IntraOpPool(r);
+  tensorflow::thread::ThreadPool* pool = IntraOpPool(r->ctx);
   const double work = static_cast<double>(m) * n * k;
   const GemmIsa& isa = Gemm();
   const disc_gemm_block_fn block = isa.block;

@@ -38,7 +38,7 @@ struct Table {
       return x.second.seconds > y.second.seconds;
     });
     // A "call" row (a whole disc_entry, launch -1) holds its launches: no launch site.
-    auto is_call = [](const Key& key) { return std::get<2>(key) == "call"; };
+    auto is_call = [](const Key& key) { return std::get<2>(key) == kCallKind; };
     double total = 0;
     size_t sites = 0;
     for (const auto& r : rows) {

@@ -20,6 +20,10 @@
 namespace disc_tf {
 namespace profile {
 
+// The row of a call's whole disc_entry: its kind and launch number.
+constexpr char kCallKind[] = "call";
+constexpr int32_t kCallLaunch = -1;
+
 // True when DISC_TF_PROFILE is set.
 bool Enabled();
 

@@ -91,12 +91,12 @@ class SpinPool {
     int woken = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      woken = std::min(workers, sleepers_ - static_cast<int>(jobs_.size()));
+      woken = std::max(0, std::min(workers, sleepers_ - static_cast<int>(jobs_.size())));
       for (int i = 0; i < woken; ++i) jobs_.push_back([] {});
-      if (woken > 0) queued_.fetch_add(woken, std::memory_order_release);
+      queued_.fetch_add(woken, std::memory_order_release);
     }
     for (int i = 0; i < woken; ++i) wake_.notify_one();
-    return std::max(woken, 0);
+    return woken;
   }
 
   // Queues `job` for the next free worker.
