@@ -22,6 +22,8 @@
 //
 //   gemm_libs --isa avx512|avx2 --threads 1|2 [--rounds 7] [--batch-ms 20]
 //             [--gap-ms 10] [--shapes 16x768x768,...] [--only disc,mkl_packed]
+//             [--b-copies 24]   # disc: calls take B's packed copies in turn (a
+//                               # model's weights come from L3 or memory, not L2)
 //   gemm_libs --serve --isa avx512 --threads 2   # batches on request (call_path.py)
 //
 // The ISA caps of the libraries are environment variables read at their
@@ -142,6 +144,7 @@ struct Problem {
   const float* b;  // [k x n]
   int threads;
   std::string isa;  // microkernel entry: avx512 | avx2
+  int b_copies = 1;  // disc: packed copies of B, one per call in turn
 };
 
 // The RAL's rule for sharing a product among threads on this ISA.
@@ -176,15 +179,18 @@ class Disc : public Candidate {
     (void)variant;
 #endif
     const int64_t floats = size_(p.k, p.n);
-    packed_.reset(AllocFloats(floats));
-    pack(p.k, p.n, p.b, p.n, 0, packed_.get());
+    for (int i = 0; i < std::max(1, p.b_copies); ++i) {
+      packed_.emplace_back(AllocFloats(floats));
+      pack(p.k, p.n, p.b, p.n, 0, packed_.back().get());
+    }
     packed_bytes = floats * sizeof(float);
-    note = p.isa;
+    note = p.isa + (packed_.size() > 1 ? " B x" + std::to_string(packed_.size()) : "");
   }
   void Run(float* c) override {
     const Problem& p = p_;
+    const float* packed = packed_[next_++ % packed_.size()].get();
     SplitGemm(pool_, p.m, p.n, p.k, RowRule(p), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      block_(i1 - i0, j1 - j0, p.k, p.a + i0 * p.k, p.k, 0, packed_.get() + j0 * p.k,
+      block_(i1 - i0, j1 - j0, p.k, p.a + i0 * p.k, p.k, 0, packed + j0 * p.k,
              c + i0 * p.n + j0, p.n, 0);
     });
   }
@@ -194,7 +200,8 @@ class Disc : public Candidate {
   Helper* pool_;
   disc_gemm_packed_size_fn size_;
   disc_gemm_prepacked_block_fn block_;
-  Floats packed_;
+  std::vector<Floats> packed_;
+  size_t next_ = 0;
 };
 
 #ifdef HAVE_MKL
@@ -348,6 +355,7 @@ struct Options {
   int threads = 1, rounds = 7;
   double batch_ms = 20;
   int gap_ms = 10;
+  int b_copies = 1;
   std::vector<std::array<int64_t, 3>> shapes;  // m, k, n
   std::vector<std::string> only;
 };
@@ -413,7 +421,7 @@ void RunShape(const Options& o, int64_t m, int64_t k, int64_t n, Helper* pool, v
   Floats a(AllocFloats(m * k)), b(AllocFloats(k * n)), c(AllocFloats(m * n));
   for (int64_t i = 0; i < m * k; ++i) a.get()[i] = dist(rng);
   for (int64_t i = 0; i < k * n; ++i) b.get()[i] = dist(rng);
-  const Problem p{m, k, n, a.get(), b.get(), o.threads, o.isa};
+  const Problem p{m, k, n, a.get(), b.get(), o.threads, o.isa, o.b_copies};
 
   std::vector<std::pair<std::string, std::unique_ptr<Candidate>>> cands;
   cands.emplace_back("disc", std::make_unique<Disc>(p, pool));
@@ -552,6 +560,7 @@ int main(int argc, char** argv) {
     else if (flag == "--rounds") o.rounds = atoi(v);
     else if (flag == "--batch-ms") o.batch_ms = atof(v);
     else if (flag == "--gap-ms") o.gap_ms = atoi(v);
+    else if (flag == "--b-copies") o.b_copies = atoi(v);
     else if (flag == "--only") o.only = SplitList(v, ',');
     else if (flag == "--shapes") {
       for (const std::string& s : SplitList(v, ',')) {

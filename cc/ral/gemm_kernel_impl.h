@@ -81,11 +81,30 @@ constexpr int kSplits(int r, int v) {
   return r * v >= kChains ? 1 : (kChains / (r * v) > 4 ? 4 : kChains / (r * v));
 }
 
+// Software prefetches of packed B a full tile may issue in its k loop (flags).
+// The hardware prefetchers stop at each 4 KiB page; a block of packed B read from
+// memory by its first tile of rows alone is read faster than it arrives (about
+// 15% of the block's time with 24 blocks of B in turn; bench/GEMM.md, "Prefetching
+// packed B").
+// kFetchAhead: the tile's own B, kFetchRows rows ahead, to L1 (the first tile of rows
+//   to read a block, which reads it from memory).
+// kFetchNext: lines of the block the product reads next, to L2, one line every
+//   2^shift steps of k, so that every tile of the current block brings a share.
+// A benchmark build may turn both off (bench/gemm_libs, DISC_VARIANT_FLAGS).
+#if !defined(DISC_GEMM_PREFETCH)
+#define DISC_GEMM_PREFETCH 1
+#endif
+constexpr int kFetchAhead = 1, kFetchNext = 2;
+constexpr int64_t kFetchRows = 64;
+constexpr int64_t kLineFloats = 64 / sizeof(float);
+
 // C[0:R, 0:V*kLanes] (+)= op(A)[0:R, 0:k] * B[0:k, 0:V*kLanes]; rows of B are
-// ldb floats apart.
-template <int R, int V, bool TA>
+// ldb floats apart. F: the prefetches above; `next` and `shift` serve kFetchNext.
+template <int R, int V, bool TA, int F = 0>
 inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                 float* c, int64_t ldc, bool accumulate) {
+                 float* c, int64_t ldc, bool accumulate, const float* next = nullptr,
+                 int shift = 0) {
+  const int64_t next_mask = (int64_t{1} << shift) - 1;
   constexpr int U = kSplits(R, V);
   Vec acc[U][R][V];
   for (int u = 0; u < U; ++u)
@@ -97,6 +116,13 @@ inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t
   for (; p + U <= k; p += U) {
     for (int u = 0; u < U; ++u) {
       const float* row = b + (p + u) * ldb;
+      if (F & kFetchAhead)
+        for (int l = 0; l < V * kLanes / kLineFloats; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(row + kFetchRows * ldb + l * kLineFloats),
+                       _MM_HINT_T0);
+      if ((F & kFetchNext) && ((p + u) & next_mask) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(next + ((p + u) >> shift) * kLineFloats),
+                     _MM_HINT_T1);
       Vec bv[V];
       for (int v = 0; v < V; ++v) bv[v] = Load(row + v * kLanes);
       for (int r = 0; r < R; ++r) {
@@ -347,21 +373,91 @@ bool Empty(int64_t m, int64_t n, int64_t k, float* c, int64_t ldc, bool accumula
   return true;
 }
 
+// A full tile (kRows x kPanel) of a prepacked product with the prefetches `flags`.
+template <bool TA>
+void FetchingTile(int flags, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate, const float* next,
+                  int shift) {
+  switch (DISC_GEMM_PREFETCH ? flags : 0) {
+    case kFetchAhead:
+      Tile<kRows, kVecs, TA, kFetchAhead>(k, a, lda, b, ldb, c, ldc, accumulate);
+      break;
+    case kFetchNext:
+      Tile<kRows, kVecs, TA, kFetchNext>(k, a, lda, b, ldb, c, ldc, accumulate, next, shift);
+      break;
+    case kFetchAhead | kFetchNext:
+      Tile<kRows, kVecs, TA, kFetchAhead | kFetchNext>(k, a, lda, b, ldb, c, ldc, accumulate,
+                                                       next, shift);
+      break;
+    default:
+      Tile<kRows, kVecs, TA>(k, a, lda, b, ldb, c, ldc, accumulate);
+  }
+}
+
+// How the full tiles reading one stretch of packed B (`tiles` of them, each kc steps
+// of k) share the prefetch of the `lines` cache lines of the stretch read next: tile
+// t fetches `per_tile` lines from line t * per_tile, one every 2^shift steps.
+struct NextFetch {
+  int64_t per_tile = 0;
+  int shift = 0;
+};
+NextFetch PlanNextFetch(int64_t lines, int64_t tiles, int64_t kc) {
+  NextFetch plan;
+  if (lines <= 0 || tiles <= 0) return plan;
+  plan.per_tile = (lines + tiles - 1) / tiles;
+  while (plan.shift < 16 && (kc >> (plan.shift + 1)) >= plan.per_tile) ++plan.shift;
+  return plan;
+}
+
+// Packed floats of op(B) rows [p0, p0 + kc) of the panel at column q (the panels
+// before q are full): where they start.
+inline const float* PanelRows(const float* packed, int64_t n, int64_t k, int64_t q,
+                              int64_t p0) {
+  return packed + q * k + p0 * RoundUp(std::min(kPanel, n - q), kLanes);
+}
+
 // C = op(A) * pre-packed op(B), panel by panel: each panel's rows of B stay in L2
 // while every 6-row tile of A streams past them.
+// Each panel's first tile of rows prefetches its rows of B ahead of it, and every
+// full tile a share of the stretch of B read next (the next depth, else the next panel).
 void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
                      const float* packed, float* c, int64_t ldc, bool accumulate) {
+  const int64_t tiles = m / kRows;
   for (int64_t q = 0; q < n; q += kPanel) {
     const int64_t w = std::min(kPanel, n - q);
     const int64_t width = RoundUp(w, kLanes);
     for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
       const int64_t kc = std::min(kPackDepth, k - p0);
       const float* a0 = ta ? a + p0 * lda : a + p0;
-      const float* b0 = packed + p0 * width;
+      const float* b0 = PanelRows(packed, n, k, q, p0);
       const bool acc = accumulate || p0 > 0;
-      PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+      if (w < kPanel || tiles == 0) {
+        PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+        continue;
+      }
+      const int64_t nq = p0 + kc < k ? q : q + kPanel, np0 = p0 + kc < k ? p0 + kc : 0;
+      const float* next = nq < n ? PanelRows(packed, n, k, nq, np0) : nullptr;
+      const int64_t next_lines =
+          next ? std::min(kPackDepth, k - np0) * RoundUp(std::min(kPanel, n - nq), kLanes) /
+                     kLineFloats
+               : 0;
+      const NextFetch plan = PlanNextFetch(next_lines, tiles, kc);
+      const int64_t row_step = ta ? 1 : lda;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int flags = (t == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
+        const float* tile_next = next ? next + t * plan.per_tile * kLineFloats : nullptr;
+        if (ta) {
+          FetchingTile<true>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
+                             c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
+        } else {
+          FetchingTile<false>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
+                              c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
+        }
+      }
+      const int64_t done = tiles * kRows;
+      PanelOfWidth(ta, m - done, kc, a0 + done * row_step, lda, b0, width,
+                   c + done * ldc + q, ldc, acc, w);
     }
-    packed += k * width;
   }
 }
 
@@ -396,18 +492,35 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
     const bool acc = accumulate || p0 > 0;
     const int64_t block =
         std::clamp(StripBlockFloats() / kc / kPanel * kPanel, kPanel, kStripMaxColumns);
+    // The block read next: the next columns at this depth, else the first at the next.
+    const int64_t np0 = p0 + kc;
+    const int64_t next_kc = std::min(kPackDepth, k - np0);
     for (int64_t j0 = 0; j0 < n; j0 += block) {
       const int64_t j1 = std::min(n, j0 + block);
+      const bool last = j1 == n;
+      const int64_t nj0 = last ? 0 : j1, nk = last ? np0 : p0, nkc = last ? next_kc : kc;
+      const bool has_next = nk < k;
+      // Panel j0 + x of this block prefetches panel nj0 + x of the next (kc rows of
+      // kPanel floats: kc * kPanel / kLineFloats lines), a share per full strip.
+      const NextFetch plan = PlanNextFetch(has_next ? nkc * kPanel / kLineFloats : 0,
+                                           m / kRows, kc);
       for (int64_t i = 0; i < m; i += kRows) {
         const int64_t rows = std::min<int64_t>(kRows, m - i);
         const float* strip = TA ? a + p0 * lda + i : a + i * lda + p0;
         for (int64_t q = j0; q < j1; q += kPanel) {
           const int64_t w = std::min(kPanel, n - q);
           const int64_t width = RoundUp(w, kLanes);
-          const float* b0 = packed + q * k + p0 * width;  // the panels before q are full
+          const float* b0 = PanelRows(packed, n, k, q, p0);
           float* cq = c + i * ldc + q;
           if (rows == kRows && w == kPanel) {
-            Tile<kRows, kVecs, TA>(kc, strip, lda, b0, width, cq, ldc, acc);
+            const int64_t nq = nj0 + (q - j0);
+            const bool fetch_next = has_next && nq < n;
+            const int flags = (i == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
+            const float* next =
+                fetch_next
+                    ? PanelRows(packed, n, k, nq, nk) + i / kRows * plan.per_tile * kLineFloats
+                    : nullptr;
+            FetchingTile<TA>(flags, kc, strip, lda, b0, width, cq, ldc, acc, next, plan.shift);
           } else {
             PanelOfWidth<TA>(rows, kc, strip, lda, b0, width, cq, ldc, acc, w);
           }
