@@ -66,9 +66,10 @@ def stats() -> dict[str, int]:
     memory one cluster call held), packed_weights (GEMM weight operands
     packed once and kept for later calls), untrusted (embedded artifacts not
     loaded for want of a trusted signature), rebuilds (clusters compiled
-    again on this host instead; see ``docs/serving.md``) and pool_wakes (sleeping
+    again on this host instead; see ``docs/serving.md``), pool_wakes (sleeping
     GEMM worker threads a call woke as it started, so that they were polling by its
-    first launch)."""
+    first launch) and resident_weight_calls (calls whose packed weights fit in half
+    of a core's L2, so that their GEMMs read them without prefetching)."""
     return dict(_native.load().py.stats())
 
 

@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
-    "packed_weights", "untrusted", "rebuilds", "pool_wakes"};
+    "packed_weights", "untrusted", "rebuilds", "pool_wakes",
+    "resident_weight_calls"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 

@@ -3,8 +3,10 @@
 // Counters: clusters, compilations, cache_hits, fallbacks, kernels, the maximum
 // peak_temp_bytes, packed_weights (GEMM weight operands packed into a
 // kernel's cache, packed_weights.h), untrusted (embedded artifacts refused by
-// the trust policy), rebuilds (clusters compiled again here) and pool_wakes
-// (sleeping RAL workers a call woke before its first launch, spin_pool.h). `clusters`
+// the trust policy), rebuilds (clusters compiled again here), pool_wakes
+// (sleeping RAL workers a call woke before its first launch, spin_pool.h) and
+// resident_weight_calls (calls whose packed weights fit in half of a core's L2, so
+// their GEMMs read B without prefetching it, gemm_kernels.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -29,7 +31,8 @@ enum Counter : int {
   kUntrusted = 7,      // embedded artifacts not loaded: no trusted signature
   kRebuilds = 8,       // clusters rebuilt on this host instead (artifact_trust.h)
   kPoolWakes = 9,      // sleeping RAL workers woken at a call's start (WakeTaskPool)
-  kNumCounters = 10,
+  kResidentWeightCalls = 10,  // calls whose packed weights stay in L2 (no B prefetch)
+  kNumCounters = 11,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

@@ -321,6 +321,8 @@ struct GemmIsa {
   const char* name = "baseline";  // "avx512", "avx2" or "baseline" (Eigen)
   disc_gemm_block_fn block = nullptr;  // null: the Eigen fallback
   disc_gemm_prepacked_block_fn prepacked = nullptr;
+  // prepacked without prefetching B: for a B that stays in L2 between calls.
+  disc_gemm_prepacked_block_fn prepacked_resident = nullptr;
   GemmPacker packer;
   // How this ISA's block shares a prepacked product among threads (gemm_split.h).
   PrepackedRows rows = PrepackedRows::kColumnsFirst;
@@ -329,6 +331,7 @@ struct GemmIsa {
 #define DISC_GEMM_ISA_ENTRIES(isa)                                             \
   GemmIsa {                                                                    \
     #isa, &disc_gemm_block_##isa, &disc_gemm_prepacked_block_##isa,           \
+        &disc_gemm_prepacked_block_resident_##isa,                             \
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
         PrepackedRowsFor(#isa, L2CacheBytes()),                                \
@@ -367,6 +370,17 @@ GemmIsa PickGemm() {
 const GemmIsa& Gemm() {
   static const GemmIsa isa = PickGemm();
   return isa;
+}
+
+// The GEMM for one call: where the calling kernel's packed weights stay in L2
+// between calls (TfRal::weights_resident), its prepacked block does not prefetch B.
+const GemmIsa& Gemm(const TfRal* r) {
+  static const GemmIsa resident = [] {
+    GemmIsa isa = Gemm();
+    if (isa.prepacked_resident != nullptr) isa.prepacked = isa.prepacked_resident;
+    return isa;
+  }();
+  return r->weights_resident ? resident : Gemm();
 }
 
 }  // namespace
@@ -534,13 +548,14 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
   }
   tensorflow::thread::ThreadPool* pool = IntraOpPool(r->ctx);
   const double work = static_cast<double>(m) * n * k;
-  const GemmIsa& isa = Gemm();
+  const GemmIsa& isa = Gemm(r);
   const disc_gemm_block_fn block = isa.block;
   if (block != nullptr) {
     // One B for every product: packed once per weight, or per block.
     const std::shared_ptr<const PackedOperand> prepacked =
         SharedPrepackedB(r, isa, batch, stride_b, b, k, n, ldb, tb);
-    if (prepacked != nullptr && r->profiling) timer.detail += " prepacked";
+    if (prepacked != nullptr && r->profiling)
+      timer.detail += r->weights_resident ? " prepacked (B in L2)" : " prepacked";
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C.
     const TaskPool tasks_pool = TaskPoolOf(r);
@@ -701,7 +716,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, true, false};
   const int64_t last_n = n[count - 1];
-  const GemmIsa& isa = Gemm();
+  const GemmIsa& isa = Gemm(r);
   if (isa.block == nullptr || k == 0) {  // each product on its own, then the epilogue
     for (int32_t p = 0; p < count; ++p)
       SgemmImpl(r, 1, m, n[p], k, a, lda, {1, 0, 0}, 0, b[p], ldb[p], {1, 0, 0},
@@ -830,7 +845,7 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   const BatchStrides stride_a{std::max<int64_t>(batch_inner, 1), stride_a_outer, stride_a_inner};
   const BatchStrides stride_b{std::max<int64_t>(batch_inner, 1), stride_b_outer, stride_b_inner};
   const bool ta = transpose_a != 0, tb = transpose_b != 0;
-  const GemmIsa& isa = Gemm();
+  const GemmIsa& isa = Gemm(r);
   const std::shared_ptr<const PackedOperand> prepacked =
       SharedPrepackedB(r, isa, batch, stride_b, b, k, n, ldb, tb);
   const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
@@ -882,7 +897,7 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
   }
   profile::LaunchTimer timer(r->profile_key(), &r->launches, "gathered");
   if (m == 0 || n == 0) return;
-  const GemmIsa& isa = Gemm();
+  const GemmIsa& isa = Gemm(r);
   const std::shared_ptr<const PackedOperand> prepacked =
       SharedPrepackedB(r, isa, 1, BatchStrides{1, 0, 0}, b, k, n, ldb, false);
   const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
@@ -974,7 +989,7 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
                           float* c, disc_gemm_epilogue_fn epilogue_fn, void* closure,
                           int32_t full_rows) {
   TfRal* r = TfRal::From(ral);
-  const GemmIsa& isa = Gemm();
+  const GemmIsa& isa = Gemm(r);
   if (isa.prepacked == nullptr || kw <= 0 || kw % 3 != 0 || batch <= 0 || width < 0 ||
       ci <= 0 || co <= 0 || ow <= 0)
     return 0;

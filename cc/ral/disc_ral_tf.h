@@ -82,6 +82,9 @@ struct TfRal : public disc_ral {
   // (its constant_inputs attr); null when B operands are packed per call.
   PackedWeights* packed_weights = nullptr;
   const std::vector<int>* constant_inputs = nullptr;
+  // The kernel's packed weights fit in half of a core's L2, so they stay there
+  // between calls: GEMMs then read B without prefetching it (gemm_kernels.h).
+  bool weights_resident = false;
 
   // Launch profiling (DISC_TF_PROFILE): the cluster's name when it is on, and
   // the number of launches so far in this call.

@@ -421,7 +421,7 @@ inline const float* PanelRows(const float* packed, int64_t n, int64_t k, int64_t
 // Each panel's first tile of rows prefetches its rows of B ahead of it, and every
 // full tile a share of the stretch of B read next (the next depth, else the next panel).
 void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
-                     const float* packed, float* c, int64_t ldc, bool accumulate) {
+                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
   const int64_t tiles = m / kRows;
   for (int64_t q = 0; q < n; q += kPanel) {
     const int64_t w = std::min(kPanel, n - q);
@@ -431,7 +431,7 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const float* a0 = ta ? a + p0 * lda : a + p0;
       const float* b0 = PanelRows(packed, n, k, q, p0);
       const bool acc = accumulate || p0 > 0;
-      if (w < kPanel || tiles == 0) {
+      if (w < kPanel || tiles == 0 || !fetch) {
         PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
         continue;
       }
@@ -444,7 +444,7 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const NextFetch plan = PlanNextFetch(next_lines, tiles, kc);
       const int64_t row_step = ta ? 1 : lda;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int flags = (t == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
+        const int flags = (t == 0 && q == 0 && p0 == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
         const float* tile_next = next ? next + t * plan.per_tile * kLineFloats : nullptr;
         if (ta) {
           FetchingTile<true>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
@@ -486,7 +486,7 @@ int64_t StripBlockFloats() {
 // of A once per panel. The same tiles, each summed over k in the same order.
 template <bool TA>
 void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     const float* packed, float* c, int64_t ldc, bool accumulate) {
+                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
   for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
     const int64_t kc = std::min(kPackDepth, k - p0);
     const bool acc = accumulate || p0 > 0;
@@ -499,7 +499,7 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const int64_t j1 = std::min(n, j0 + block);
       const bool last = j1 == n;
       const int64_t nj0 = last ? 0 : j1, nk = last ? np0 : p0, nkc = last ? next_kc : kc;
-      const bool has_next = nk < k;
+      const bool has_next = fetch && nk < k;
       // Panel j0 + x of this block prefetches panel nj0 + x of the next (kc rows of
       // kPanel floats: kc * kPanel / kLineFloats lines), a share per full strip.
       const NextFetch plan = PlanNextFetch(has_next ? nkc * kPanel / kLineFloats : 0,
@@ -515,7 +515,9 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
           if (rows == kRows && w == kPanel) {
             const int64_t nq = nj0 + (q - j0);
             const bool fetch_next = has_next && nq < n;
-            const int flags = (i == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
+            const int flags =
+                (fetch && i == 0 && j0 == 0 && p0 == 0 ? kFetchAhead : 0) |
+                (fetch_next ? kFetchNext : 0);
             const float* next =
                 fetch_next
                     ? PanelRows(packed, n, k, nq, nk) + i / kRows * plan.per_tile * kLineFloats
@@ -544,14 +546,15 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 #endif
 #endif
 
+// fetch: prefetch packed B (kFetchAhead, kFetchNext); off where B stays in L2.
 void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
-                   const float* packed, float* c, int64_t ldc, bool accumulate) {
+                   const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
   if (DISC_GEMM_STRIPS == 0) {
-    PrepackedPanels(m, n, k, a, lda, ta, packed, c, ldc, accumulate);
+    PrepackedPanels(m, n, k, a, lda, ta, packed, c, ldc, accumulate, fetch);
   } else if (ta) {
-    PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate);
+    PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
   } else {
-    PrepackedStrips<false>(m, n, k, a, lda, packed, c, ldc, accumulate);
+    PrepackedStrips<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
   }
 }
 
@@ -589,7 +592,14 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block)(int64_t m, int64_t n, i
                                                          float* c, int64_t ldc,
                                                          int accumulate) {
   if (Empty(m, n, k, c, ldc, accumulate != 0)) return;
-  PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, accumulate != 0);
+  PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, accumulate != 0, true);
+}
+
+extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_resident)(
+    int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,
+    const float* packed_b, float* c, int64_t ldc, int accumulate) {
+  if (Empty(m, n, k, c, ldc, accumulate != 0)) return;
+  PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, accumulate != 0, false);
 }
 
 #endif  // DISC_TF_CC_RAL_GEMM_KERNEL_IMPL_H_

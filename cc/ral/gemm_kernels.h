@@ -13,6 +13,10 @@
 // [j0, j0 + n) of C from the packed panels starting at
 // packed + j0 * k, where j0 must be a multiple of disc_gemm_panel_<isa>()
 // (the packed block's n may be any count up to the end of op(B)).
+// disc_gemm_prepacked_block_<isa> prefetches the packed B it reads next (a
+// model's weights come from L3 or memory on every call);
+// disc_gemm_prepacked_block_resident_<isa> computes the same without those
+// prefetches, for a B that stays in L2 between calls.
 //
 // The implementations live in gemm_kernel_<isa>.cc, each compiled only with
 // its ISA's flags. Callers must check the CPU before calling one (see
@@ -49,7 +53,10 @@ typedef void (*disc_gemm_prepacked_block_fn)(int64_t m, int64_t n, int64_t k,
   void disc_gemm_prepacked_block_##isa(int64_t m, int64_t n, int64_t k,         \
                                        const float* a, int64_t lda, int ta,     \
                                        const float* packed_b, float* c,         \
-                                       int64_t ldc, int accumulate);
+                                       int64_t ldc, int accumulate);            \
+  void disc_gemm_prepacked_block_resident_##isa(                                \
+      int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,     \
+      const float* packed_b, float* c, int64_t ldc, int accumulate);
 
 DISC_GEMM_DECLARE(avx2)    // x86-64 with AVX2 and FMA
 DISC_GEMM_DECLARE(avx512)  // x86-64 with AVX-512 F/CD/BW/DQ/VL (and AVX2, FMA)

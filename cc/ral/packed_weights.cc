@@ -36,6 +36,14 @@ bool PackWeightsEnabled() {
   return enabled;
 }
 
+int64_t PackedWeights::PackedBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  for (const auto& [key, entry] : entries_)
+    bytes += entry.packed->floats * static_cast<int64_t>(sizeof(float));
+  return bytes;
+}
+
 PackedWeights::~PackedWeights() {
   for (const auto& [key, entry] : entries_)
     g_packed_bytes.fetch_sub(entry.packed->floats * 4, std::memory_order_relaxed);

@@ -73,6 +73,9 @@ class PackedWeights {
                                                   int64_t n, const Derive& derive,
                                                   const GemmPacker& packer, const TaskRunner& run);
 
+  // Bytes of all the packed operands held now.
+  int64_t PackedBytes();
+
   ~PackedWeights();
 
   // New buffers of one input after which it is no longer cached.

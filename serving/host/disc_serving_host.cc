@@ -233,7 +233,8 @@ std::string JsonList(const std::vector<std::string>& items) {
 std::string StatsJson(const std::string& op_lib) {
   static const char* kNames[] = {"clusters", "compilations", "cache_hits", "fallbacks",
                                  "kernels",  "peak_temp_bytes", "packed_weights",
-                                 "untrusted", "rebuilds", "pool_wakes"};
+                                 "untrusted", "rebuilds", "pool_wakes",
+                                 "resident_weight_calls"};
   void* handle = dlopen(op_lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
   auto get = handle ? reinterpret_cast<void (*)(int64_t*)>(dlsym(handle, "disc_stats_get"))
                     : nullptr;

@@ -225,3 +225,34 @@ def test_captured_constants_of_a_saved_model_are_packed_once(tmp_path):
     stats = disc_tf.stats()
     assert stats["packed_weights"] == 2 and stats["fallbacks"] == 0, stats
     assert model.direct_functions()["__call__"] is None
+
+
+class _Mlp(tf.Module):
+    """Two dense layers of width `width`: 2 * width^2 floats of weights."""
+
+    def __init__(self, width: int) -> None:
+        rng = np.random.default_rng(width)
+        self.w1 = _weight(rng, (width, width))
+        self.w2 = _weight(rng, (width, width))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def __call__(self, x):
+        return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1)), self.w2)
+
+
+@pytest.mark.parametrize("width, resident", [(64, True), (1024, False)])
+def test_weights_within_half_of_l2_are_read_without_prefetching(width, resident):
+    """32 KiB of weights stay in any core's L2 between calls: every call after the first
+    (which packs them) runs its GEMMs without prefetching B. 8 MiB do not: none does.
+    Either way the results are TF's, at several row counts."""
+    mlp = _Mlp(width)
+    jitted = compiled(mlp.__call__)
+    disc_tf.reset_stats()
+    rng = np.random.default_rng(2)
+    rows = [5, 1, 64, 13, 200, 6]
+    for m in rows:
+        assert_matches_tf(mlp.__call__, jitted, [_rows(rng, m, width)], RTOL, ATOL)
+    stats = disc_tf.stats()
+    assert stats["packed_weights"] == 2
+    assert stats["fallbacks"] == 0
+    assert stats["resident_weight_calls"] == (len(rows) - 1 if resident else 0)

@@ -2,10 +2,11 @@
 B packed once, then C = op(A) * B over a grid of rows (full 6-row tiles and the
 remainders), columns (partial panels, several strip blocks), depths (one and several
 1024-deep stretches), a transposed A and accumulation, against a double-precision
-product. Both loop orders run on each ISA (strips and panels, each compiled as its own
-variant of the block), so the software prefetches of the next stretch of B, which
-follow each order's own walk over B, are exercised with every layout they plan for.
-C starts as NaN (or a known value when accumulating), so a tile no loop wrote fails."""
+product, through both entries (with the prefetches of B, and `_resident` without).
+Both loop orders run on each ISA (strips and panels, each compiled as its own variant
+of the block), so the software prefetches of the next stretch of B, which follow each
+order's own walk over B, are exercised with every layout they plan for. C starts as
+NaN (or a known value when accumulating), so a tile no loop wrote fails."""
 
 from __future__ import annotations
 
@@ -47,18 +48,22 @@ _PROGRAM = r"""
   extern "C" void disc_gemm_prepacked_block_##tag(int64_t m, int64_t n, int64_t k,    \
                                                   const float* a, int64_t lda, int ta, \
                                                   const float* packed_b, float* c,    \
-                                                  int64_t ldc, int accumulate);
+                                                  int64_t ldc, int accumulate);    \
+  extern "C" void disc_gemm_prepacked_block_resident_##tag(                           \
+      int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,           \
+      const float* packed_b, float* c, int64_t ldc, int accumulate);
 VARIANT_DECLARATIONS
 
 struct Block {
   const char* tag;
   int64_t (*size)(int64_t, int64_t);
   void (*pack)(int64_t, int64_t, const float*, int64_t, int, float*);
-  void (*gemm)(int64_t, int64_t, int64_t, const float*, int64_t, int, const float*, float*,
-               int64_t, int);
+  using Gemm = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, int, const float*,
+                        float*, int64_t, int);
+  Gemm gemm, gemm_resident;  // with and without prefetching B
 };
 #define ENTRY(tag) {#tag, &disc_gemm_packed_size_##tag, &disc_gemm_pack_b_##tag, \
-                    &disc_gemm_prepacked_block_##tag},
+                    &disc_gemm_prepacked_block_##tag, &disc_gemm_prepacked_block_resident_##tag},
 const Block kBlocks[] = {VARIANT_ENTRIES};
 
 int main(int argc, char** argv) {
@@ -68,8 +73,9 @@ int main(int argc, char** argv) {
   if (block == nullptr) return 2;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  int64_t m, n, k, ta, accumulate, tb;
-  while (std::scanf("%ld %ld %ld %ld %ld %ld", &m, &n, &k, &ta, &tb, &accumulate) == 6) {
+  int64_t m, n, k, ta, accumulate, tb, resident;
+  while (std::scanf("%ld %ld %ld %ld %ld %ld %ld", &m, &n, &k, &ta, &tb, &accumulate,
+                    &resident) == 7) {
     std::vector<float> a(m * k), b(k * n);
     for (float& v : a) v = normal(rng);
     for (float& v : b) v = normal(rng);
@@ -78,8 +84,9 @@ int main(int argc, char** argv) {
     std::vector<float> c(m * ldc, accumulate ? 0.5f : NAN);
     std::vector<float> packed(block->size(k, n));
     block->pack(k, n, b.data(), tb ? k : n, int(tb), packed.data());
-    block->gemm(m, n, k, a.data(), ta ? m : k, int(ta), packed.data(), c.data(), ldc,
-                int(accumulate));
+    (resident ? block->gemm_resident : block->gemm)(m, n, k, a.data(), ta ? m : k, int(ta),
+                                                    packed.data(), c.data(), ldc,
+                                                    int(accumulate));
     double worst = 0;
     bool padding_kept = true;
     for (int64_t i = 0; i < m; ++i) {
@@ -107,7 +114,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def prepacked(tmp_path_factory):
-    """Runs the program on (m, n, k, ta, tb, accumulate) rows with one variant of the
+    """Runs the program on (m, n, k, ta, tb, accumulate, resident) rows with one variant of the
     block; returns (worst relative error, C's padding kept) per row."""
     d = tmp_path_factory.mktemp("prepacked")
     tags = [t for t in _VARIANTS if t.startswith("avx2") or isa.host_level() == "x86-64-v4"]
@@ -145,7 +152,7 @@ def _cases():
     for i, (m, n, k) in enumerate(itertools.product(rows, cols, depths)):
         if m * n * k > 40_000_000:
             continue
-        yield m, n, k, i % 2, (i // 2) % 2, (i // 3) % 2
+        yield m, n, k, i % 2, (i // 2) % 2, (i // 3) % 2, (i // 5) % 2
 
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
