@@ -444,7 +444,7 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const NextFetch plan = PlanNextFetch(next_lines, tiles, kc);
       const int64_t row_step = ta ? 1 : lda;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int flags = (t == 0 && q == 0 && p0 == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
+        const int flags = (t == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
         const float* tile_next = next ? next + t * plan.per_tile * kLineFloats : nullptr;
         if (ta) {
           FetchingTile<true>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
@@ -516,8 +516,7 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
             const int64_t nq = nj0 + (q - j0);
             const bool fetch_next = has_next && nq < n;
             const int flags =
-                (fetch && i == 0 && j0 == 0 && p0 == 0 ? kFetchAhead : 0) |
-                (fetch_next ? kFetchNext : 0);
+                (fetch && i == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
             const float* next =
                 fetch_next
                     ? PanelRows(packed, n, k, nq, nk) + i / kRows * plan.per_tile * kLineFloats
