@@ -91,7 +91,7 @@ void Reset() {
 
 extern "C" {
 
-void disc_stats_get(int64_t out[9]) {
+void disc_stats_get(int64_t out[disc_tf::stats::kNumCounters]) {
   if (out != nullptr) disc_tf::stats::Get(out);
 }
 

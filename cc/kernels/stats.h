@@ -60,7 +60,7 @@ void Reset();
 }  // namespace disc_tf
 
 extern "C" {
-__attribute__((visibility("default"))) void disc_stats_get(int64_t out[10]);
+__attribute__((visibility("default"))) void disc_stats_get(int64_t out[disc_tf::stats::kNumCounters]);
 __attribute__((visibility("default"))) void disc_stats_reset(void);
 // Returns 1 if `name` is a known counter, 0 otherwise.
 __attribute__((visibility("default"))) int32_t disc_stats_add(const char* name,

@@ -74,7 +74,11 @@ def _check_shared_counters(ops_lib: pathlib.Path, py: types.ModuleType) -> None:
     get = lib.disc_stats_get
     get.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     get.restype = None
-    values = (ctypes.c_int64 * 10)()  # kNumCounters (stats.h)
+    # disc_stats_get writes kNumCounters (stats.h) values: room for more than that,
+    # so that a counter added there can never write past this buffer.
+    values = (ctypes.c_int64 * 64)()
+    if len(py.stats()) > len(values):
+        raise RuntimeError(f"disc_tf: {len(py.stats())} counters outgrew the {len(values)} read here")
     get(values)
     before = values[1]  # compilations
     py.add_stat("compilations", 1)
