@@ -68,8 +68,8 @@ def stats() -> dict[str, int]:
     loaded for want of a trusted signature), rebuilds (clusters compiled
     again on this host instead; see ``docs/serving.md``), pool_wakes (sleeping
     GEMM worker threads a call woke as it started, so that they were polling by its
-    first launch) and resident_weight_calls (calls whose packed weights fit in half
-    of a core's L2, so that their GEMMs read them without prefetching)."""
+    first launch) and resident_weight_gemms (GEMM launches of calls whose packed
+    weights fit in half of a core's L2, so that they read them without prefetching)."""
     return dict(_native.load().py.stats())
 
 

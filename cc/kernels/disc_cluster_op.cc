@@ -408,10 +408,12 @@ class DiscClusterOp : public AsyncOpKernel {
         ral.constant_inputs = &constants;
         // Weights that fit in half of a core's L2 stay there between calls (the
         // Keras encoder's 0.8 MiB): their GEMMs skip prefetching B, which costs
-        // 2-8% there and gains 5-50% where B comes from L3 or memory.
+        // 1-10% there and gains up to 1.5x where B comes from L3 or memory
+        // (bench/GEMM.md, "Prefetching packed B"). Decided per kernel: clusters of
+        // one model that each fit but together do not still count as resident.
+        static const int64_t half_l2 = L2CacheBytes() / 2;
         const int64_t packed = packed_weights_.PackedBytes();
-        ral.weights_resident = packed > 0 && packed <= L2CacheBytes() / 2;
-        if (ral.weights_resident) stats::Add(stats::kResidentWeightCalls, 1);
+        ral.weights_resident = packed > 0 && packed <= half_l2;
       }
       int32_t rc = 0;
       // The whole disc_entry (host runner and launches) is the profile's call row:

@@ -5,8 +5,8 @@
 // kernel's cache, packed_weights.h), untrusted (embedded artifacts refused by
 // the trust policy), rebuilds (clusters compiled again here), pool_wakes
 // (sleeping RAL workers a call woke before its first launch, spin_pool.h) and
-// resident_weight_calls (calls whose packed weights fit in half of a core's L2, so
-// their GEMMs read B without prefetching it, gemm_kernels.h). `clusters`
+// resident_weight_gemms (GEMM launches of calls whose kernel's packed weights fit in
+// half of a core's L2, which read them without prefetching, gemm_kernels.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -31,7 +31,7 @@ enum Counter : int {
   kUntrusted = 7,      // embedded artifacts not loaded: no trusted signature
   kRebuilds = 8,       // clusters rebuilt on this host instead (artifact_trust.h)
   kPoolWakes = 9,      // sleeping RAL workers woken at a call's start (WakeTaskPool)
-  kResidentWeightCalls = 10,  // calls whose packed weights stay in L2 (no B prefetch)
+  kResidentWeightGemms = 10,  // GEMM launches reading packed weights kept in L2 (no prefetch)
   kNumCounters = 11,
 };
 

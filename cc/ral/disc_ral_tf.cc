@@ -374,13 +374,16 @@ const GemmIsa& Gemm() {
 
 // The GEMM for one call: where the calling kernel's packed weights stay in L2
 // between calls (TfRal::weights_resident), its prepacked block does not prefetch B.
+// Counted per GEMM launch that takes it (stats::kResidentWeightGemms).
 const GemmIsa& Gemm(const TfRal* r) {
   static const GemmIsa resident = [] {
     GemmIsa isa = Gemm();
     if (isa.prepacked_resident != nullptr) isa.prepacked = isa.prepacked_resident;
     return isa;
   }();
-  return r->weights_resident ? resident : Gemm();
+  if (!r->weights_resident || resident.prepacked == nullptr) return Gemm();
+  stats::Add(stats::kResidentWeightGemms, 1);
+  return resident;
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t
   for (; p + U <= k; p += U) {
     for (int u = 0; u < U; ++u) {
       const float* row = b + (p + u) * ldb;
-      if (F & kFetchAhead)
+      if ((F & kFetchAhead) && p + u + kFetchRows < k)
         for (int l = 0; l < V * kLanes / kLineFloats; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(row + kFetchRows * ldb + l * kLineFloats),
                        _MM_HINT_T0);
@@ -396,14 +396,21 @@ void FetchingTile(int flags, int64_t k, const float* a, int64_t lda, const float
 
 // How the full tiles reading one stretch of packed B (`tiles` of them, each kc steps
 // of k) share the prefetch of the `lines` cache lines of the stretch read next: tile
-// t fetches `per_tile` lines from line t * per_tile, one every 2^shift steps.
+// t fetches from line t * per_tile on, one line every 2^shift steps of its k loop,
+// so per_tile to twice as many lines (a tile reads up to per_tile lines past its
+// share). A tile whose share starts past the stretch fetches nothing (Fetches). With
+// fewer steps than lines per tile (AVX-512 panels under 4 tiles of rows), the tiles
+// fetch one line a step: part of the stretch.
 struct NextFetch {
+  int64_t lines = 0;
   int64_t per_tile = 0;
   int shift = 0;
+  bool Fetches(int64_t tile) const { return per_tile > 0 && tile * per_tile < lines; }
 };
 NextFetch PlanNextFetch(int64_t lines, int64_t tiles, int64_t kc) {
   NextFetch plan;
   if (lines <= 0 || tiles <= 0) return plan;
+  plan.lines = lines;
   plan.per_tile = (lines + tiles - 1) / tiles;
   while (plan.shift < 16 && (kc >> (plan.shift + 1)) >= plan.per_tile) ++plan.shift;
   return plan;
@@ -444,8 +451,9 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const NextFetch plan = PlanNextFetch(next_lines, tiles, kc);
       const int64_t row_step = ta ? 1 : lda;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int flags = (t == 0 ? kFetchAhead : 0) | (next ? kFetchNext : 0);
-        const float* tile_next = next ? next + t * plan.per_tile * kLineFloats : nullptr;
+        const bool fetch_next = next != nullptr && plan.Fetches(t);
+        const int flags = (t == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
+        const float* tile_next = fetch_next ? next + t * plan.per_tile * kLineFloats : nullptr;
         if (ta) {
           FetchingTile<true>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
                              c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
@@ -514,7 +522,7 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
           float* cq = c + i * ldc + q;
           if (rows == kRows && w == kPanel) {
             const int64_t nq = nj0 + (q - j0);
-            const bool fetch_next = has_next && nq < n;
+            const bool fetch_next = has_next && nq < n && plan.Fetches(i / kRows);
             const int flags =
                 (fetch && i == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
             const float* next =
