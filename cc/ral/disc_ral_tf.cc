@@ -557,8 +557,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     // One B for every product: packed once per weight, or per block.
     const std::shared_ptr<const PackedOperand> prepacked =
         SharedPrepackedB(r, isa, batch, stride_b, b, k, n, ldb, tb);
-    if (prepacked != nullptr && r->profiling)
-      timer.detail += r->weights_resident ? " prepacked (B in L2)" : " prepacked";
+    if (prepacked != nullptr && r->profiling) timer.detail += " prepacked";
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C.
     const TaskPool tasks_pool = TaskPoolOf(r);

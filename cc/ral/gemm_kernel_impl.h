@@ -427,7 +427,8 @@ inline const float* PanelRows(const float* packed, int64_t n, int64_t k, int64_t
 // while every 6-row tile of A streams past them.
 // Each panel's first tile of rows prefetches its rows of B ahead of it, and every
 // full tile a share of the stretch of B read next (the next depth, else the next panel).
-void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
+template <bool TA>
+void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                      const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
   const int64_t tiles = m / kRows;
   for (int64_t q = 0; q < n; q += kPanel) {
@@ -435,11 +436,11 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
     const int64_t width = RoundUp(w, kLanes);
     for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
       const int64_t kc = std::min(kPackDepth, k - p0);
-      const float* a0 = ta ? a + p0 * lda : a + p0;
+      const float* a0 = TA ? a + p0 * lda : a + p0;
       const float* b0 = PanelRows(packed, n, k, q, p0);
       const bool acc = accumulate || p0 > 0;
       if (w < kPanel || tiles == 0 || !fetch) {
-        PanelOfWidth(ta, m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+        PanelOfWidth<TA>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
         continue;
       }
       const int64_t nq = p0 + kc < k ? q : q + kPanel, np0 = p0 + kc < k ? p0 + kc : 0;
@@ -449,22 +450,17 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
                      kLineFloats
                : 0;
       const NextFetch plan = PlanNextFetch(next_lines, tiles, kc);
-      const int64_t row_step = ta ? 1 : lda;
+      const int64_t row_step = TA ? 1 : lda;
       for (int64_t t = 0; t < tiles; ++t) {
         const bool fetch_next = next != nullptr && plan.Fetches(t);
         const int flags = (t == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
         const float* tile_next = fetch_next ? next + t * plan.per_tile * kLineFloats : nullptr;
-        if (ta) {
-          FetchingTile<true>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
-                             c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
-        } else {
-          FetchingTile<false>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
-                              c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
-        }
+        FetchingTile<TA>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
+                         c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
       }
       const int64_t done = tiles * kRows;
-      PanelOfWidth(ta, m - done, kc, a0 + done * row_step, lda, b0, width,
-                   c + done * ldc + q, ldc, acc, w);
+      PanelOfWidth<TA>(m - done, kc, a0 + done * row_step, lda, b0, width, c + done * ldc + q,
+                       ldc, acc, w);
     }
   }
 }
@@ -556,8 +552,10 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 // fetch: prefetch packed B (kFetchAhead, kFetchNext); off where B stays in L2.
 void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
                    const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
-  if (DISC_GEMM_STRIPS == 0) {
-    PrepackedPanels(m, n, k, a, lda, ta, packed, c, ldc, accumulate, fetch);
+  if (DISC_GEMM_STRIPS == 0 && ta) {
+    PrepackedPanels<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
+  } else if (DISC_GEMM_STRIPS == 0) {
+    PrepackedPanels<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
   } else if (ta) {
     PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
   } else {

@@ -36,13 +36,7 @@ bool PackWeightsEnabled() {
   return enabled;
 }
 
-int64_t PackedWeights::PackedBytes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  int64_t bytes = 0;
-  for (const auto& [key, entry] : entries_)
-    bytes += entry.packed->floats * static_cast<int64_t>(sizeof(float));
-  return bytes;
-}
+int64_t PackedWeights::PackedBytes() const { return bytes_.load(std::memory_order_relaxed); }
 
 PackedWeights::~PackedWeights() {
   for (const auto& [key, entry] : entries_)
@@ -54,6 +48,7 @@ int PackedWeights::EvictStaleLocked(int input_index, const void* current) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.input_index == input_index && it->second.held.data() != current) {
       g_packed_bytes.fetch_sub(it->second.packed->floats * 4, std::memory_order_relaxed);
+      bytes_.fetch_sub(it->second.packed->floats * 4, std::memory_order_relaxed);
       it = entries_.erase(it);
       ++dropped;
     } else {
@@ -134,6 +129,7 @@ std::shared_ptr<const PackedOperand> PackedWeights::Lookup(
     g_packed_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     return it->second.packed;
   }
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
   stats::Add(stats::kPackedWeights, 1);
   return packed;
 }

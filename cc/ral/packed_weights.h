@@ -14,6 +14,7 @@
 #ifndef DISC_TF_CC_RAL_PACKED_WEIGHTS_H_
 #define DISC_TF_CC_RAL_PACKED_WEIGHTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -73,8 +74,8 @@ class PackedWeights {
                                                   int64_t n, const Derive& derive,
                                                   const GemmPacker& packer, const TaskRunner& run);
 
-  // Bytes of all the packed operands held now.
-  int64_t PackedBytes();
+  // Bytes of all the packed operands held now (read on every call: no lock).
+  int64_t PackedBytes() const;
 
   ~PackedWeights();
 
@@ -102,6 +103,7 @@ class PackedWeights {
 
   std::mutex mu_;
   std::map<Key, Entry> entries_;
+  std::atomic<int64_t> bytes_{0};  // the packed bytes of entries_, kept as they change
   // Inputs whose buffer changed on most calls (a variable read in copy-on-read
   // mode, or one assigned every step): packing them once per call in one
   // thread would be slower than each block packing its part, so they are not

@@ -77,8 +77,9 @@ def _check_shared_counters(ops_lib: pathlib.Path, py: types.ModuleType) -> None:
     # disc_stats_get writes kNumCounters (stats.h) values: room for more than that,
     # so that a counter added there can never write past this buffer.
     values = (ctypes.c_int64 * 64)()
-    if len(py.stats()) > len(values):
-        raise RuntimeError(f"disc_tf: {len(py.stats())} counters outgrew the {len(values)} read here")
+    counters = len(py.stats())
+    if counters > len(values):
+        raise RuntimeError(f"disc_tf: {counters} counters outgrew the {len(values)} read here")
     get(values)
     before = values[1]  # compilations
     py.add_stat("compilations", 1)
