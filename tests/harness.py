@@ -114,6 +114,17 @@ def assert_matches_tf(tf_fn, jitted, args, rtol: float, atol: float) -> None:
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
 
 
+def assert_same_outcome(tf_fn, jitted, args) -> None:
+    """Both raise TF's InvalidArgument on ``args``, or both return outputs of one shape."""
+    outcomes = []
+    for impl in (tf_fn, jitted):
+        try:
+            outcomes.append(np.asarray(impl(*args)).shape)
+        except tf.errors.InvalidArgumentError:
+            outcomes.append("InvalidArgument")
+    assert outcomes[0] == outcomes[1], outcomes
+
+
 def run_in_session(graph_def, fetch: str, feeds: dict) -> np.ndarray:
     """Imports ``graph_def`` into a fresh graph and runs ``fetch`` in a TF1 Session."""
     with tf.Graph().as_default() as fresh:

@@ -8,6 +8,8 @@ fold any dims; library kernels are calls the host runner makes (see ``cpu.py``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from disc_tf.codegen import cpu_conv, cpu_gemm, cpu_reduce
 from disc_tf.codegen.cpu_ops import (
     COMPUTE,
@@ -21,6 +23,7 @@ from disc_tf.codegen.cpu_text import (
     comment,
     concat_end_lines,
     concat_ops,
+    gathered_ids_check,
     host_expr,
     input_stride_lines,
     product,
@@ -75,8 +78,11 @@ class KernelEmitter(StitchEmitter):
         for i, a in enumerate(self.k.inputs):
             b = self.buf(a)
             lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {a}")
-            if self.rank:
+            if self.rank and a.ids_for is None:
                 lines.append(f"  int64_t in{i}_strides[{self.rank}];")
+            if a.gather is not None:
+                lines.append(f"  int64_t in{i}_depth;  // floats per table row (the gathered "
+                             "tensor's last dim)")
         for j, (value, bname) in enumerate(self.k.outputs):
             elem = self.plan.buffers[bname].elem
             lines.append(f"  {STORAGE[elem]}* out{j};  // {bname} ({value})")
@@ -170,9 +176,12 @@ class KernelEmitter(StitchEmitter):
         """
         static = {i: self._static_row_read(acc) for i, acc in enumerate(self.k.inputs)}
         static = {i: read for i, read in static.items() if read is not None}
+        # a table row a gather picks is contiguous; its ids are not read per element
+        static.update({i: "c" if acc.gather is not None else "0"
+                       for i, acc in enumerate(self.k.inputs) if acc.gather or acc.ids_for is not None})
         bcast = [i for i, acc in enumerate(self.k.inputs)
                  if not acc.is_identity and not acc.permuted and i not in static]
-        strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted]
+        strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted and i not in static]
         templated = len(bcast) <= 3
         if templated:
             index = {i: (f"B{i} ? c : 0" if i in bcast else "c") for i in range(len(self.k.inputs))}
@@ -234,11 +243,14 @@ class KernelEmitter(StitchEmitter):
         for n, op in outer:  # one part holds the whole row: its pointer, chosen per row
             pointer.update(self._row_part(lines, n, op, index))
         for i, acc in enumerate(self.k.inputs):
+            if acc.ids_for is not None:
+                pointer[i] = None  # read once per row, by the gather's row pointer
             if i in pointer:
                 continue
-            lines.append(
-                f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};"
-            )
+            if acc.gather is not None:
+                lines.append(f"    // {comment(acc.gather.tf_node)}: the table row its id picks")
+            lines.append(f"    const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = "
+                         f"a.in{i} + {self._row_start(i)};")
             if (not templated and i in bcast) or i in strided:
                 lines.append(f"    const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         for j, (_, b) in enumerate(self.k.outputs):
@@ -382,12 +394,20 @@ class KernelEmitter(StitchEmitter):
             else:  # a slice read in place: start offset, strides times steps
                 lines.append(f"    k.in{i} = {buffer_ptr[b.name]} + ({window_offset(acc, b, plan)});"
                              "  // window")
-            if r:
+            if acc.gather is not None:  # strides of the gathered tensor it stands for
+                lines += input_stride_lines(i, acc, dataclasses.replace(b, dims=acc.gather.dims),
+                                            r, plan)
+                lines += [f"    k.in{i}_depth = {sym(b.dims[1], plan)};"]
+            elif r and acc.ids_for is None:
                 lines += input_stride_lines(i, acc, b, r, plan)
         for j, (_, bname) in enumerate(k.outputs):
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
         for i, h in enumerate(self.host_scalars):
             lines.append(f"    k.h{i} = (double)({host_expr(h, plan)});")
+        for acc in k.inputs:
+            if acc.gather is not None:
+                lines += gathered_ids_check(acc, self.buf(acc), self.buf(k.inputs[acc.gather.ids]),
+                                            plan)
         return lines + concat_end_lines(k, plan)
 
     def _launch_lines(self, flat_conds: list[str]) -> list[str]:

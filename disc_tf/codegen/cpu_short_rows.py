@@ -44,15 +44,16 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
         f"DISC_CLONES static void {em.fn}_rows8(const {em.args}& a, int64_t row0) {{",
         f"  const int64_t cols = a.dims[{r - 1}];",
     ]
-    n_in = len(k.inputs)
-    lines += [f"  int64_t lane_off{i}[8];" for i in range(n_in)]
+    read = [i for i, acc in enumerate(k.inputs) if acc.ids_for is None]  # ids: row starts
+    lines += [f"  int64_t lane_off{i}[8];" for i in read]
     lines.append("  for (int l = 0; l < 8; ++l) {")
     lines.append("    const int64_t row = row0 + l;")
     em._row_offsets(lines, "    ")
-    lines += [f"    lane_off{i}[l] = off{i};" for i in range(n_in)]
+    lines += [f"    lane_off{i}[l] = {em._row_start(i)};" for i in read]
     lines.append("  }")
     # Each input's 8 x cols values, read once into a tile: column c of lane l.
-    for i, acc in enumerate(k.inputs):
+    for i in read:
+        acc = k.inputs[i]
         ct = COMPUTE[em.buf(acc).elem]
         if "st" in index[i]:
             lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")

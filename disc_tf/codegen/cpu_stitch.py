@@ -71,6 +71,14 @@ class StitchEmitter:
         index.update({i: "c" if contiguous else f"c * qs{n}" for i in parts})
         return {i: (f"q{n}" if p == 0 else None) for p, i in enumerate(parts)}
 
+    def _row_start(self, i: int) -> str:
+        """C++: where input ``i``'s row starts in its buffer (after ``_row_offsets``).
+        A gather read in place starts at the table row the id at its offset picks."""
+        g = self.k.inputs[i].gather
+        if g is None:
+            return f"off{i}"
+        return f"(int64_t)a.in{g.ids}[off{i} / a.in{i}_depth] * a.in{i}_depth"
+
     def _row_offsets(self, lines: list[str], indent: str) -> None:
         """Offsets of every input at the start of ``row`` (dims before the last).
 
@@ -79,8 +87,9 @@ class StitchEmitter:
         r = self.rank
         dense = {i for i, acc in enumerate(self.k.inputs)
                  if acc.is_identity and acc.window is None and r}
-        walk = [i for i in range(len(self.k.inputs)) if i not in dense]
-        for i in range(len(self.k.inputs)):
+        ids = {i for i, acc in enumerate(self.k.inputs) if acc.ids_for is not None}
+        walk = [i for i in range(len(self.k.inputs)) if i not in dense | ids]
+        for i in sorted(set(range(len(self.k.inputs))) - ids):
             start = f"row * a.dims[{r - 1}]" if i in dense else "0"
             lines.append(f"{indent}int64_t off{i} = {start};")
         # the coordinate along each outer dim a concatenation runs along
@@ -170,7 +179,10 @@ class StitchEmitter:
         ]
         self._row_offsets(lines, "  ")
         for i, acc in enumerate(k.inputs):
-            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = a.in{i} + off{i};")
+            if acc.ids_for is not None:
+                continue  # read once per row, for the gather's row start
+            lines.append(f"  const {STORAGE[self.buf(acc).elem]}* __restrict r{i} = "
+                         f"a.in{i} + {self._row_start(i)};")
             if "st" in index[i]:
                 lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         passes = max([ready[op.value] for op in k.ops if op.op == "reduce"] or [0])

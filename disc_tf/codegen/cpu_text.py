@@ -148,3 +148,25 @@ def input_stride_lines(i: int, acc: Access, buf: Buffer, rank: int, plan: Fusion
                          f" ? 0 : {stride} * {steps[bd]};")
         stride = f"{stride} * {size}" if stride != "1" else size
     return lines
+
+
+def gathered_ids_check(acc: Access, table: Buffer, ids: Buffer, plan: FusionPlan) -> list[str]:
+    """Host lines checking the ids of the row gather a loop kernel reads in place
+    (``acc``, args ``k`` filled) against its table: TF's InvalidArgument naming the
+    first outside it, as the gather kernel gave. Nothing is checked when the gathered
+    tensor has no element (the gather kernel then had nothing to run)."""
+    g = acc.gather
+    tf = g.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    rows = sym(table.dims[0], plan)
+    return [
+        f"    // {comment(g.tf_node)}: every id picks a row of the table",
+        f"    for (int64_t t = 0, n = {product(g.dims, plan)} > 0 ? {product(ids.dims, plan)} : 0;"
+        " t < n; ++t) {",
+        f"      const int64_t idx = (int64_t)k.in{g.ids}[t];",
+        f"      if (idx < 0 || idx >= {rows}) {{",
+        f'        snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in '
+        f'[0, %lld)", (long long)idx, (long long)({rows}));',
+        "        return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);",
+        "      }",
+        "    }",
+    ]

@@ -39,6 +39,18 @@ class Buffer:
 
 
 @dataclasses.dataclass
+class RowGather:
+    """A gather of table rows read in place (``fusion/gathered_rows.py``): the
+    kernel reads row ``ids[r]`` of the table where the gathered tensor's row r
+    would be. ``ids``: the kernel input holding the ids; ``dims``: the gathered
+    tensor's dims (symbols), whose strides the read walks as if it were in memory."""
+
+    ids: int
+    dims: list[int]
+    tf_node: str
+
+
+@dataclasses.dataclass
 class Access:
     """How a kernel reads a buffer: identity, or an index map (broadcast and/or
     transpose).
@@ -58,6 +70,11 @@ class Access:
     #: kernel's ``concatenate`` op reads the part holding each element (its index
     #: along the concatenated dim shifted by the parts before it).
     part_of: str | None = None
+    #: the table of a row gather read in place: the read goes through the ids
+    gather: RowGather | None = None
+    #: the ids of the row gather read in place by input ``ids_for`` (not read per
+    #: element: that input's row pointer is chosen by them)
+    ids_for: int | None = None
 
     @property
     def is_identity(self) -> bool:
@@ -68,10 +85,16 @@ class Access:
     def permuted(self) -> bool:
         """True if buffer dims are read out of order (a transpose) or through a slice
         window: the innermost kernel dim may then have any stride."""
-        return self.window is not None or self.part_of is not None or (
+        return (self.window is not None or self.part_of is not None
+                or self.gather is not None or self.ids_for is not None) or (
             self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:])))
 
     def __str__(self) -> str:
+        if self.gather is not None:
+            return (f"rows of {self.buffer} by in{self.gather.ids} ({self.gather.tf_node}), "
+                    f"dims={self.dims}, expand={self.expand}")
+        if self.ids_for is not None:
+            return f"ids {self.buffer} of in{self.ids_for}"
         if self.part_of is not None:
             inner = dataclasses.replace(self, part_of=None)
             if self.window is None and self.dims == sorted(self.dims) == list(

@@ -9,10 +9,10 @@ through permuted strides). A reshape is a view: the result aliases a dense
 buffer of its operand with new dims; a cluster result that is a view or an
 index map is copied into its own buffer. Scalar constants are inlined.
 
-The planner is three parts: ``value_access`` (how each read reaches memory:
-the alias analysis), this module and ``place_data`` (placement: which kernel
-computes each value, in which order kernels depend on each other), and
-``memory_plan`` (launch order and in-place reuse of temporaries).
+The planner is three parts: ``value_access`` (how each read reaches memory: the
+alias analysis), this module and ``place_data`` (which kernel computes each value,
+in which order kernels depend on each other), and ``memory_plan`` (launch order,
+in-place reuse); later passes fold kernels into others (epilogues, gathers).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from disc_tf.fusion.epilogue import (
     plan_shared_a,
 )
 from disc_tf.fusion.gathered_a import plan_gathered_a
+from disc_tf.fusion.gathered_rows import plan_gathered_rows
 from disc_tf.fusion.gemm_layout import plan_result_layouts, plan_transposed_products
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.place_data import DataKernelPlacement
@@ -44,7 +45,6 @@ log = logging.getLogger("disc_tf.fusion")
 _INDEX_OPS = {"stablehlo.real_dynamic_slice", "stablehlo.concatenate", "stablehlo.dynamic_pad",
               "stablehlo.dynamic_iota", "stablehlo.torch_index_select", "stablehlo.reduce_window",
               "stablehlo.custom_call", "stablehlo.dynamic_gather", "stablehlo.reverse"}
-
 
 #: Index kernels that check their operands (out-of-range indices) and so run even
 #: when only their result's shape is read.
@@ -78,13 +78,15 @@ class PlanOptions:
     gemm_layouts: bool = True
     #: a GEMM reads the rows of a table a gather picks for its A in place (``gathered_a``)
     gathered_a: bool = True
+    #: a loop kernel reads the rows of a table a gather picks in place (``gathered_rows``)
+    gathered_rows: bool = True
 
     @classmethod
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
                    scratch_c=False, shared_a_gemms=False, conv_taps=False, concat_maps=False,
-                   gemm_layouts=False, gathered_a=False)
+                   gemm_layouts=False, gathered_a=False, gathered_rows=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -549,6 +551,7 @@ class _Planner(DataKernelPlacement):
             order = hoist_epilogue_inputs(order, self.buffers)
         if self.options.gathered_a:
             order = plan_gathered_a(order, self.buffers)
+        order = plan_gathered_rows(order, self.buffers) if self.options.gathered_rows else order
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)

@@ -1,0 +1,88 @@
+"""Gathers read in place by loop and stitch kernels: an embedding lookup's rows are
+read straight from the table by the kernel that consumes them (token plus position
+embeddings and their layer norm, a scaled lookup) instead of being copied into a
+[ids..., depth] buffer by an index kernel first.
+
+An index kernel qualifies when it only gathers rows of a 2-D table
+(``torch_index_select`` along dim 0, no batch dims, table and ids read as stored),
+its result is a temp that nothing views, and every kernel reading that result is a
+loop or stitch kernel reading it through a map whose last dim runs along the
+kernel's last dim, unexpanded and unsliced (broadcasts and transposes of the other
+dims are fine). Each such read becomes a read of the table (``Access.gather``), with
+the ids as one more input (``Access.ids_for``): per row of the kernel, the row
+pointer is table row ``ids[r]``, where r is the row the gathered tensor would hold
+there (its offset through the gathered tensor's strides, divided by the depth). The
+gather kernel goes; the host runner checks every id against the table before the
+reader's launch, as the gather kernel's check did (TF's InvalidArgument).
+
+A gathered tensor read by a reduce, index or library kernel (other than a GEMM's A:
+``gathered_a.py``), through a window or as a concatenation's part, or returned from
+the cluster keeps its index kernel.
+"""
+
+from __future__ import annotations
+
+from disc_tf.fusion.plan import Access, Buffer, Kernel, RowGather
+
+_ID_ELEMS = ("i32", "i64")
+
+
+def plan_gathered_rows(order: list[Kernel], buffers: dict[str, Buffer]) -> list[Kernel]:
+    """Folds each qualifying row gather into the kernels reading it (see the
+    module docstring); returns the launch order without the folded gather kernels."""
+    readers: dict[str, list[tuple[Kernel, int]]] = {}
+    for k in order:
+        for i, a in enumerate(k.inputs):
+            readers.setdefault(a.buffer, []).append((k, i))
+    folded: set[str] = set()
+    for gather in order:
+        if not _row_gather(gather, buffers):
+            continue
+        (_, out), = gather.outputs
+        reads = readers.get(out, [])
+        if (buffers[out].role != "temp" or not reads
+                or any(b.alias_of == out for b in buffers.values())
+                or not all(_reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
+            continue
+        table, ids = gather.inputs
+        for k, i in reads:
+            acc, rank = k.inputs[i], len(k.dims)
+            k.inputs.append(Access(ids.buffer, ids_for=i))
+            k.inputs[i] = Access(
+                table.buffer,
+                dims=list(acc.dims) if acc.dims is not None else list(range(rank)),
+                expand=list(acc.expand) if acc.expand is not None else ["no"] * rank,
+                gather=RowGather(len(k.inputs) - 1, list(buffers[out].dims),
+                                 gather.ops[0].tf_node))
+        folded.add(gather.name)
+        del buffers[out]
+    return [k for k in order if k.name not in folded]
+
+
+def _row_gather(kernel: Kernel, buffers: dict[str, Buffer]) -> bool:
+    """True if ``kernel`` only gathers rows of a 2-D table by ids read as stored."""
+    if kernel.kind != "index" or len(kernel.ops) != 1 or len(kernel.outputs) != 1:
+        return False
+    op = kernel.ops[0]
+    if op.op != "torch_index_select" or op.attrs.get("dim") != 0 or op.attrs.get("batch_dims"):
+        return False
+    if len(kernel.inputs) != 2 or kernel.epilogue:
+        return False
+    table, ids = kernel.inputs
+    if not all(a.is_identity and a.window is None for a in (table, ids)):
+        return False
+    tbuf, ibuf = buffers[table.buffer], buffers[ids.buffer]
+    return (len(tbuf.dims) == 2 and tbuf.role != "host" and ibuf.role != "host"
+            and ibuf.elem in _ID_ELEMS)
+
+
+def _reads_rows(kernel: Kernel, i: int, rank: int) -> bool:
+    """True if input ``i`` of ``kernel`` (a gathered tensor of ``rank`` dims) is read
+    by a loop or stitch kernel with its last dim along the kernel's last, as stored."""
+    acc = kernel.inputs[i]
+    if kernel.kind not in ("loop", "stitch") or not kernel.dims or acc.window is not None or (
+            acc.part_of is not None or acc.gather is not None or acc.ids_for is not None):
+        return False
+    if acc.dims is None:
+        return rank == len(kernel.dims)
+    return acc.dims[-1] == len(kernel.dims) - 1 and acc.expand[-1] == "no"
