@@ -26,6 +26,7 @@ from disc_tf.codegen.cpu_text import (
     gathered_ids_check,
     host_expr,
     input_stride_lines,
+    pad_read_lines,
     product,
     sym,
     window_offset,
@@ -80,6 +81,10 @@ class KernelEmitter(StitchEmitter):
             lines.append(f"  const {STORAGE[b.elem]}* in{i};  // {a}")
             if self.rank and a.ids_for is None:
                 lines.append(f"  int64_t in{i}_strides[{self.rank}];")
+            if a.pad is not None:
+                lines.append(f"  int64_t in{i}_lo[{self.rank}], in{i}_size[{self.rank}], "
+                             f"in{i}_pdim[{self.rank}];  // per dim: padding before, "
+                             "unpadded and padded sizes")
             if a.gather is not None:
                 lines.append(f"  int64_t in{i}_depth;  // floats per table row (the gathered "
                              "tensor's last dim)")
@@ -134,7 +139,9 @@ class KernelEmitter(StitchEmitter):
             if i in pointer and pointer[i] is None:
                 loads.append(f"({ct})0")  # a part not holding this element
             else:
-                loads.append(f"({ct}){pointer.get(i, f'r{i}')}[{index[i]}]")
+                ptr = pointer.get(i, f"r{i}")
+                loads.append(self._load(i, ct, index[i], ptr) if out_index == "c"
+                             else f"({ct}){ptr}[{index[i]}]")  # flat: no pad read in place
         lines = []
         outs = []
         for j, (_, b) in enumerate(self.k.outputs):
@@ -176,9 +183,10 @@ class KernelEmitter(StitchEmitter):
         """
         static = {i: self._static_row_read(acc) for i, acc in enumerate(self.k.inputs)}
         static = {i: read for i, read in static.items() if read is not None}
-        # a table row a gather picks is contiguous; its ids are not read per element
-        static.update({i: "c" if acc.gather is not None else "0"
-                       for i, acc in enumerate(self.k.inputs) if acc.gather or acc.ids_for is not None})
+        # a table row a gather picks is contiguous (its ids are not read per element), so
+        # is the row of a pad read in place (``_load`` reads it)
+        static.update({i: "0" if acc.ids_for is not None else "c" for i, acc in enumerate(self.k.inputs)
+                       if acc.gather or acc.pad or acc.ids_for is not None})
         bcast = [i for i, acc in enumerate(self.k.inputs)
                  if not acc.is_identity and not acc.permuted and i not in static]
         strided = [i for i, acc in enumerate(self.k.inputs) if acc.permuted and i not in static]
@@ -400,6 +408,8 @@ class KernelEmitter(StitchEmitter):
                 lines += [f"    k.in{i}_depth = {sym(b.dims[1], plan)};"]
             elif r and acc.ids_for is None:
                 lines += input_stride_lines(i, acc, b, r, plan)
+            if acc.pad is not None:
+                lines += pad_read_lines(i, acc, b, r, plan)
         for j, (_, bname) in enumerate(k.outputs):
             lines.append(f"    k.out{j} = {buffer_ptr[bname]};")
         for i, h in enumerate(self.host_scalars):

@@ -74,10 +74,24 @@ class StitchEmitter:
     def _row_start(self, i: int) -> str:
         """C++: where input ``i``'s row starts in its buffer (after ``_row_offsets``).
         A gather read in place starts at the table row the id at its offset picks."""
-        g = self.k.inputs[i].gather
+        acc = self.k.inputs[i]
+        if acc.pad is not None:  # a row of the padding reads nothing
+            return f"(ok{i} ? off{i} : 0)"
+        g = acc.gather
         if g is None:
             return f"off{i}"
         return f"(int64_t)a.in{g.ids}[off{i} / a.in{i}_depth] * a.in{i}_depth"
+
+    def _load(self, i: int, ct: str, index: str, ptr: str = "") -> str:
+        """C++ loading input ``i`` at column ``c`` (``index`` into its row ``ptr``). A
+        pad read in place reads the columns inside the tensor, the constant elsewhere."""
+        acc = self.k.inputs[i]
+        ptr = ptr or f"r{i}"
+        if acc.pad is None:
+            return f"({ct}){ptr}[{index}]"
+        value = literal(acc.pad.value, self.buf(acc).elem)
+        return (f"(c >= clo{i} && c < chi{i} ? ({ct}){ptr}[c - a.in{i}_lo[{self.rank - 1}]]"
+                f" : ({ct}){value})")
 
     def _row_offsets(self, lines: list[str], indent: str) -> None:
         """Offsets of every input at the start of ``row`` (dims before the last).
@@ -89,9 +103,12 @@ class StitchEmitter:
                  if acc.is_identity and acc.window is None and r}
         ids = {i for i, acc in enumerate(self.k.inputs) if acc.ids_for is not None}
         walk = [i for i in range(len(self.k.inputs)) if i not in dense | ids]
+        padded = [i for i, acc in enumerate(self.k.inputs) if acc.pad is not None]
         for i in sorted(set(range(len(self.k.inputs))) - ids):
             start = f"row * a.dims[{r - 1}]" if i in dense else "0"
             lines.append(f"{indent}int64_t off{i} = {start};")
+        lines += [f"{indent}bool ok{i} = true;  // the row lies inside the unpadded tensor"
+                  for i in padded]
         # the coordinate along each outer dim a concatenation runs along
         axes = sorted({op.attrs["axis"] for _, op in self.concats() if op.attrs["axis"] < r - 1})
         lines += [f"{indent}int64_t at{d} = 0;" for d in axes]
@@ -101,9 +118,20 @@ class StitchEmitter:
             lines.append(f"{indent}  const int64_t idx = rem % a.dims[d];")
             lines.append(f"{indent}  rem /= a.dims[d];")
             for i in walk:
-                lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
+                if i not in padded:
+                    lines.append(f"{indent}  off{i} += idx * a.in{i}_strides[d];")
+                    continue
+                lines.append(f"{indent}  {{  // the coordinate in the unpadded tensor")
+                lines.append(f"{indent}    const int64_t t = (a.in{i}_pdim[d] == 1 ? 0 : idx) "
+                             f"- a.in{i}_lo[d];")
+                lines.append(f"{indent}    ok{i} = ok{i} && (uint64_t)t < (uint64_t)a.in{i}_size[d];")
+                lines.append(f"{indent}    off{i} += t * a.in{i}_strides[d];")
+                lines.append(f"{indent}  }}")
             lines += [f"{indent}  if (d == {d}) at{d} = idx;" for d in axes]
             lines.append(f"{indent}}}")
+        for i in padded:  # the row's columns inside the tensor: [clo, chi)
+            lines.append(f"{indent}const int64_t clo{i} = ok{i} ? a.in{i}_lo[{r - 1}] : 0;")
+            lines.append(f"{indent}const int64_t chi{i} = ok{i} ? clo{i} + a.in{i}_size[{r - 1}] : 0;")
 
     def stitch_levels(self) -> tuple[dict[str, int], Callable[[list[str]], list[KernelOp]]]:
         """A stitch kernel's schedule: the pass after which each row value is ready
@@ -157,7 +185,7 @@ class StitchEmitter:
                            for kind, ref in op.operands if kind == "in"})
             for i in used:
                 ct = COMPUTE[self.buf(k.inputs[i]).elem]
-                load = f"({ct})r{i}[{index[i]}]"
+                load = self._load(i, ct, index[i])
                 if guard:  # a masked load: lanes past the row's end read nothing
                     load = f"{guard} ? {load} : ({ct})0"
                 out.append(f"{indent}const {ct} x{i} = {load};")

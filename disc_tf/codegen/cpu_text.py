@@ -170,3 +170,16 @@ def gathered_ids_check(acc: Access, table: Buffer, ids: Buffer, plan: FusionPlan
         "      }",
         "    }",
     ]
+
+
+def pad_read_lines(i: int, acc: Access, buf: Buffer, rank: int, plan: FusionPlan) -> list[str]:
+    """Host lines setting, per kernel dim, the padding before, the unpadded size and
+    the padded size of the pad that input ``i`` reads in place (``buf``: unpadded);
+    a kernel dim no padded dim runs along reads coordinate 0 of a size-1 dim."""
+    pad = acc.pad
+    lines = [f"    for (int d = 0; d < {rank}; ++d) k.in{i}_size[d] = k.in{i}_pdim[d] = 1;"]
+    for bd, kd in enumerate(acc.dims):
+        lines.append(f"    k.in{i}_lo[{kd}] = {sym(pad.low[bd], plan)}; "
+                     f"k.in{i}_size[{kd}] = {sym(buf.dims[bd], plan)}; "
+                     f"k.in{i}_pdim[{kd}] = {sym(pad.dims[bd], plan)};")
+    return lines

@@ -42,7 +42,7 @@ def plan_gathered_rows(order: list[Kernel], buffers: dict[str, Buffer]) -> list[
         reads = readers.get(out, [])
         if (buffers[out].role != "temp" or not reads
                 or any(b.alias_of == out for b in buffers.values())
-                or not all(_reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
+                or not all(reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
             continue
         table, ids = gather.inputs
         for k, i in reads:
@@ -76,13 +76,16 @@ def _row_gather(kernel: Kernel, buffers: dict[str, Buffer]) -> bool:
             and ibuf.elem in _ID_ELEMS)
 
 
-def _reads_rows(kernel: Kernel, i: int, rank: int) -> bool:
-    """True if input ``i`` of ``kernel`` (a gathered tensor of ``rank`` dims) is read
-    by a loop or stitch kernel with its last dim along the kernel's last, as stored."""
+def reads_rows(kernel: Kernel, i: int, rank: int) -> bool:
+    """True if input ``i`` of ``kernel`` (a tensor of ``rank`` dims) is read by a loop
+    or stitch kernel with its last dim along the kernel's last, as stored, through no
+    other map than a broadcast or transpose (which a read in place can take over)."""
     acc = kernel.inputs[i]
     if kernel.kind not in ("loop", "stitch") or not kernel.dims or acc.window is not None or (
-            acc.part_of is not None or acc.gather is not None or acc.ids_for is not None):
+            acc.part_of is not None or acc.gather is not None or acc.ids_for is not None
+            or acc.pad is not None):
         return False
     if acc.dims is None:
         return rank == len(kernel.dims)
-    return acc.dims[-1] == len(kernel.dims) - 1 and acc.expand[-1] == "no"
+    return (acc.dims[-1] == len(kernel.dims) - 1 and acc.expand[-1] == "no"
+            and min(acc.dims) >= 0)

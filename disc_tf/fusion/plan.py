@@ -51,6 +51,18 @@ class RowGather:
 
 
 @dataclasses.dataclass
+class PadRead:
+    """A constant pad read in place (``fusion/padded_reads.py``): the kernel reads
+    the padded tensor (``dims``, symbols) from the unpadded buffer, elements ``low``
+    (symbols, per dim) before its start, and ``value`` outside it."""
+
+    low: list[int]
+    dims: list[int]
+    value: object
+    tf_node: str
+
+
+@dataclasses.dataclass
 class Access:
     """How a kernel reads a buffer: identity, or an index map (broadcast and/or
     transpose).
@@ -75,6 +87,8 @@ class Access:
     #: the ids of the row gather read in place by input ``ids_for`` (not read per
     #: element: that input's row pointer is chosen by them)
     ids_for: int | None = None
+    #: a constant pad read in place: the buffer is the unpadded tensor
+    pad: PadRead | None = None
 
     @property
     def is_identity(self) -> bool:
@@ -86,13 +100,18 @@ class Access:
         """True if buffer dims are read out of order (a transpose) or through a slice
         window: the innermost kernel dim may then have any stride."""
         return (self.window is not None or self.part_of is not None
-                or self.gather is not None or self.ids_for is not None) or (
+                or self.gather is not None or self.ids_for is not None
+                or self.pad is not None) or (
             self.dims is not None and any(a >= b for a, b in zip(self.dims, self.dims[1:])))
 
     def __str__(self) -> str:
         if self.gather is not None:
             return (f"rows of {self.buffer} by in{self.gather.ids} ({self.gather.tf_node}), "
                     f"dims={self.dims}, expand={self.expand}")
+        if self.pad is not None:
+            low = ", ".join(f"s{d}" for d in self.pad.low)
+            return (f"pad({self.buffer}, low=[{low}], value={self.pad.value}) "
+                    f"({self.pad.tf_node}), dims={self.dims}, expand={self.expand}")
         if self.ids_for is not None:
             return f"ids {self.buffer} of in{self.ids_for}"
         if self.part_of is not None:

@@ -30,9 +30,9 @@ from disc_tf.fusion.epilogue import (
     plan_shared_a,
 )
 from disc_tf.fusion.gathered_a import plan_gathered_a
-from disc_tf.fusion.gathered_rows import plan_gathered_rows
 from disc_tf.fusion.gemm_layout import plan_result_layouts, plan_transposed_products
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
+from disc_tf.fusion.padded_reads import plan_reads_in_place
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, analyze, speculate_no_broadcast
@@ -73,20 +73,19 @@ class PlanOptions:
     conv_taps: bool = True
     #: a concatenation is read in place by the loop kernel of its consumers
     concat_maps: bool = True
-    #: a GEMM writes its result in the layout of the transposing copy that reads it
-    #: (attention's context as [batch, seq, heads, dim]), and the copy goes
+    #: a GEMM writes its result in the layout of the transposing copy reading it (attention's context)
     gemm_layouts: bool = True
     #: a GEMM reads the rows of a table a gather picks for its A in place (``gathered_a``)
     gathered_a: bool = True
-    #: a loop kernel reads the rows of a table a gather picks in place (``gathered_rows``)
-    gathered_rows: bool = True
+    #: loop and stitch kernels read gathered rows and constant pads in place (``padded_reads``)
+    reads_in_place: bool = True
 
     @classmethod
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
                    scratch_c=False, shared_a_gemms=False, conv_taps=False, concat_maps=False,
-                   gemm_layouts=False, gathered_a=False, gathered_rows=False)
+                   gemm_layouts=False, gathered_a=False, reads_in_place=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -551,7 +550,8 @@ class _Planner(DataKernelPlacement):
             order = hoist_epilogue_inputs(order, self.buffers)
         if self.options.gathered_a:
             order = plan_gathered_a(order, self.buffers)
-        order = plan_gathered_rows(order, self.buffers) if self.options.gathered_rows else order
+        if self.options.reads_in_place:
+            order = plan_reads_in_place(order, self.buffers, self.a.symbols.constant_value)
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
         plan_reuse(order, self.buffers, self.a.symbols)

@@ -1,0 +1,77 @@
+"""Pads read in place by loop and stitch kernels: ``tf.pad`` with a constant whose
+result elementwise or row-wise kernels read (a sequence shifted by a step, columns
+padded before a scale) is read by them from the unpadded tensor, with no padded copy
+in memory and no pad kernel.
+
+An index kernel qualifies when it is one ``dynamic_pad`` of a dense buffer by a
+constant scalar with no interior padding, its result is a temp that nothing views,
+and every kernel reading that result reads it as ``gathered_rows.reads_rows`` allows
+(loop and stitch kernels, its last dim along theirs, unexpanded). Each read becomes a
+read of the unpadded buffer (``Access.pad``): per row of the kernel the host-filled
+low edge and size along each dim tell whether the row lies inside the tensor and
+where, and along the row the columns inside are read, the others are the constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from disc_tf.fusion.gathered_rows import plan_gathered_rows, reads_rows
+from disc_tf.fusion.plan import Access, Buffer, Kernel, PadRead
+
+
+def plan_reads_in_place(order: list[Kernel], buffers: dict[str, Buffer],
+                        constant: Callable[[int], int | None]) -> list[Kernel]:
+    """Row gathers, then constant pads, read in place by the loop and stitch kernels
+    reading them (``gathered_rows``, this module); returns the launch order left."""
+    return plan_padded_reads(plan_gathered_rows(order, buffers), buffers, constant)
+
+
+def plan_padded_reads(order: list[Kernel], buffers: dict[str, Buffer],
+                      constant: Callable[[int], int | None]) -> list[Kernel]:
+    """Folds each qualifying pad into the kernels reading it (see the module
+    docstring); returns the launch order without the folded pad kernels."""
+    readers: dict[str, list[tuple[Kernel, int]]] = {}
+    for k in order:
+        for i, a in enumerate(k.inputs):
+            readers.setdefault(a.buffer, []).append((k, i))
+    folded: set[str] = set()
+    for pad in order:
+        if not _constant_pad(pad, buffers, constant):
+            continue
+        (_, out), = pad.outputs
+        reads = readers.get(out, [])
+        if (buffers[out].role != "temp" or not reads
+                or any(b.alias_of == out for b in buffers.values())
+                or not all(reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
+            continue
+        op = pad.ops[0]
+        read = PadRead(list(op.attrs["low"]), list(buffers[out].dims), op.operands[1][1],
+                       op.tf_node)
+        for k, i in reads:
+            acc, rank = k.inputs[i], len(k.dims)
+            k.inputs[i] = Access(
+                pad.inputs[0].buffer,
+                dims=list(acc.dims) if acc.dims is not None else list(range(rank)),
+                expand=list(acc.expand) if acc.expand is not None else ["no"] * rank,
+                pad=read)
+        folded.add(pad.name)
+        del buffers[out]
+    return [k for k in order if k.name not in folded]
+
+
+def _constant_pad(kernel: Kernel, buffers: dict[str, Buffer],
+                  constant: Callable[[int], int | None]) -> bool:
+    """True if ``kernel`` only pads a dense buffer by a constant, with no interior."""
+    if kernel.kind != "index" or len(kernel.ops) != 1 or len(kernel.outputs) != 1:
+        return False
+    op = kernel.ops[0]
+    if op.op != "dynamic_pad" or len(op.operands) != 2 or op.operands[0] != ("in", 0):
+        return False
+    if op.operands[1][0] != "const" or any(constant(s) != 0 for s in op.attrs["interior"]):
+        return False
+    if len(kernel.inputs) != 1 or kernel.epilogue:
+        return False
+    x = kernel.inputs[0]
+    return (x.is_identity and x.window is None and buffers[x.buffer].role != "host"
+            and buffers[x.buffer].elem == op.elem)

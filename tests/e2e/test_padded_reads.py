@@ -1,0 +1,151 @@
+"""Pads read in place by loop and stitch kernels (fusion/padded_reads.py): a constant
+pad whose result elementwise or row-wise kernels read is no kernel and no tensor;
+the readers take the unpadded tensor's elements inside it and the constant outside.
+Against TF at random shapes (empty ones too), for pads of the columns, of outer dims
+(a sequence shifted by a step), of every dim, read through a broadcast and a
+transpose, by a softmax (long and short rows), in a GEMM's epilogue, of ints; and
+the plans that keep the pad kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import disc_tf
+from disc_tf import pipeline
+from tests.harness import assert_matches_tf, assert_ops_compiled, compiled
+from tests.stage_helpers import cluster_of
+
+#: The CPU backend's planner option (the CUDA backend keeps the pad kernel).
+pytestmark = pytest.mark.cpu_backend
+
+F32 = tf.float32
+RNG = np.random.default_rng(47)
+DEPTH = 24
+W = tf.constant((RNG.normal(size=(DEPTH, DEPTH)) / 4).astype(np.float32))
+
+
+def columns(x):
+    return tf.pad(x * 3.0, [[0, 0], [2, 1]], constant_values=-1.0) * 2.0 + 1.0
+
+
+def shifted(x):
+    """A decoder's inputs shifted right by one step."""
+    return tf.pad(tf.tanh(x), [[0, 0], [1, 0], [0, 0]]) + x[:, :1] * 0.0 + 1.0
+
+
+def every_dim(x):
+    return tf.sigmoid(tf.pad(x - 0.5, [[1, 2], [0, 3], [2, 0]], constant_values=0.25))
+
+
+def broadcast_row(x):
+    """A padded vector broadcast over the rows of a matrix one wider."""
+    v = tf.reduce_sum(x, 0) * 0.1
+    return tf.pad(v, [[1, 0]]) + tf.pad(x, [[0, 0], [0, 1]], constant_values=2.0)
+
+
+def seq_major(x):
+    return tf.transpose(tf.pad(x * 1.5, [[1, 0], [0, 0], [0, 0]]), [1, 0, 2]) - 1.0
+
+
+def masked_softmax(x):
+    """Padded scores: the padding takes no weight (a row-wise stitch kernel)."""
+    return tf.nn.softmax(tf.pad(x * 2.0, [[0, 0], [0, 3]], constant_values=-1e4))
+
+
+def short_softmax(x):
+    """Rows of 2 + 3 floats: the stitch kernel's eight-rows-at-once version."""
+    return tf.nn.softmax(tf.pad(x[:, :2] * 2.0, [[0, 0], [1, 2]], constant_values=0.5))
+
+
+def int_rows(x):
+    return tf.pad(tf.cast(x * 10.0, tf.int32), [[0, 1], [3, 0]], constant_values=7) * 3
+
+
+def _plan(fn, spec):
+    return pipeline.front_end(cluster_of(fn, spec)).plan
+
+
+def _pads(plan) -> list:
+    plans = [plan] + ([plan.speculative] if plan.speculative else [])
+    return [k for p in plans for k in p.kernels if k.kind == "index" and k.ops[0].op == "dynamic_pad"]
+
+
+def _pad_reads(plan) -> list:
+    return [a for k in plan.kernels for a in k.inputs if a.pad is not None]
+
+
+CASES = [
+    (columns, [None, None], 1, "PadV2", [(3, 5), (1, 1), (0, 4), (200, 37), (5, 0)]),
+    (shifted, [None, None, 8], 1, "Pad", [(2, 5, 8), (1, 1, 8), (3, 70, 8)]),
+    (every_dim, [None, None, None], 1, "PadV2", [(2, 3, 4), (1, 1, 1), (0, 2, 5), (3, 9, 40)]),
+    (broadcast_row, [None, None], 2, "Pad", [(4, 6), (1, 1), (33, 70)]),
+    (seq_major, [None, None, None], 1, "Pad", [(2, 5, 3), (4, 1, 17), (0, 2, 2)]),
+    (masked_softmax, [None, None], 1, "PadV2", [(3, 5), (70, 40), (9, 1)]),
+    (short_softmax, [None, None], 1, "PadV2", [(3, 5), (70, 4), (17, 2)]),
+    (int_rows, [None, None], 1, "PadV2", [(3, 5), (2, 0), (40, 9)]),
+]
+
+
+@pytest.mark.parametrize("fn,shape,reads,tf_op,shapes", CASES, ids=[c[0].__name__ for c in CASES])
+def test_a_pad_feeding_a_kernel_is_read_in_place(fn, shape, reads, tf_op, shapes):
+    """No pad kernel: the readers read the unpadded tensor (no padded temporary), and
+    the results match TF."""
+    spec = tf.TensorSpec(shape, F32)
+    plan = _plan(fn, spec)
+    assert not _pads(plan), plan.describe()
+    assert len(_pad_reads(plan)) == reads, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {tf_op})
+    for s in shapes:
+        x = RNG.normal(size=s).astype(np.float32)
+        assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_a_pad_added_to_a_gemm_result_runs_in_its_epilogue():
+    """``x @ W + pad(y)``, y's rows x's: the kernel reading the pad is the GEMM's
+    epilogue (blocks of C, columns cut), and matches TF."""
+    def fn(x):
+        return tf.nn.relu(tf.matmul(x, W) + tf.pad(x[:, 4:] * 2.0, [[0, 0], [1, 3]]))
+
+    spec = tf.TensorSpec([None, DEPTH], F32)
+    plan = _plan(fn, spec)
+    assert not _pads(plan) and len(_pad_reads(plan)) == 1, plan.describe()
+    (gemm,) = [k for k in plan.kernels if k.kind == "library"]
+    assert gemm.epilogue, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    for rows in (1, 37, 400, 0):
+        x = RNG.normal(size=(rows, DEPTH)).astype(np.float32)
+        assert_matches_tf(tf_fn, jitted, [x], 1e-4, 1e-4)
+
+
+def _returned_too(x):
+    p = tf.pad(x * 2.0, [[0, 0], [1, 1]])
+    return p + 1.0, p
+
+
+def _column_sums(x):
+    return tf.reduce_sum(tf.pad(x * 2.0, [[1, 1], [0, 0]]), axis=0)
+
+
+def _pad_of_a_tensor_value(x):
+    return tf.pad(x * 2.0, [[0, 0], [1, 1]], constant_values=tf.reduce_max(x)) + 1.0
+
+
+@pytest.mark.parametrize("fn", [_returned_too, _column_sums, _pad_of_a_tensor_value],
+                         ids=["returned", "column_reduction", "value_computed"])
+def test_other_pads_keep_their_kernel(fn):
+    """A padded tensor the cluster returns, one a reduce kernel reads, a pad whose
+    value is computed: the pad stays an index kernel, and the answers match TF."""
+    spec = tf.TensorSpec([None, None], F32)
+    plan = _plan(fn, spec)
+    assert _pads(plan) and not _pad_reads(plan), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    for s in ((3, 4), (40, 9)):
+        x = RNG.normal(size=s).astype(np.float32)
+        assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
