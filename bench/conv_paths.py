@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import statistics
 import time
@@ -123,20 +122,14 @@ def table(records: list[dict], isa: str) -> str:
 
 def main() -> None:
     """Command line: measure and print the table."""
+    from bench.machine import add_isa_cap, capped_isa
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cases", default="", help="only the cases whose name matches this regex")
-    parser.add_argument("--isa", choices=["x86-64-v3", "x86-64"], default=None,
-                        help="cap disc_tf's and TF's code paths at this x86-64 level")
+    add_isa_cap(parser)
     args = parser.parse_args()
-    from bench.machine import host_isa
-    from bench.run import cap_isa
-
-    isa = host_isa()
-    if args.isa:
-        cap_isa(args.isa)
-        isa += f" capped at {args.isa}"
-    print(table(measure(args.rounds, only=args.cases), f"{isa}, {os.cpu_count()} cores"))
+    print(table(measure(args.rounds, only=args.cases), capped_isa(args.isa)))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,25 @@ def host_isa() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "neither"
 
 
+def add_isa_cap(parser) -> None:
+    """The ``--isa`` option of the one-process A/B scripts (``conv_paths``,
+    ``reads_in_place``)."""
+    parser.add_argument("--isa", choices=["x86-64-v3", "x86-64"], default=None,
+                        help="cap disc_tf's and TF's code paths at this x86-64 level")
+
+
+def capped_isa(cap: str | None) -> str:
+    """Caps disc_tf's and TF's code paths at ``cap`` (if given, before they load
+    their kernels) and names what runs: the host's ISA, the cap and the cores."""
+    from bench.run import cap_isa
+
+    isa = host_isa()
+    if cap:
+        cap_isa(cap)
+        isa += f" capped at {cap}"
+    return f"{isa}, {os.cpu_count()} cores"
+
+
 def cpu_model() -> str:
     """The CPU model name from /proc/cpuinfo ("unknown" elsewhere)."""
     try:

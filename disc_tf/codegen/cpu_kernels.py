@@ -129,14 +129,17 @@ class KernelEmitter(StitchEmitter):
         return "\n".join([head, *body, "}"])
 
     def _loop(self, index: dict[int, str], out_index: str,
-              pointer: dict[int, str] | None = None) -> list[str]:
+              pointer: dict[int, str] | None = None, load: dict[int, str] | None = None) -> list[str]:
         """One element: loads, the compute call, stores. ``pointer``: inputs loaded
-        through another pointer (a concatenation's part), or not at all (None)."""
+        through another pointer (a concatenation's part), or not at all (None);
+        ``load``: inputs loaded by the given expression (a pad's segments)."""
         pointer = pointer or {}
         loads = []
         for i, a in enumerate(self.k.inputs):
             ct = COMPUTE[self.buf(a).elem]
-            if i in pointer and pointer[i] is None:
+            if load and i in load:
+                loads.append(load[i])
+            elif i in pointer and pointer[i] is None:
                 loads.append(f"({ct})0")  # a part not holding this element
             else:
                 ptr = pointer.get(i, f"r{i}")
@@ -265,7 +268,10 @@ class KernelEmitter(StitchEmitter):
             lines.append(
                 f"    {STORAGE[self.plan.buffers[b].elem]}* __restrict w{j} = a.out{j} + row * inner;"
             )
-        if not inner:
+        padded = [i for i, acc in enumerate(self.k.inputs) if acc.pad is not None]
+        if not inner and padded:
+            lines += self._pad_segments(padded[0], index, pointer)
+        elif not inner:
             lines.append("    for (int64_t c = c0; c < c1; ++c) {")
             lines += ["  " + x for x in self._loop(index, "c", pointer)]
             lines.append("    }")
@@ -292,6 +298,23 @@ class KernelEmitter(StitchEmitter):
         lines += self._rows_call("a", "begin", "end", "0", f"a.dims[{r - 1}]")
         lines.append("}")
         return "\n".join(lines)
+
+    def _pad_segments(self, i: int, index: dict[int, str], pointer: dict) -> list[str]:
+        """The row's columns [c0, c1) as three plain loops around the columns of pad
+        read ``i`` inside the unpadded tensor: the constant before and after them, its
+        elements among them (so each loop vectorizes as a dense one)."""
+        acc, r = self.k.inputs[i], self.rank
+        ct = COMPUTE[self.buf(acc).elem]
+        outside = f"({ct}){literal(acc.pad.value, self.buf(acc).elem)}"
+        inside = f"({ct})r{i}[c - a.in{i}_lo[{r - 1}]]"
+        lines = [f"    // {comment(acc.pad.tf_node)}: the constant, the tensor's columns, the constant",
+                 f"    const int64_t e0 = clo{i} < c0 ? c0 : clo{i} > c1 ? c1 : clo{i};",
+                 f"    const int64_t e1 = chi{i} < e0 ? e0 : chi{i} > c1 ? c1 : chi{i};"]
+        for begin, end, value in (("c0", "e0", outside), ("e0", "e1", inside), ("e1", "c1", outside)):
+            lines.append(f"    for (int64_t c = {begin}; c < {end}; ++c) {{")
+            lines += ["  " + x for x in self._loop(index, "c", pointer, {i: value})]
+            lines.append("    }")
+        return lines
 
     def _flag_call(self, fn: str, call_args: str) -> list[str]:
         """Lines calling ``fn`` (templated on the broadcast flags: through the switch)."""

@@ -45,14 +45,11 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
         f"  const int64_t cols = a.dims[{r - 1}];",
     ]
     read = [i for i, acc in enumerate(k.inputs) if acc.ids_for is None]  # ids: row starts
-    padded = [i for i in read if k.inputs[i].pad is not None]  # [clo, chi): columns inside
     lines += [f"  int64_t lane_off{i}[8];" for i in read]
-    lines += [f"  int64_t lane_clo{i}[8], lane_chi{i}[8];" for i in padded]
     lines.append("  for (int l = 0; l < 8; ++l) {")
     lines.append("    const int64_t row = row0 + l;")
     em._row_offsets(lines, "    ")
     lines += [f"    lane_off{i}[l] = {em._row_start(i)};" for i in read]
-    lines += [f"    lane_clo{i}[l] = clo{i}, lane_chi{i}[l] = chi{i};" for i in padded]
     lines.append("  }")
     # Each input's 8 x cols values, read once into a tile: column c of lane l.
     for i in read:
@@ -62,12 +59,8 @@ def short_rows(em: KernelEmitter, ready: dict[str, int],
             lines.append(f"  const int64_t st{i} = a.in{i}_strides[{r - 1}];")
         lines.append(f"  {ct} t{i}[{SHORT_ROW}][8];  // {acc}")
         lines.append("  for (int l = 0; l < 8; ++l)")
-        load = f"({ct})a.in{i}[lane_off{i}[l] + ({index[i]})]"
-        if acc.pad is not None:
-            lo, value = f"a.in{i}_lo[{r - 1}]", literal(acc.pad.value, em.buf(acc).elem)
-            load = (f"c >= lane_clo{i}[l] && c < lane_chi{i}[l] ? "
-                    f"({ct})a.in{i}[lane_off{i}[l] + c - {lo}] : ({ct}){value}")
-        lines.append(f"    for (int64_t c = 0; c < cols; ++c) t{i}[c][l] = {load};")
+        lines.append(f"    for (int64_t c = 0; c < cols; ++c) "
+                     f"t{i}[c][l] = ({ct})a.in{i}[lane_off{i}[l] + ({index[i]})];")
 
     def element(ops: list[KernelOp], indent: str, readers: tuple = ()) -> list[str]:
         """Loads and per-element ops of one (lane, column)."""

@@ -84,7 +84,9 @@ class StitchEmitter:
 
     def _load(self, i: int, ct: str, index: str, ptr: str = "") -> str:
         """C++ loading input ``i`` at column ``c`` (``index`` into its row ``ptr``). A
-        pad read in place reads the columns inside the tensor, the constant elsewhere."""
+        pad read in place (loop kernels only) reads the columns inside the tensor, the
+        constant elsewhere: in a concatenation's segments (a row's own columns run as
+        ``_pad_segments``)."""
         acc = self.k.inputs[i]
         ptr = ptr or f"r{i}"
         if acc.pad is None:
@@ -185,7 +187,7 @@ class StitchEmitter:
                            for kind, ref in op.operands if kind == "in"})
             for i in used:
                 ct = COMPUTE[self.buf(k.inputs[i]).elem]
-                load = self._load(i, ct, index[i])
+                load = f"({ct})r{i}[{index[i]}]"
                 if guard:  # a masked load: lanes past the row's end read nothing
                     load = f"{guard} ? {load} : ({ct})0"
                 out.append(f"{indent}const {ct} x{i} = {load};")

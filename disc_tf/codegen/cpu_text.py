@@ -179,7 +179,10 @@ def pad_read_lines(i: int, acc: Access, buf: Buffer, rank: int, plan: FusionPlan
     pad = acc.pad
     lines = [f"    for (int d = 0; d < {rank}; ++d) k.in{i}_size[d] = k.in{i}_pdim[d] = 1;"]
     for bd, kd in enumerate(acc.dims):
-        lines.append(f"    k.in{i}_lo[{kd}] = {sym(pad.low[bd], plan)}; "
+        low = sym(pad.low[bd], plan)
+        if pad.starts is not None:  # read through a slice: the padding before it
+            low = f"{low} - {sym(pad.starts[bd], plan)}"
+        lines.append(f"    k.in{i}_lo[{kd}] = {low}; "
                      f"k.in{i}_size[{kd}] = {sym(buf.dims[bd], plan)}; "
                      f"k.in{i}_pdim[{kd}] = {sym(pad.dims[bd], plan)};")
     return lines

@@ -76,12 +76,16 @@ def _row_gather(kernel: Kernel, buffers: dict[str, Buffer]) -> bool:
             and ibuf.elem in _ID_ELEMS)
 
 
-def reads_rows(kernel: Kernel, i: int, rank: int) -> bool:
-    """True if input ``i`` of ``kernel`` (a tensor of ``rank`` dims) is read by a loop
-    or stitch kernel with its last dim along the kernel's last, as stored, through no
-    other map than a broadcast or transpose (which a read in place can take over)."""
+def reads_rows(kernel: Kernel, i: int, rank: int, windows: bool = False,
+               kinds: tuple[str, ...] = ("loop", "stitch")) -> bool:
+    """True if input ``i`` of ``kernel`` (a tensor of ``rank`` dims) is read by a
+    kernel of ``kinds`` with its last dim along the kernel's last, as stored, through
+    no other map than a broadcast or transpose (which a read in place can take over),
+    or with ``windows`` a slice of step 1 too."""
     acc = kernel.inputs[i]
-    if kernel.kind not in ("loop", "stitch") or not kernel.dims or acc.window is not None or (
+    if acc.window is not None and not (windows and all(s == 1 for s in acc.window[1])):
+        return False
+    if kernel.kind not in kinds or not kernel.dims or (
             acc.part_of is not None or acc.gather is not None or acc.ids_for is not None
             or acc.pad is not None):
         return False

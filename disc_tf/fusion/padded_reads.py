@@ -1,15 +1,22 @@
-"""Pads read in place by loop and stitch kernels: ``tf.pad`` with a constant whose
-result elementwise or row-wise kernels read (a sequence shifted by a step, columns
-padded before a scale) is read by them from the unpadded tensor, with no padded copy
-in memory and no pad kernel.
+"""Pads read in place by loop kernels: ``tf.pad`` with a constant whose result
+elementwise kernels read (a sequence shifted by a step, columns padded before a
+scale) is read by them from the unpadded tensor, with no padded copy in memory and
+no pad kernel.
 
 An index kernel qualifies when it is one ``dynamic_pad`` of a dense buffer by a
 constant scalar with no interior padding, its result is a temp that nothing views,
-and every kernel reading that result reads it as ``gathered_rows.reads_rows`` allows
-(loop and stitch kernels, its last dim along theirs, unexpanded). Each read becomes a
-read of the unpadded buffer (``Access.pad``): per row of the kernel the host-filled
-low edge and size along each dim tell whether the row lies inside the tensor and
-where, and along the row the columns inside are read, the others are the constant.
+and every kernel reading that result is a loop kernel reading it as
+``gathered_rows.reads_rows`` allows (its last dim along the kernel's, unexpanded), or
+through a slice of step 1 (``pad(x)[:, :-1]``, a sequence shifted by a step: the
+slice of a pad is a pad of the slice, its padding before less the slice's start).
+Each read becomes a read of the unpadded buffer (``Access.pad``): per row of the
+kernel the host-filled low edge and size along each dim tell whether the row lies
+inside the tensor and where, and the row's columns run as three plain loops: the
+constant, the tensor's columns, the constant.
+
+Stitch kernels keep the pad kernel: their passes over a row load it eight columns at
+a time, and a load that picks the constant or the element per column made a padded
+softmax 1.4-1.8x slower than the pad kernel and a plain read (AVX-512).
 """
 
 from __future__ import annotations
@@ -43,13 +50,16 @@ def plan_padded_reads(order: list[Kernel], buffers: dict[str, Buffer],
         reads = readers.get(out, [])
         if (buffers[out].role != "temp" or not reads
                 or any(b.alias_of == out for b in buffers.values())
-                or not all(reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
+                or not all(reads_rows(k, i, len(buffers[out].dims), windows=True, kinds=("loop",))
+                           for k, i in reads)):
             continue
         op = pad.ops[0]
-        read = PadRead(list(op.attrs["low"]), list(buffers[out].dims), op.operands[1][1],
-                       op.tf_node)
         for k, i in reads:
             acc, rank = k.inputs[i], len(k.dims)
+            read = PadRead(list(op.attrs["low"]), list(buffers[out].dims), op.operands[1][1],
+                           op.tf_node)
+            if acc.window is not None:  # a slice of the padded tensor: a pad of the slice
+                read.starts, read.dims = list(acc.window[0]), list(acc.window[2])
             k.inputs[i] = Access(
                 pad.inputs[0].buffer,
                 dims=list(acc.dims) if acc.dims is not None else list(range(rank)),

@@ -54,12 +54,15 @@ class RowGather:
 class PadRead:
     """A constant pad read in place (``fusion/padded_reads.py``): the kernel reads
     the padded tensor (``dims``, symbols) from the unpadded buffer, elements ``low``
-    (symbols, per dim) before its start, and ``value`` outside it."""
+    (symbols, per dim) before its start, and ``value`` outside it. Read through a
+    slice of step 1, ``dims`` are the slice's and ``starts`` (symbols) where it starts
+    in the padded tensor: the padding before it is then ``low - starts``."""
 
     low: list[int]
     dims: list[int]
     value: object
     tf_node: str
+    starts: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -110,6 +113,8 @@ class Access:
                     f"dims={self.dims}, expand={self.expand}")
         if self.pad is not None:
             low = ", ".join(f"s{d}" for d in self.pad.low)
+            if self.pad.starts is not None:
+                low = ", ".join(f"s{d} - s{t}" for d, t in zip(self.pad.low, self.pad.starts))
             return (f"pad({self.buffer}, low=[{low}], value={self.pad.value}) "
                     f"({self.pad.tf_node}), dims={self.dims}, expand={self.expand}")
         if self.ids_for is not None:

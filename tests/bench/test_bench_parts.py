@@ -305,6 +305,15 @@ def test_gemm_vs_tf_measures_and_reports_one_shape() -> None:
     assert "ORT" not in text  # no ORT records: no ORT columns
 
 
+def test_reads_in_place_measures_both_paths() -> None:
+    from bench import reads_in_place
+
+    records = reads_in_place.measure(1, shapes=[(2, 8)])
+    assert len(records) == 2 and all(r["on"] > 0 and r["off"] > 0 and r["tf"] > 0 for r in records)
+    text = reads_in_place.table(records, "test")
+    assert "embeddings + layer norm (gather) | 2 x 8 |" in text and "shifted sequence (pad)" in text
+
+
 def test_gemm_report_with_ort_column() -> None:
     from bench import gemm_vs_tf
 

@@ -1,10 +1,10 @@
-"""Pads read in place by loop and stitch kernels (fusion/padded_reads.py): a constant
-pad whose result elementwise or row-wise kernels read is no kernel and no tensor;
-the readers take the unpadded tensor's elements inside it and the constant outside.
-Against TF at random shapes (empty ones too), for pads of the columns, of outer dims
-(a sequence shifted by a step), of every dim, read through a broadcast and a
-transpose, by a softmax (long and short rows), in a GEMM's epilogue, of ints; and
-the plans that keep the pad kernel."""
+"""Pads read in place by loop kernels (fusion/padded_reads.py): a constant pad whose
+result elementwise kernels read is no kernel and no tensor; the readers take the
+unpadded tensor's elements inside it and the constant outside. Against TF at random
+shapes (empty ones too), for pads of the columns, of outer dims (a sequence shifted by
+a step), of every dim, read through a broadcast, a transpose and a slice, next to a
+concatenation, in a GEMM's epilogue, of ints; and the plans that keep the pad kernel
+(a softmax over padded rows among them)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def shifted(x):
     return tf.pad(tf.tanh(x), [[0, 0], [1, 0], [0, 0]]) + x[:, :1] * 0.0 + 1.0
 
 
+def shift_right(x):
+    """The usual spelling: pad one step before, drop the last (a slice of the pad)."""
+    return tf.nn.relu(tf.pad(x, [[0, 0], [1, 0], [0, 0]])[:, :-1] * 2.0 + x)
+
+
+def window_of_pad(x):
+    """A slice cutting into the padding on both sides of the columns."""
+    return tf.pad(x * 2.0, [[0, 0], [3, 3]], constant_values=1.0)[:, 1:-2] - 0.5
+
+
 def every_dim(x):
     return tf.sigmoid(tf.pad(x - 0.5, [[1, 2], [0, 3], [2, 0]], constant_values=0.25))
 
@@ -49,14 +59,10 @@ def seq_major(x):
     return tf.transpose(tf.pad(x * 1.5, [[1, 0], [0, 0], [0, 0]]), [1, 0, 2]) - 1.0
 
 
-def masked_softmax(x):
-    """Padded scores: the padding takes no weight (a row-wise stitch kernel)."""
-    return tf.nn.softmax(tf.pad(x * 2.0, [[0, 0], [0, 3]], constant_values=-1e4))
-
-
-def short_softmax(x):
-    """Rows of 2 + 3 floats: the stitch kernel's eight-rows-at-once version."""
-    return tf.nn.softmax(tf.pad(x[:, :2] * 2.0, [[0, 0], [1, 2]], constant_values=0.5))
+def beside_a_concatenation(x):
+    """Columns cut into one segment per part of a concatenation: the pad's columns
+    are picked per element there."""
+    return tf.concat([x, tf.tanh(x[:, :3])], 1) + tf.pad(x, [[0, 0], [1, 2]], constant_values=3.0)
 
 
 def int_rows(x):
@@ -79,11 +85,12 @@ def _pad_reads(plan) -> list:
 CASES = [
     (columns, [None, None], 1, "PadV2", [(3, 5), (1, 1), (0, 4), (200, 37), (5, 0)]),
     (shifted, [None, None, 8], 1, "Pad", [(2, 5, 8), (1, 1, 8), (3, 70, 8)]),
+    (shift_right, [None, None, 8], 1, "Pad", [(2, 5, 8), (1, 1, 8), (3, 70, 8), (2, 0, 8)]),
+    (window_of_pad, [None, None], 1, "PadV2", [(3, 5), (1, 1), (40, 0), (7, 33)]),
     (every_dim, [None, None, None], 1, "PadV2", [(2, 3, 4), (1, 1, 1), (0, 2, 5), (3, 9, 40)]),
     (broadcast_row, [None, None], 2, "Pad", [(4, 6), (1, 1), (33, 70)]),
     (seq_major, [None, None, None], 1, "Pad", [(2, 5, 3), (4, 1, 17), (0, 2, 2)]),
-    (masked_softmax, [None, None], 1, "PadV2", [(3, 5), (70, 40), (9, 1)]),
-    (short_softmax, [None, None], 1, "PadV2", [(3, 5), (70, 4), (17, 2)]),
+    (beside_a_concatenation, [None, 4], 1, "PadV2", [(3, 4), (70, 4), (0, 4)]),
     (int_rows, [None, None], 1, "PadV2", [(3, 5), (2, 0), (40, 9)]),
 ]
 
@@ -132,15 +139,21 @@ def _column_sums(x):
     return tf.reduce_sum(tf.pad(x * 2.0, [[1, 1], [0, 0]]), axis=0)
 
 
+def _masked_softmax(x):
+    """Padded scores under a softmax (a stitch kernel: see padded_reads.py)."""
+    return tf.nn.softmax(tf.pad(x * 2.0, [[0, 0], [0, 3]], constant_values=-1e4))
+
+
 def _pad_of_a_tensor_value(x):
     return tf.pad(x * 2.0, [[0, 0], [1, 1]], constant_values=tf.reduce_max(x)) + 1.0
 
 
-@pytest.mark.parametrize("fn", [_returned_too, _column_sums, _pad_of_a_tensor_value],
-                         ids=["returned", "column_reduction", "value_computed"])
+@pytest.mark.parametrize("fn", [_returned_too, _column_sums, _masked_softmax,
+                                _pad_of_a_tensor_value],
+                         ids=["returned", "column_reduction", "row_softmax", "value_computed"])
 def test_other_pads_keep_their_kernel(fn):
-    """A padded tensor the cluster returns, one a reduce kernel reads, a pad whose
-    value is computed: the pad stays an index kernel, and the answers match TF."""
+    """A padded tensor the cluster returns, one a reduce or stitch kernel reads, a pad
+    whose value is computed: the pad stays an index kernel, and the answers match TF."""
     spec = tf.TensorSpec([None, None], F32)
     plan = _plan(fn, spec)
     assert _pads(plan) and not _pad_reads(plan), plan.describe()
