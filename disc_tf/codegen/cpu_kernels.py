@@ -86,7 +86,7 @@ class KernelEmitter(StitchEmitter):
                              f"in{i}_pdim[{self.rank}];  // per dim: padding before, "
                              "unpadded and padded sizes")
             if a.gather is not None:
-                lines.append(f"  int64_t in{i}_depth;  // floats per table row (the gathered "
+                lines.append(f"  int64_t in{i}_depth;  // elements per table row (the gathered "
                              "tensor's last dim)")
         for j, (value, bname) in enumerate(self.k.outputs):
             elem = self.plan.buffers[bname].elem

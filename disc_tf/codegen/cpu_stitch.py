@@ -80,7 +80,9 @@ class StitchEmitter:
         g = acc.gather
         if g is None:
             return f"off{i}"
-        return f"(int64_t)a.in{g.ids}[off{i} / a.in{i}_depth] * a.in{i}_depth"
+        # a table of no columns: rows of no elements (a stitch kernel still runs them)
+        return (f"(a.in{i}_depth ? (int64_t)a.in{g.ids}[off{i} / a.in{i}_depth] * a.in{i}_depth"
+                " : 0)")
 
     def _load(self, i: int, ct: str, index: str, ptr: str = "") -> str:
         """C++ loading input ``i`` at column ``c`` (``index`` into its row ``ptr``). A

@@ -91,5 +91,7 @@ def reads_rows(kernel: Kernel, i: int, rank: int, windows: bool = False,
         return False
     if acc.dims is None:
         return rank == len(kernel.dims)
+    if not acc.dims:  # a scalar read through a broadcast: no row of its own
+        return False
     return (acc.dims[-1] == len(kernel.dims) - 1 and acc.expand[-1] == "no"
             and min(acc.dims) >= 0)

@@ -95,8 +95,9 @@ class Access:
 
     @property
     def is_identity(self) -> bool:
-        """True if the buffer is read at the kernel's own index."""
-        return self.dims is None
+        """True if the buffer is read at the kernel's own index (a gather's ids are
+        read at the rows the gathered tensor's offsets give: not so)."""
+        return self.dims is None and self.ids_for is None
 
     @property
     def permuted(self) -> bool:

@@ -180,3 +180,37 @@ def test_other_gathers_keep_their_kernel(fn):
     for n in (2, 41):
         ids = RNG.integers(0, ROWS, (n,)).astype(np.int32)
         assert_matches_tf(tf_fn, jitted, [ids], 1e-4, 1e-4)
+
+
+INT_TABLE = tf.constant(np.arange(50, dtype=np.int32).reshape(50, 1) * 3 + 1)
+VALUES = tf.constant(np.arange(1100, dtype=np.float32).reshape(1100, 1))
+
+
+def _ids_computed_then_read_transposed(x):
+    """The kernel reading rows by computed ids (a temp) writes an int tensor of their
+    size: it must not write it in place of the ids, which it reads at other rows'
+    positions (transposed)."""
+    ids = tf.minimum(tf.abs(x), 49)
+    picked = tf.transpose(tf.gather(INT_TABLE, ids), [1, 0, 2]) * 1 + 900
+    return tf.gather(VALUES, picked)
+
+
+def test_ids_read_at_other_rows_are_not_overwritten_in_place():
+    spec = tf.TensorSpec([None, None], tf.int32)
+    plan = _plan(_ids_computed_then_read_transposed, spec)
+    assert not any(b.reuses for b in plan.buffers.values() if b.elem == "i32"), plan.describe()
+    tf_fn = tf.function(_ids_computed_then_read_transposed, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    for shape in ((2, 3), (300, 400), (1, 7)):
+        x = RNG.integers(-60, 60, shape).astype(np.int32)
+        assert_matches_tf(tf_fn, jitted, [x], 0, 0)
+
+
+def test_a_row_reduction_over_rows_of_no_elements():
+    """A table of no columns under a softmax (a stitch kernel runs its empty rows)."""
+    table = tf.constant(np.zeros((50, 0), np.float32))
+    tf_fn = tf.function(lambda ids: tf.nn.softmax(tf.gather(table, ids) * 2.0),
+                        input_signature=[tf.TensorSpec([None], tf.int32)])
+    jitted = compiled(tf_fn)
+    for n in (3, 20):
+        assert_matches_tf(tf_fn, jitted, [np.arange(n, dtype=np.int32)], 0, 0)

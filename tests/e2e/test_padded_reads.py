@@ -162,3 +162,15 @@ def test_other_pads_keep_their_kernel(fn):
     for s in ((3, 4), (40, 9)):
         x = RNG.normal(size=s).astype(np.float32)
         assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
+
+
+def test_a_padded_scalar_read_through_a_broadcast_still_compiles():
+    """A rank-0 pad (no paddings) broadcast over a vector has no row to read in place:
+    the pad kernel stays, and the cluster compiles."""
+    def fn(s, x):
+        return tf.pad(s * 2.0, tf.zeros([0, 2], tf.int32)) + x
+
+    specs = [tf.TensorSpec([], F32), tf.TensorSpec([None], F32)]
+    tf_fn = tf.function(fn, input_signature=specs)
+    jitted = compiled(tf_fn)
+    assert_matches_tf(tf_fn, jitted, [np.float32(3.5), np.ones(4, np.float32)], 0, 0)
