@@ -853,10 +853,49 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
   const TaskPool pool = TaskPoolOf(r);
   const double work = static_cast<double>(m) * n * k;
-  const int64_t rows = CapRows(
-      ProductSplit(isa, packed_b != nullptr, batch, m, n, k, pool.NumThreads(),
-                   /*full_rows=*/true).rows(m),
-      std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1)));
+  const int64_t split_rows = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
+                                          pool.NumThreads(), /*full_rows=*/true).rows(m);
+  const int64_t rows =
+      CapRows(split_rows, std::max<int64_t>(1, kScratchBlockFloats / std::max<int64_t>(n, 1)));
+  // One product (a projection and its row-wise epilogue) keeps C whole, as a temp of
+  // this launch, where scratch would cost time: with few rows the threads share C's
+  // columns first (as sgemm_epilogue does; cutting rows would stream all of B once per
+  // thread), and where the 1 MiB blocks are shorter than the split's and B does not
+  // stay in L2, each extra block would stream all of B again.
+  const bool few_rows = packed_b != nullptr && batch == 1 && n > 0 && work >= kSmallGemm &&
+                        ColumnsThenRows(m, pool.NumThreads());
+  const bool cut_short = packed_b != nullptr && batch == 1 && rows < split_rows &&
+                         k * n * static_cast<int64_t>(sizeof(float)) > L2CacheBytes() / 2;
+  if (few_rows || cut_short) {
+    float* c = static_cast<float*>(RalAllocTemp(ral, m * n * static_cast<int64_t>(sizeof(float))));
+    if (c == nullptr) return;  // the error is set
+    const GemmSplit split =
+        ProductSplit(isa, true, 1, m, n, k, pool.NumThreads(), /*full_rows=*/!few_rows);
+    const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+    // whole rows per block unless the epilogue follows on rows of its own
+    const int64_t cols = few_rows ? split.cols(n) : n, col_blocks = (n + cols - 1) / cols;
+    if (r->profiling) {
+      timer.detail = absl::StrCat("batch=1 m=", m, " n=", n, " k=", k, ta ? " ta" : "",
+                                  " +C whole prepacked blocks=", row_blocks.count, "x",
+                                  col_blocks, few_rows ? " then rows" : "");
+    }
+    RunOn(pool, row_blocks.count * col_blocks, [&](int64_t t) {
+      const int64_t i0 = row_blocks.begin(t / col_blocks), i1 = row_blocks.end(t / col_blocks);
+      const int64_t j0 = t % col_blocks * cols, j1 = std::min(n, j0 + cols);
+      isa.prepacked(i1 - i0, j1 - j0, k, a + (ta ? i0 : i0 * lda), lda, ta, packed_b + j0 * k,
+                    c + i0 * n + j0, n, 0);
+      if (!few_rows) fn(closure, 0, i0, i1, c + i0 * n, n);
+    });
+    if (few_rows) {
+      const int64_t threads = pool.NumThreads();
+      const RowBlocks by_rows(m, (m + threads - 1) / threads, 1);
+      RunOn(pool, by_rows.count, [&](int64_t t) {
+        fn(closure, 0, by_rows.begin(t), by_rows.end(t), c + by_rows.begin(t) * n, n);
+      }, /*inline_only=*/m * n < kThreadedEpilogueFloats);
+    }
+    RalFreeTemp(ral, c);
+    return;
+  }
   const RowBlocks row_blocks(m, rows);
   if (r->profiling) {
     timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,

@@ -198,17 +198,29 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     lines = [title, *g["lines"]]
     epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
     lines += epi
-    scratch = chain is not None and k.c_in_scratch
+    scratch = k.c_in_scratch
     if chain is not None:
         chain_lines, fn, closure = _chain_closure(
             chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name)
         lines += chain_lines
+    elif scratch:
+        lines += [
+            "    // C never exists whole: each task's rows of it, all columns, in the thread's",
+            f"    // scratch, where {e} runs on them",
+            "    struct Scratch {",
+            "      disc_gemm_epilogue_fn epilogue;",
+            "      void* closure;",
+            *_scratch_block(epilogue, out_name, "Scratch"),
+            "    };",
+            f"    Scratch scratch{{{fn}, {closure}}};",
+        ]
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
-    # C only ever in each block's scratch (the chain runs on it there), else in memory
+    # C only ever in each block's scratch (the epilogue and chain run on it there), else in memory
     name = "sgemm_scratch_c" if scratch else "sgemm_epilogue"
     call = f"      ral->{name}("
     pad = " " * len(call)
-    c_args = (["&Chain::block, &chain);"] if scratch else [
+    holder = "Chain::block, &chain" if chain is not None else "Scratch::block, &scratch"
+    c_args = ([f"&{holder});"] if scratch else [
         f"{buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"{fn}, {closure}, {int(k.epilogue_full_rows)}, 0);"])
     lines += [
@@ -317,7 +329,9 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "        h.epilogue(h.closure, q, i0, i1, j0, j1);",
         "        h.rows(q, i0, i1, h.kk);",
         "      }",
-        *(_scratch_block(scratch_of, c_name) if scratch_of is not None else []),
+        *(_scratch_block(scratch_of, c_name, "Chain",
+                         chain.plan.memory(lhs.name) == chain.plan.memory(c_name))
+          if scratch_of is not None else []),
         "    };",
         "    Chain chain{};",
         "    {",
@@ -330,11 +344,14 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
     ], "&Chain::run", "&chain"
 
 
-def _scratch_block(epilogue: KernelEmitter, c_name: str) -> list[str]:
-    """``Chain::block``: the epilogue and the chained GEMM on rows [i0, i1) of product
-    q of C where they lie, in scratch (row stride n): the epilogue's args copied with
-    its read of C and its results (written in C's place) based so that element (q, i, j)
-    of the dense C is cb[(i - i0) * n + j]."""
+def _scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
+                   a2_in_scratch: bool = True) -> list[str]:
+    """``<holder>::block``: the epilogue, and with ``Chain`` the chained GEMM, on rows
+    [i0, i1) of product q of C where they lie, in scratch (row stride n): the
+    epilogue's args copied with its read of C and its results written in C's place
+    (if any) based so that element (q, i, j) of the dense C is cb[(i - i0) * n + j].
+    The chained GEMM reads its A there (``a2_in_scratch``: the epilogue's result in
+    C's place, attention's P) or in memory (the result in a residual's place)."""
     plan, e = epilogue.plan, epilogue.k
     memory = plan.memory(c_name)
     fields = [f"in{i}" for i, a in enumerate(e.inputs) if plan.memory(a.buffer) == memory]
@@ -342,10 +359,12 @@ def _scratch_block(epilogue: KernelEmitter, c_name: str) -> list[str]:
     return [
         "      // Rows [i0, i1) of product q of C in scratch (cb, row stride n: C never",
         f"      // exists whole): {e.name} on them there, its C and its results based at",
-        "      // the block, then the chained GEMM reading them as its A.",
+        "      // the block" + ((", then the chained GEMM reading its A " +
+                              ("there." if a2_in_scratch else "in memory."))
+                             if holder == "Chain" else "."),
         "      static void block(void* p, int64_t q, int64_t i0, int64_t i1, float* cb, "
         "int64_t ldcb) {",
-        "        const Chain& h = *static_cast<const Chain*>(p);",
+        f"        const {holder}& h = *static_cast<const {holder}*>(p);",
         f"        const auto& e = *static_cast<const {epilogue.epilogue_struct}*>(h.closure);",
         f"        {epilogue.args} k2 = *e.args;",
         "        const uintptr_t before = static_cast<uintptr_t>((q * e.m + i0) * ldcb) * "
@@ -356,6 +375,7 @@ def _scratch_block(epilogue: KernelEmitter, c_name: str) -> list[str]:
         f"        const {epilogue.epilogue_struct} e2{{&k2, e.m, e.t}};",
         "        h.epilogue(const_cast<void*>(static_cast<const void*>(&e2)), q, i0, i1, 0, "
         "ldcb);",
-        "        h.rows_of(cb, ldcb, q, i0, i1, h.kk);",
+        *([("        h.rows_of(cb, ldcb, q, i0, i1, h.kk);" if a2_in_scratch
+             else "        h.rows(q, i0, i1, h.kk);")] if holder == "Chain" else []),
         "      }",
     ]

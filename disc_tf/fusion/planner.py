@@ -35,6 +35,7 @@ from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.padded_reads import plan_reads_in_place
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
+from disc_tf.fusion.scratch_c import plan_epilogue_scratch, scratch_candidates
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, analyze, speculate_no_broadcast
 from disc_tf.fusion.symbols import ShapeError
 from disc_tf.fusion.value_access import ValueAccess
@@ -62,8 +63,7 @@ class PlanOptions:
     #: a GEMM reading a row-wise epilogue's result may run on each block's rows inside
     #: the first GEMM too (attention's softmax(Q Kᵀ) · V; needs ``gemm_epilogues``)
     gemm_chains: bool = True
-    #: a chained GEMM whose C nothing else reads keeps each block of C in per-thread
-    #: scratch, never the whole of it (attention's S x S; needs ``gemm_chains``)
+    #: a GEMM whose C only its epilogue (and chain) read keeps C a block at a time in scratch
     scratch_c: bool = True
     #: consecutive GEMMs reading one A run as one launch (Q, K, V projections)
     shared_a_gemms: bool = True
@@ -257,9 +257,8 @@ class _Planner(DataKernelPlacement):
         return None
 
     def _concat_in_place(self, op: DOp) -> bool:
-        """May a concatenation be read in place by a loop kernel? Its parts must be
-        tensors in memory of the result's element type (host scalars and inlined
-        constants are not)."""
+        """May a concatenation be read in place by a loop kernel? Its parts must be tensors
+        in memory of the result's element type (not host scalars, inlined constants)."""
         if not self.options.concat_maps or not self.a.value_dims[op.results[0]]:
             return False
         for v in op.operands:
@@ -554,8 +553,8 @@ class _Planner(DataKernelPlacement):
             order = plan_reads_in_place(order, self.buffers, self.a.symbols.constant_value)
         for i, kernel in enumerate(order):  # numbered again without the unread ones
             kernel.name = f"{self.prefix}kernel{i}"
-        plan_reuse(order, self.buffers, self.a.symbols)
-
+        keep = scratch_candidates(order, self.buffers, self.a.symbols, self.options.scratch_c)
+        plan_reuse(order, self.buffers, self.a.symbols, keep)
         if self.options.gemm_epilogues:
             plan_epilogues(order, self.buffers, same_dim, self.a.symbols.constant_value)
             if self.options.gemm_chains:
@@ -564,6 +563,7 @@ class _Planner(DataKernelPlacement):
                     plan_block_scratch(order, self.buffers)
         if self.options.shared_a_gemms:
             plan_shared_a(order, self.buffers, same_dim)
+        plan_epilogue_scratch(order, self.buffers, keep)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,
