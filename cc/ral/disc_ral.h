@@ -171,10 +171,15 @@ struct disc_ral {
                              int32_t full_rows);
 
   /* ABI 7. sgemm_epilogue with whole rows for a C that nothing reads but what runs on
-   * each block (attention's softmax and the P.V GEMM chained on it): each task computes
-   * its rows [i0, i1) of product q, all n columns, into scratch of its own thread (row
-   * stride n) and calls fn on them there, on the same thread. C never exists whole:
-   * a [batch, heads, S, S] matrix of scores is at most a few rows per thread. */
+   * each block (attention's softmax and the P.V GEMM chained on it; a residual and
+   * norm after a projection): each task computes its rows [i0, i1) of product q, all n
+   * columns, into scratch of its own thread (row stride n) and calls fn on them there,
+   * on the same thread, so that C need never exist whole: a [batch, heads, S, S]
+   * matrix of scores is at most a few rows per thread. A product of one batch may keep
+   * C whole for the launch instead (few rows: the threads share its columns first;
+   * blocks cut short while B exceeds half of L2): fn then gets rows of that C, after
+   * all their columns are computed, possibly on another thread. fn's contract is the
+   * same: rows [i0, i1), all columns, at c with row stride ldc. */
   void (*sgemm_scratch_c)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
                           int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                           int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,

@@ -278,6 +278,8 @@ def _group_legal(run: list[Kernel], by_name: dict[str, Kernel], buffers: dict[st
     last = run[-1]
     if last.epilogue is not None:
         e = by_name[last.epilogue]
+        if any(memory_of(buffers, b) in read for _, b in e.outputs):
+            return False  # E writes (in place) over what another member's blocks still read
         roots = {root_of(buffers, k.outputs[0][1]) for k in run[:-1]}
         for a in e.inputs:
             if root_of(buffers, a.buffer) in roots and not (a.is_identity and a.window is None):

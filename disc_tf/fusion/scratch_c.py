@@ -11,9 +11,10 @@ C's size less while the GEMM runs (in a FastSpeech-like conv block, the residual
 [T, 1024] hidden tensor and C were the peak).
 
 ``scratch_candidates`` runs before in-place reuse: it names the Cs to keep out of it
-(GEMM L, C a dense temp of its own that one stitch kernel E reads, once, at its own
-index, where E also reads at its own index a temp R of C's proven size, dying there,
-that L does not read: E's result then takes R's memory, not C's).
+(GEMM L without batch dims, C a dense temp of its own that one stitch kernel E reads,
+once, at its own index, where E also reads at its own index a temp R of C's proven
+size, dying there, that neither L nor a kernel between L and E reads, and E has no
+second result of C's size: E's result then takes R's memory, not C's).
 ``plan_epilogue_scratch`` runs after the epilogue, chain and shared-A passes: it sets
 ``c_in_scratch`` on each such L that took E as its epilogue and shares no launch, and
 whose C's memory nothing but L and E touches. A GEMM chained on L's blocks (reading
@@ -23,7 +24,7 @@ E's result as its A) then reads that result from memory, where E wrote it.
 from __future__ import annotations
 
 from disc_tf.fusion.memory_plan import last_uses, size_key
-from disc_tf.fusion.plan import Buffer, Kernel, memory_of, root_of
+from disc_tf.fusion.plan import Buffer, Kernel, gemm_form, memory_of, root_of
 from disc_tf.fusion.symbols import SymbolTable
 
 
@@ -43,8 +44,12 @@ def scratch_candidates(order: list[Kernel], buffers: dict[str, Buffer], symbols:
     for lib in order:
         if lib.kind != "library" or lib.ops[0].op != "dot_general" or len(lib.outputs) != 1:
             continue
-        if {"c_layout", "gathered_a"} & set(lib.ops[0].attrs):
+        if {"c_layout", "gathered_a", "strided"} & set(lib.ops[0].attrs):
             continue
+        lhs, rhs = (buffers[a.buffer] for a in lib.inputs[:2])
+        form = gemm_form(len(lhs.dims), len(rhs.dims), lib.ops[0].attrs)
+        if form is None or form.batch:
+            continue  # a projection (attention's batched products have their own scratch)
         (_, c), = lib.outputs
         if buffers[c].role != "temp" or buffers[c].alias_of:
             continue
@@ -55,6 +60,12 @@ def scratch_candidates(order: list[Kernel], buffers: dict[str, Buffer], symbols:
         if e.kind != "stitch" or not read.is_identity or read.window is not None:
             continue
         lib_reads = {root(a.buffer) for a in lib.inputs}
+        # read between L and E, R could not take E's result (E would then not be L's epilogue)
+        lib_reads |= {root(a.buffer) for k in order[position[lib.name] + 1:position[e.name]]
+                      for a in k.inputs}
+        if sum(buffers[b].role == "temp" and size_key(buffers[b], symbols) ==
+               size_key(buffers[c], symbols) for _, b in e.outputs) > 1:
+            continue  # a second result of C's size would have taken C's memory
         counts: dict[str, int] = {}
         for a in e.inputs:
             counts[root(a.buffer)] = counts.get(root(a.buffer), 0) + 1

@@ -78,3 +78,35 @@ def test_kernels_the_same_but_for_names_count_once():
         "// b/Softmax\nvoid kernel7_flat(Kernel7Args& a) { a.out0[0] = 1; }",
         "void spec_kernel1_flat(Spec_kernel1Args& a) { a.out0[0] = 2; }"))
     assert same.distinct_kernels == 2
+
+
+def _gemm(name: str, a: str, b: str, c: str) -> Kernel:
+    """A plain [m, k] x [k, n] library GEMM."""
+    from disc_tf.fusion.plan import KernelOp
+
+    k = _kernel(name, "library", [a, b], [c])
+    k.ops = [KernelOp(f"%{c}", "dot_general", [("in", 0), ("in", 1)], "f32", ["f32", "f32"],
+                      name, {"lhs_batch": [], "rhs_batch": [], "lhs_contract": [1],
+                             "rhs_contract": [0]})]
+    return k
+
+
+def test_gemms_sharing_a_never_run_beside_an_epilogue_writing_over_what_they_read():
+    """x @ r then x @ w with a norm of (C + r) written over r (r dies there): sharing
+    one launch, the norm would write over rows of r that the first GEMM's other blocks
+    still read as B. Without the write the two share it."""
+    from disc_tf.fusion.epilogue import plan_shared_a
+
+    def plan(in_place: bool) -> list[Kernel]:
+        buffers = {name: Buffer(name, "f32", ["s0", "s0"], "temp") for name in
+                   ("r", "y0", "c", "z")}
+        buffers.update({name: Buffer(name, "f32", ["s0", "s0"], "input") for name in ("x", "w")})
+        buffers["z"].reuses = "r" if in_place else None
+        norm = _kernel("e", "stitch", ["c", "r"], ["z"])
+        order = [_gemm("l0", "x", "r", "y0"), _gemm("l", "x", "w", "c"), norm]
+        order[1].epilogue = "e"
+        plan_shared_a(order, buffers, lambda a, b: a == b)
+        return order
+
+    assert plan(False)[1].shares_a == ["l0"]
+    assert plan(True)[1].shares_a == []
