@@ -362,6 +362,12 @@ class KernelEmitter(StitchEmitter):
     def cost(self) -> int:
         return max(1, sum(op_cost(op.op) for op in self.k.ops))
 
+    @property
+    def rows_only(self) -> bool:
+        """True if an input is read in place through rows the host cannot flatten (a
+        gather's table rows, a pad): the kernel has no flat version."""
+        return any(a.gather is not None or a.pad is not None for a in self.k.inputs)
+
     def source(self) -> str:
         header = (
             f"// ---- {self.k.name}: {self.k.kind} fusion over "
@@ -375,7 +381,7 @@ class KernelEmitter(StitchEmitter):
             return "\n\n".join(parts + ([self.epilogue()] if self.epilogue_of else []))
         if self.k.kind == "reduce":
             return "\n\n".join([header, self.struct(), cpu_reduce.reduce_source(self)])
-        parts = [header, self.struct(), self.compute(), self.flat()]
+        parts = [header, self.struct(), self.compute()] + ([] if self.rows_only else [self.flat()])
         if (self.k.needs_broadcast_version or self.epilogue_of) and self.rank:
             parts.append(self.broadcast())
         if self.epilogue_of:
@@ -459,7 +465,12 @@ class KernelEmitter(StitchEmitter):
         if k.kind == "reduce":
             return lines + cpu_reduce.reduce_launch(self, cost)
         lines.append("    if (k.n > 0) {")
-        if k.needs_broadcast_version and r:
+        if self.rows_only:  # table rows or a pad read in place: never the flat version
+            lines.append(
+                f"      ral->parallel_for(ral, k.n / k.dims[{r - 1}], {cost}.0 * k.dims[{r - 1}],"
+                f" {self.fn}_bcast, &k);"
+            )
+        elif k.needs_broadcast_version and r:
             cond = " && ".join(flat_conds)
             lines.append(f"      if ({cond}) {{  // no input is broadcast in this call")
             lines.append(f"        ral->parallel_for(ral, k.n, {cost}, {self.fn}_flat, &k);")
