@@ -228,15 +228,15 @@ def plan_shared_a(order: list[Kernel], buffers: dict[str, Buffer],
     same A (Q, K and V projected from one input): one launch then computes each row
     block of all of them, the block's rows of A read once into cache, and the last
     one's epilogue runs on the block. Each of the run must be a plain GEMM without
-    batch dims ([m.., k] x [k, n] or [n, k]), A read as stored; all but the last
-    without an epilogue or chain; all results of one shape, in memory none of them
+    batch dims ([m.., k] x [k, n] or [n, k]), A read as stored; none with a chain, all
+    but the last without an epilogue; all results of one shape, in memory none of them
     reads; and the last one's epilogue may read the others' results only at its own
     index (the rows its block has)."""
     by_name = {k.name: k for k in order}
     run: list[Kernel] = []
 
-    def flush() -> None:
-        if len(run) > 1 and _group_legal(run, by_name, buffers, same_dim):
+    def flush() -> None:  # the shared launch runs no chain (``shared_a_launch``)
+        if len(run) > 1 and not run[-1].chain and _group_legal(run, by_name, buffers, same_dim):
             run[-1].shares_a = [k.name for k in run[:-1]]
         run.clear()
 

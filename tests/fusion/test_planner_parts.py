@@ -110,3 +110,21 @@ def test_gemms_sharing_a_never_run_beside_an_epilogue_writing_over_what_they_rea
 
     assert plan(False)[1].shares_a == ["l0"]
     assert plan(True)[1].shares_a == []
+
+
+def test_a_gemm_with_a_chain_shares_no_launch():
+    """The shared-A launch runs the last GEMM's epilogue but no chain: a run whose last
+    GEMM has one (attention's scores on the same A as another GEMM) shares nothing, so
+    the chained GEMM still runs."""
+    from disc_tf.fusion.epilogue import plan_shared_a
+
+    buffers = {name: Buffer(name, "f32", ["s0", "s0"], "temp") for name in ("y0", "c", "p", "o")}
+    buffers.update({name: Buffer(name, "f32", ["s0", "s0"], "input") for name in ("x", "w", "v")})
+    order = [_gemm("l0", "x", "w", "y0"), _gemm("l", "x", "w", "c"),
+             _kernel("e", "stitch", ["c"], ["p"]), _gemm("l2", "p", "v", "o")]
+    order[1].epilogue, order[1].chain = "e", "l2"
+    plan_shared_a(order, buffers, lambda a, b: a == b)
+    assert order[1].shares_a == []
+    order[1].chain = None
+    plan_shared_a(order, buffers, lambda a, b: a == b)
+    assert order[1].shares_a == ["l0"]
