@@ -22,6 +22,8 @@ the cluster keeps its index kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from disc_tf.fusion.plan import Access, Buffer, Kernel, RowGather
 
 _ID_ELEMS = ("i32", "i64")
@@ -30,33 +32,55 @@ _ID_ELEMS = ("i32", "i64")
 def plan_gathered_rows(order: list[Kernel], buffers: dict[str, Buffer]) -> list[Kernel]:
     """Folds each qualifying row gather into the kernels reading it (see the
     module docstring); returns the launch order without the folded gather kernels."""
+    def rewrite(gather: Kernel, k: Kernel, i: int) -> None:
+        table, ids = gather.inputs
+        (_, out), = gather.outputs
+        k.inputs.append(Access(ids.buffer, ids_for=i))
+        dims, expand = mapped(k, i)
+        k.inputs[i] = Access(table.buffer, dims=dims, expand=expand,
+                             gather=RowGather(len(k.inputs) - 1, list(buffers[out].dims),
+                                              gather.ops[0].tf_node))
+
+    return fold_into_readers(order, buffers, lambda k: _row_gather(k, buffers),
+                             lambda k, i, rank: reads_rows(k, i, rank), rewrite)
+
+
+def fold_into_readers(order: list[Kernel], buffers: dict[str, Buffer],
+                      source: Callable[[Kernel], bool],
+                      reader_ok: Callable[[Kernel, int, int], bool],
+                      rewrite: Callable[[Kernel, Kernel, int], None]) -> list[Kernel]:
+    """Drops each kernel ``source`` accepts whose one result is a temp that nothing
+    views and every read of which ``reader_ok(reader, input, rank of the result)``
+    accepts: ``rewrite(kernel, reader, input)`` makes each such read go to the
+    kernel's own inputs instead. Returns the launch order without the dropped kernels
+    (their results' buffers go too)."""
     readers: dict[str, list[tuple[Kernel, int]]] = {}
     for k in order:
         for i, a in enumerate(k.inputs):
             readers.setdefault(a.buffer, []).append((k, i))
     folded: set[str] = set()
-    for gather in order:
-        if not _row_gather(gather, buffers):
+    for kernel in order:
+        if not source(kernel):
             continue
-        (_, out), = gather.outputs
+        (_, out), = kernel.outputs
         reads = readers.get(out, [])
         if (buffers[out].role != "temp" or not reads
                 or any(b.alias_of == out for b in buffers.values())
-                or not all(reads_rows(k, i, len(buffers[out].dims)) for k, i in reads)):
+                or not all(reader_ok(k, i, len(buffers[out].dims)) for k, i in reads)):
             continue
-        table, ids = gather.inputs
         for k, i in reads:
-            acc, rank = k.inputs[i], len(k.dims)
-            k.inputs.append(Access(ids.buffer, ids_for=i))
-            k.inputs[i] = Access(
-                table.buffer,
-                dims=list(acc.dims) if acc.dims is not None else list(range(rank)),
-                expand=list(acc.expand) if acc.expand is not None else ["no"] * rank,
-                gather=RowGather(len(k.inputs) - 1, list(buffers[out].dims),
-                                 gather.ops[0].tf_node))
-        folded.add(gather.name)
+            rewrite(kernel, k, i)
+        folded.add(kernel.name)
         del buffers[out]
     return [k for k in order if k.name not in folded]
+
+
+def mapped(kernel: Kernel, i: int) -> tuple[list[int], list[str]]:
+    """The dims map and expansion of input ``i`` of ``kernel``, explicit for an
+    identity read."""
+    acc, rank = kernel.inputs[i], len(kernel.dims)
+    return (list(acc.dims) if acc.dims is not None else list(range(rank)),
+            list(acc.expand) if acc.expand is not None else ["no"] * rank)
 
 
 def _row_gather(kernel: Kernel, buffers: dict[str, Buffer]) -> bool:

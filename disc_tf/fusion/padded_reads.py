@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.gathered_rows import plan_gathered_rows, reads_rows
+from disc_tf.fusion.gathered_rows import fold_into_readers, mapped, plan_gathered_rows, reads_rows
 from disc_tf.fusion.plan import Access, Buffer, Kernel, PadRead
 
 
@@ -38,36 +38,19 @@ def plan_padded_reads(order: list[Kernel], buffers: dict[str, Buffer],
                       constant: Callable[[int], int | None]) -> list[Kernel]:
     """Folds each qualifying pad into the kernels reading it (see the module
     docstring); returns the launch order without the folded pad kernels."""
-    readers: dict[str, list[tuple[Kernel, int]]] = {}
-    for k in order:
-        for i, a in enumerate(k.inputs):
-            readers.setdefault(a.buffer, []).append((k, i))
-    folded: set[str] = set()
-    for pad in order:
-        if not _constant_pad(pad, buffers, constant):
-            continue
+    def rewrite(pad: Kernel, k: Kernel, i: int) -> None:
+        op, acc = pad.ops[0], k.inputs[i]
         (_, out), = pad.outputs
-        reads = readers.get(out, [])
-        if (buffers[out].role != "temp" or not reads
-                or any(b.alias_of == out for b in buffers.values())
-                or not all(reads_rows(k, i, len(buffers[out].dims), windows=True, kinds=("loop",))
-                           for k, i in reads)):
-            continue
-        op = pad.ops[0]
-        for k, i in reads:
-            acc, rank = k.inputs[i], len(k.dims)
-            read = PadRead(list(op.attrs["low"]), list(buffers[out].dims), op.operands[1][1],
-                           op.tf_node)
-            if acc.window is not None:  # a slice of the padded tensor: a pad of the slice
-                read.starts, read.dims = list(acc.window[0]), list(acc.window[2])
-            k.inputs[i] = Access(
-                pad.inputs[0].buffer,
-                dims=list(acc.dims) if acc.dims is not None else list(range(rank)),
-                expand=list(acc.expand) if acc.expand is not None else ["no"] * rank,
-                pad=read)
-        folded.add(pad.name)
-        del buffers[out]
-    return [k for k in order if k.name not in folded]
+        read = PadRead(list(op.attrs["low"]), list(buffers[out].dims), op.operands[1][1],
+                       op.tf_node)
+        if acc.window is not None:  # a slice of the padded tensor: a pad of the slice
+            read.starts, read.dims = list(acc.window[0]), list(acc.window[2])
+        dims, expand = mapped(k, i)
+        k.inputs[i] = Access(pad.inputs[0].buffer, dims=dims, expand=expand, pad=read)
+
+    return fold_into_readers(
+        order, buffers, lambda k: _constant_pad(k, buffers, constant),
+        lambda k, i, rank: reads_rows(k, i, rank, windows=True, kinds=("loop",)), rewrite)
 
 
 def _constant_pad(kernel: Kernel, buffers: dict[str, Buffer],
