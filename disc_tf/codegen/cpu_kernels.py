@@ -142,9 +142,7 @@ class KernelEmitter(StitchEmitter):
             elif i in pointer and pointer[i] is None:
                 loads.append(f"({ct})0")  # a part not holding this element
             else:
-                ptr = pointer.get(i, f"r{i}")
-                loads.append(self._load(i, ct, index[i], ptr) if out_index == "c"
-                             else f"({ct}){ptr}[{index[i]}]")  # flat: no pad read in place
+                loads.append(self._load(i, ct, index[i], pointer.get(i, f"r{i}")))
         lines = []
         outs = []
         for j, (_, b) in enumerate(self.k.outputs):
