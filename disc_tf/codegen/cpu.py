@@ -23,7 +23,7 @@ from disc_tf.codegen.cpu_ops import (
     VECTOR_MATH,
     literal,
 )
-from disc_tf.codegen.cpu_text import comment, host_expr, product, sym
+from disc_tf.codegen.cpu_text import comment, format_text, host_expr, product, sym
 from disc_tf.codegen.cpu_units import PLACEHOLDER, KernelUnit, code_key, share
 from disc_tf.fusion.plan import Buffer, FusionPlan
 from disc_tf.sources import Sources, SourceUnit
@@ -78,7 +78,7 @@ def _const_data(b: Buffer) -> str:
 
 
 def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
-    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    tf = format_text(check.tf_node)
     n_in = product(check.operands[0], plan)
     n_out = product(check.result, plan)
     prefix = f"TF op '{tf}': Input to reshape is a tensor with %lld values, but the requested shape"
@@ -101,7 +101,7 @@ def _reshape_check(plan: FusionPlan, check, lines: list[str]) -> None:
 
 
 def _nonnegative_check(plan: FusionPlan, check, lines: list[str]) -> None:
-    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    tf = format_text(check.tf_node)
     dims = [sym(s, plan) for s in check.result]
     lines.append(f"  // dims computed on the host for TF op '{comment(check.tf_node)}'")
     lines.append(f"  if ({' || '.join(f'{d} < 0' for d in dims)}) {{")
@@ -117,8 +117,8 @@ _C_PREDICATES = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "s
 
 
 def _require_check(plan: FusionPlan, check, lines: list[str]) -> None:
-    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    text = check.message.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    tf = format_text(check.tf_node)
+    text = format_text(check.message)
     a, b = (sym(s, plan) for s in check.result)
     lines.append(f"  // TF op '{comment(check.tf_node)}': {comment(check.message)}")
     lines.append(f"  if (!({a} {_C_PREDICATES[check.predicate]} {b})) {{")
@@ -128,7 +128,7 @@ def _require_check(plan: FusionPlan, check, lines: list[str]) -> None:
 
 
 def _slice_check(plan: FusionPlan, check, lines: list[str]) -> None:
-    tf = check.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    tf = format_text(check.tf_node)
     start, limit, dims = check.operands
     lines.append(f"  // slice bounds of TF op '{comment(check.tf_node)}'")
     for d, (lo, hi, n) in enumerate(zip(start, limit, dims)):

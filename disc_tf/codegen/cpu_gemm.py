@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disc_tf.codegen.cpu_ops import STORAGE
-from disc_tf.codegen.cpu_text import comment, product, strided_gemm_exprs, sym
+from disc_tf.codegen.cpu_text import bad_index_lines, comment, product, strided_gemm_exprs, sym
 from disc_tf.fusion.plan import Buffer, gemm_form
 
 if TYPE_CHECKING:
@@ -62,7 +62,6 @@ def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     form = gemm_form(len(ids.dims) + 1, len(rhs.dims), op.attrs)
     assert form is not None and not form.batch and not form.transpose_b, op.attrs
     id_type = STORAGE[ids.elem]
-    tf = g["tf_node"].replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     title = (f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, its A the rows of "
              f"{table.name} that {comment(g['tf_node'])} picks, read in place")
     lines = [
@@ -109,9 +108,7 @@ def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "      }",
         "    }",
         "    if (rows.bad != INT64_MIN) {",
-        f'      snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in [0, %lld)",',
-        "               (long long)rows.bad, (long long)rows.rows);",
-        "      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);",
+        *bad_index_lines(g["tf_node"], "rows.bad", "rows.rows", "      "),
         "    }",
         "  }",
     ]

@@ -13,7 +13,15 @@ from __future__ import annotations
 from disc_tf.codegen.cpu_gemm import epilogue_closure
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
-from disc_tf.codegen.cpu_text import accumulator_elem, comment, host_expr, product, rounds_once, sym
+from disc_tf.codegen.cpu_text import (
+    accumulator_elem,
+    bad_index_lines,
+    comment,
+    host_expr,
+    product,
+    rounds_once,
+    sym,
+)
 from disc_tf.fusion.plan import FusionPlan, Kernel, depthwise_f32
 
 #: Output channels a depthwise convolution task accumulates at once (in registers).
@@ -581,12 +589,9 @@ class IndexKernelEmitter(KernelEmitter):
         lines.append(f"      ral->parallel_for(ral, rows, {cost}, {self.fn}_index, &k);")
         lines.append("    }")
         if self.op.op in ("torch_index_select", "gather_nd"):
-            tf = self.op.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
             axis = self.op.attrs.get("dim", 0)
             lines.append("    if (bad != INT64_MIN) {")
-            lines.append(f'      snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in '
-                         f'[0, %lld)", (long long)bad, (long long)k.in0_dims[{axis}]);')
-            lines.append("      return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);")
+            lines += bad_index_lines(self.op.tf_node, "bad", f"k.in0_dims[{axis}]", "      ")
             lines.append("    }")
         lines.append("  }")
         if outer:

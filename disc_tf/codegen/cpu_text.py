@@ -75,6 +75,20 @@ def rounds_once(elem: str) -> bool:
     return elem in ("f16", "bf16")
 
 
+def format_text(text: str) -> str:
+    """``text`` inside a C string literal used as a printf format (a TF node's name
+    in an error message): backslashes, quotes and percent signs escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+
+
+def bad_index_lines(tf_node: str, index: str, rows: str, indent: str) -> list[str]:
+    """Host lines returning TF's InvalidArgument for gather index ``index`` outside
+    ``[0, rows)`` (C++ expressions), worded as the gather kernel words it."""
+    return [f'{indent}snprintf(msg, sizeof(msg), "TF op \'{format_text(tf_node)}\': indices = '
+            f'%lld is not in [0, %lld)", (long long)({index}), (long long)({rows}));',
+            f"{indent}return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);"]
+
+
 def comment(text: str) -> str:
     """``text`` made safe for a one-line C++ comment."""
     return text.replace("*/", "* /").replace("\n", " ")
@@ -156,7 +170,6 @@ def gathered_ids_check(acc: Access, table: Buffer, ids: Buffer, plan: FusionPlan
     first outside it, as the gather kernel gave. Nothing is checked when the gathered
     tensor has no element (the gather kernel then had nothing to run)."""
     g = acc.gather
-    tf = g.tf_node.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     rows = sym(table.dims[0], plan)
     return [
         f"    // {comment(g.tf_node)}: every id picks a row of the table",
@@ -164,9 +177,7 @@ def gathered_ids_check(acc: Access, table: Buffer, ids: Buffer, plan: FusionPlan
         " t < n; ++t) {",
         f"      const int64_t idx = (int64_t)k.in{g.ids}[t];",
         f"      if (idx < 0 || idx >= {rows}) {{",
-        f'        snprintf(msg, sizeof(msg), "TF op \'{tf}\': indices = %lld is not in '
-        f'[0, %lld)", (long long)idx, (long long)({rows}));',
-        "        return disc_fail(ral, DISC_INVALID_ARGUMENT, msg);",
+        *bad_index_lines(g.tf_node, "idx", rows, "        "),
         "      }",
         "    }",
     ]
