@@ -506,6 +506,19 @@ GemmSplit ProductSplit(const GemmIsa& isa, bool packed_b, int64_t batch, int64_t
 // stream 1-2% faster on AVX2 and AVX-512; the recommender tower ties.
 constexpr int64_t kEpilogueChunkColumns = 256;
 
+// Rows of C an epilogue follows the GEMM by, within one block of a prepacked product:
+// all of them, unless the block's C chunk of `cols` columns would leave a quarter of L2
+// before the epilogue reads it back while B's chunk (k x cols) stays there. Then as
+// many 6-row tiles as fill that quarter: a tall product of a small B (MobileNetV2's
+// 1 x 1 convolutions, 50176 x 16 x 96 at 4 x 224 x 224) otherwise wrote its C to
+// memory and read it back for the epilogue.
+int64_t EpilogueChunkRows(const GemmEpilogue& epilogue, int64_t rows, int64_t cols, int64_t k) {
+  if (epilogue.fn == nullptr || cols <= 0) return std::max<int64_t>(rows, 1);
+  const int64_t quarter = L2CacheBytes() / 4 / static_cast<int64_t>(sizeof(float));
+  if (rows * cols <= quarter || k * cols > quarter) return std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(6, quarter / cols / 6 * 6);
+}
+
 // Columns of one product per task when the products of a shared A are cut by columns
 // (a multiple of 64, so of every ISA's panel): 6 tasks for BERT's Q, K and V of 256.
 constexpr int64_t kSharedAColumnChunk = 128;
@@ -574,9 +587,22 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const int64_t cols = split.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks.count * col_blocks;
+    // Rows the epilogue follows a prepacked GEMM by within a block (all of a block's
+    // rows unless its C would leave L2 first).
+    const int64_t block_rows = row_blocks.end(0) - row_blocks.begin(0);
+    const int64_t row_step =
+        packed_b == nullptr
+            ? block_rows
+            : EpilogueChunkRows(block_epilogue, block_rows,
+                                block_epilogue.full_rows ? cols
+                                                         : std::min(kEpilogueChunkColumns, cols),
+                                k);
     if (r->profiling) {
       timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks,
                                    columns_then_rows ? " then rows" : "");
+      if (row_step < block_rows) {
+        absl::StrAppend(&timer.detail, " epilogue by ", row_step, " rows");
+      }
     }
     auto task = [=](int64_t t) {
       const int64_t q = t / blocks;
@@ -599,11 +625,16 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
       // every ISA's panels.
       const int64_t step = block_epilogue.fn != nullptr && !block_epilogue.full_rows
                                ? kEpilogueChunkColumns : j1 - j0;
-      for (int64_t c0 = j0; c0 < j1; c0 += step) {
-        const int64_t c1 = std::min(j1, c0 + step);
-        isa.prepacked(i1 - i0, c1 - c0, k, aq, lda, ta, packed_b + c0 * k, cq + (c0 - j0), ldc,
-                      block_epilogue.accumulate);
-        block_epilogue(q, i0, i1, c0, c1);
+      for (int64_t r0 = i0; r0 < i1; r0 += row_step) {
+        const int64_t r1 = std::min(i1, r0 + row_step);
+        const float* ar = aq + (ta ? r0 - i0 : (r0 - i0) * lda);
+        float* cr = cq + (r0 - i0) * ldc;
+        for (int64_t c0 = j0; c0 < j1; c0 += step) {
+          const int64_t c1 = std::min(j1, c0 + step);
+          isa.prepacked(r1 - r0, c1 - c0, k, ar, lda, ta, packed_b + c0 * k, cr + (c0 - j0),
+                        ldc, block_epilogue.accumulate);
+          block_epilogue(q, r0, r1, c0, c1);
+        }
       }
     };
     const int64_t tasks = batch * blocks;

@@ -10,6 +10,7 @@ TF's InvalidArgument after the launch.
 
 from __future__ import annotations
 
+from disc_tf.codegen.cpu_depthwise import CHANNEL_BLOCK, depthwise_source
 from disc_tf.codegen.cpu_gemm import epilogue_closure
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import COMPUTE, STORAGE, literal
@@ -23,45 +24,6 @@ from disc_tf.codegen.cpu_text import (
     sym,
 )
 from disc_tf.fusion.plan import FusionPlan, Kernel, depthwise_f32
-
-#: Output channels a depthwise convolution task accumulates at once (in registers).
-_CHANNEL_BLOCK = 64
-
-
-#: A depthwise convolution's block of ``V`` x ``NV`` channels of one output pixel
-#: (V = ``disc_f32x16`` or ``disc_f32x8``): the sums over the window taps it is given
-#: (``kys`` x ``kxs``, input and filter steps between them) in registers, in the
-#: generic kernel's order of terms. Sixteen lanes are one AVX-512 register, two AVX2
-#: ones, four SSE ones: GCC splits a vector wider than the clone's ISA.
-DEPTHWISE_BLOCK = r"""#ifndef DISC_DEPTHWISE_BLOCK
-#define DISC_DEPTHWISE_BLOCK
-typedef float disc_f32x16 __attribute__((vector_size(64)));
-template <typename V, int NV>
-static inline __attribute__((always_inline)) void disc_depthwise_block(
-    const float* x, int64_t x_ky, int64_t x_kx, const float* f, int64_t f_ky, int64_t f_kx,
-    int64_t kys, int64_t kxs, float* out) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  V acc[NV];
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) acc[v] = V{};
-  for (int64_t ky = 0; ky < kys; ++ky) {
-    for (int64_t kx = 0; kx < kxs; ++kx) {
-      const float* r = x + ky * x_ky + kx * x_kx;
-      const float* w = f + ky * f_ky + kx * f_kx;
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        V xv, wv;
-        __builtin_memcpy(&xv, r + L * v, sizeof xv);
-        __builtin_memcpy(&wv, w + L * v, sizeof wv);
-        acc[v] += xv * wv;
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) __builtin_memcpy(out + L * v, &acc[v], sizeof acc[v]);
-}
-#endif  // DISC_DEPTHWISE_BLOCK
-"""
 
 
 class IndexKernelEmitter(KernelEmitter):
@@ -366,85 +328,16 @@ class IndexKernelEmitter(KernelEmitter):
 
     def _grouped_conv_source(self) -> str:
         """A depthwise convolution, one task per output pixel (tasks in a row of the
-        output step through it without dividing). f32 with one output per input
-        channel keeps each block of channels in vector registers (``DEPTHWISE_BLOCK``)
-        over the window taps inside the input, a range found once per pixel; the sums
-        are those of the generic kernel, term for term. Other types and channel
-        multipliers take ``_grouped_conv_generic``."""
+        output step through it without dividing): f32 with one output per input
+        channel in vector registers (``cpu_depthwise``), other types and channel
+        multipliers by ``_grouped_conv_generic``."""
         op = self.op
         if not self._fast_depthwise:
             return self._grouped_conv_generic()
         attrs = op.attrs
-        sh, sw, dh, dw = self._window_steps()
-        kh, kw = attrs["kh"], attrs["kw"]
-        block = _CHANNEL_BLOCK
-        vectors = block // 16
-        call = "disc_depthwise_block<{}>(x + c0, x_ky, x_kx, f + c0, f_ky, f_kx, kys, kxs, w + c0);"
-        cases = [f"        case {v}: {call.format(f'disc_f32x16, {v}')} break;"
-                 for v in range(vectors - 1, 0, -1)]
-        lines = [
-            DEPTHWISE_BLOCK,
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
-            "  const int64_t channels = a.dims[3], out_h = a.dims[1], out_w = a.dims[2];",
-            "  const int64_t in_h = a.in0_dims[1], in_w = a.in0_dims[2];",
-            f"  const int64_t multiplier = a.in1_dims[3] / {attrs['groups']};  // outputs per input channel",
-            "  // input and filter steps between window taps",
-            f"  const int64_t x_ky = {dh} * a.in0_strides[1], x_kx = {dw} * a.in0_strides[2];",
-            "  const int64_t f_ky = a.in1_strides[0], f_kx = a.in1_strides[1];",
-            "  int64_t ow = begin % out_w, oh = begin / out_w % out_h, n = begin / (out_w * out_h);",
-            "  for (int64_t row = begin; row < end; ++row) {",
-            "    float* __restrict w = a.out0 + row * channels;",
-            f"    const int64_t ih0 = oh * {sh} - {self._p('low', 0)};",
-            f"    const int64_t iw0 = ow * {sw} - {self._p('low', 1)};",
-            "    // the taps whose input pixel lies inside the input: [ky0, ky1) x [kx0, kx1)",
-            f"    int64_t ky0 = 0, ky1 = {kh}, kx0 = 0, kx1 = {kw};",
-            f"    while (ky0 < ky1 && ih0 + ky0 * {dh} < 0) ++ky0;",
-            f"    while (ky1 > ky0 && ih0 + (ky1 - 1) * {dh} >= in_h) --ky1;",
-            f"    while (kx0 < kx1 && iw0 + kx0 * {dw} < 0) ++kx0;",
-            f"    while (kx1 > kx0 && iw0 + (kx1 - 1) * {dw} >= in_w) --kx1;",
-            "    const int64_t kys = ky1 - ky0, kxs = kys > 0 ? kx1 - kx0 : 0;",
-            "    const float* x = a.in0 + n * a.in0_strides[0];",
-            "    if (kxs > 0) {",
-            f"      x += (ih0 + ky0 * {dh}) * a.in0_strides[1] + (iw0 + kx0 * {dw}) * a.in0_strides[2];",
-            "    }",
-            "    const float* f = a.in1 + ky0 * f_ky + kx0 * f_kx;",
-            "    int64_t c0 = 0;",
-            "    if (multiplier == 1) {",
-            f"      for (; c0 + {block} <= channels; c0 += {block}) {{",
-            f"        {call.format(f'disc_f32x16, {vectors}')}",
-            "      }",
-            "      switch ((channels - c0) / 16) {",
-            *cases,
-            "        default: break;",
-            "      }",
-            "      c0 += (channels - c0) / 16 * 16;",
-            "      if (c0 + 8 <= channels) {",
-            f"        {call.format('disc_f32x8, 1')}",
-            "        c0 += 8;",
-            "      }",
-            "    }",
-            "    for (; c0 < channels; ++c0) {  // the last channels, or every one with a multiplier",
-            "      const int64_t ci = multiplier == 1 ? c0 : c0 / multiplier;",
-            "      float acc = 0;",
-            "      for (int64_t ky = 0; ky < kys; ++ky) {",
-            "        for (int64_t kx = 0; kx < kxs; ++kx) {",
-            "          acc += x[ky * x_ky + kx * x_kx + ci] * f[ky * f_ky + kx * f_kx + c0];",
-            "        }",
-            "      }",
-            "      w[c0] = acc;",
-            "    }",
-            "    if (++ow == out_w) {",
-            "      ow = 0;",
-            "      if (++oh == out_h) {",
-            "        oh = 0;",
-            "        ++n;",
-            "      }",
-            "    }",
-            "  }",
-            "  if (a.epilogue != nullptr) a.epilogue(a.closure, 0, begin, end, 0, channels);",
-            "}",
-        ]
+        lines = depthwise_source(self.fn, self.args, attrs["kh"], attrs["kw"],
+                                 self._window_steps(),
+                                 (self._p("low", 0), self._p("low", 1)), attrs["groups"])
         return self._unit(f"depthwise convolution {comment(op.tf_node)}", lines)
 
     def _grouped_conv_generic(self) -> str:
@@ -452,14 +345,14 @@ class IndexKernelEmitter(KernelEmitter):
         channel, ``M`` outputs each), one task per output pixel: for each window tap
         inside the input, the pixel's channels multiply the tap's weights as
         contiguous runs (vectorised), accumulated over the taps in blocks of
-        ``_CHANNEL_BLOCK`` channels."""
+        ``CHANNEL_BLOCK`` channels."""
         k, op = self.k, self.op
         attrs = op.attrs
         sh, sw, dh, dw = self._window_steps()
         (_, bname), = k.outputs
         st = STORAGE[self.plan.buffers[bname].elem]
         ct = COMPUTE[op.elem]
-        block = _CHANNEL_BLOCK
+        block = CHANNEL_BLOCK
         lines = [
             f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
             f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",

@@ -24,7 +24,15 @@ from disc_tf.codegen.cpu_text import (
     comment,
     rounds_once,
 )
-from disc_tf.fusion.plan import KernelOp
+from disc_tf.fusion.plan import Access, KernelOp
+
+
+def _last_dim_only(acc: Access, rank: int) -> bool:
+    """True when ``acc`` reads a plain buffer whose every dim runs along the kernel's
+    last (or a scalar): each row of the kernel starts at its offset 0."""
+    return (acc.dims is not None and all(d == rank - 1 for d in acc.dims)
+            and acc.window is None and acc.part_of is None and acc.gather is None
+            and acc.ids_for is None and acc.pad is None)
 
 
 class StitchEmitter:
@@ -100,13 +108,16 @@ class StitchEmitter:
     def _row_offsets(self, lines: list[str], indent: str) -> None:
         """Offsets of every input at the start of ``row`` (dims before the last).
 
-        An identity read starts at ``row * cols``; only the others walk the dims
-        (a division per dim)."""
+        An identity read starts at ``row * cols``, a read along the last dim alone
+        (a per-channel scale) at 0; only the others walk the dims (a division per
+        dim: a 96-column row of MobileNetV2's batch norm spent longer there than on
+        its columns)."""
         r = self.rank
         dense = {i for i, acc in enumerate(self.k.inputs)
                  if acc.is_identity and acc.window is None and r}
         ids = {i for i, acc in enumerate(self.k.inputs) if acc.ids_for is not None}
-        walk = [i for i in range(len(self.k.inputs)) if i not in dense | ids]
+        fixed = {i for i, acc in enumerate(self.k.inputs) if _last_dim_only(acc, r)}
+        walk = [i for i in range(len(self.k.inputs)) if i not in dense | ids | fixed]
         padded = [i for i, acc in enumerate(self.k.inputs) if acc.pad is not None]
         for i in sorted(set(range(len(self.k.inputs))) - ids):
             start = f"row * a.dims[{r - 1}]" if i in dense else "0"

@@ -269,3 +269,47 @@ def test_a_call_wakes_the_sleeping_worker_when_its_last_call_used_it(tmp_path, s
         assert gemm_wakes == 0
     else:  # 10 calls, each 20 ms after the last: the worker slept before (nearly) every one
         assert 5 <= gemm_wakes <= 10, gemm_wakes
+
+
+_CHUNK_SCRIPT = """
+import numpy as np, tensorflow as tf
+import disc_tf
+
+rng = np.random.default_rng(5)
+# variables: packed once, as a model's weights are
+w_pw = tf.Variable((rng.standard_normal((1, 1, 8, 96)) / 3).astype(np.float32))
+w_sm = tf.Variable((rng.standard_normal((8, 96)) / 3).astype(np.float32))
+scale = rng.uniform(0.5, 1.5, 96).astype(np.float32)
+
+@tf.function(input_signature=[tf.TensorSpec([None, None, None, 8])])
+def pointwise(x):  # an elementwise epilogue (MobileNetV2's 1 x 1 conv, batch norm, ReLU6)
+    return tf.nn.relu6(tf.nn.conv2d(x, w_pw, 1, "SAME") * scale + 0.25)
+
+@tf.function(input_signature=[tf.TensorSpec([None, 8])])
+def softmax(x):  # a row-wise epilogue
+    return tf.nn.softmax(tf.matmul(x, w_sm) * 0.5, axis=-1)
+
+for fn, shapes in ((pointwise, [(2, 19, 23, 8), (1, 7, 5, 8), (3, 40, 31, 8)]),
+                   (softmax, [(997, 8), (250, 8), (2400, 8)])):
+    j = disc_tf.jit(fn, min_cluster_size=1, strict=True)
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(j(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-5)
+print("OK")
+"""
+
+
+def test_a_tall_block_of_a_small_b_runs_its_epilogue_by_rows_that_stay_in_l2(tmp_path):
+    """A block whose C would leave a quarter of L2 (16 KiB of an L2 of 64 KiB here)
+    before its epilogue reads it, while B's chunk stays there, runs the GEMM and
+    the epilogue on as many 6-row tiles as fit that quarter, one chunk after another:
+    an elementwise epilogue on each chunk's columns, a row-wise one on whole rows.
+    The profile says so, and the answers are TF's at shapes that end in a short chunk."""
+    profile = tmp_path / "profile.txt"
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+               DISC_TF_L2_BYTES=str(64 * 1024), DISC_TF_PROFILE=str(profile))
+    proc = fresh_python.run(["-c", _CHUNK_SCRIPT], env=env, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    text = profile.read_text()
+    # 4096 floats of C: 42 rows of 96 columns, rounded down to whole 6-row tiles
+    assert text.count("prepacked blocks=2x1 epilogue by 42 rows") == 2, text
