@@ -506,17 +506,26 @@ GemmSplit ProductSplit(const GemmIsa& isa, bool packed_b, int64_t batch, int64_t
 // stream 1-2% faster on AVX2 and AVX-512; the recommender tower ties.
 constexpr int64_t kEpilogueChunkColumns = 256;
 
+// This core's L2 in bytes, read once (sysconf asks the CPU, a trap in a VM).
+int64_t L2Bytes() {
+  static const int64_t bytes = L2CacheBytes();
+  return bytes;
+}
+
 // Rows of C an epilogue follows the GEMM by, within one block of a prepacked product:
-// all of them, unless the block's C chunk of `cols` columns would leave a quarter of L2
-// before the epilogue reads it back while B's chunk (k x cols) stays there. Then as
-// many 6-row tiles as fill that quarter: a tall product of a small B (MobileNetV2's
-// 1 x 1 convolutions, 50176 x 16 x 96 at 4 x 224 x 224) otherwise wrote its C to
-// memory and read it back for the epilogue.
+// all of them, unless the block's C chunk of `cols` columns would leave half of L2
+// before the epilogue reads it back while B's chunk (k x cols) is small beside it (a
+// 32nd of L2: each chunk of rows reads B's chunk again). Then as many 6-row tiles as
+// fill a quarter of L2: a tall product of a small B (MobileNetV2's 1 x 1 convolutions,
+// 50176 x 16 x 96 at 4 x 224 x 224: blocks of 12544 rows, 4.8 MiB of C) otherwise
+// wrote its C to memory and read it back for the epilogue. The recommender's
+// 1024-row blocks (1 MiB of C, B's chunk 64 x 256 or 512 x 256) stay whole: cut
+// by a quarter of L2, its stream was 3-5% slower on the AVX2 block (Sapphire Rapids).
 int64_t EpilogueChunkRows(const GemmEpilogue& epilogue, int64_t rows, int64_t cols, int64_t k) {
   if (epilogue.fn == nullptr || cols <= 0) return std::max<int64_t>(rows, 1);
-  const int64_t quarter = L2CacheBytes() / 4 / static_cast<int64_t>(sizeof(float));
-  if (rows * cols <= quarter || k * cols > quarter) return std::max<int64_t>(rows, 1);
-  return std::max<int64_t>(6, quarter / cols / 6 * 6);
+  const int64_t l2_floats = L2Bytes() / static_cast<int64_t>(sizeof(float));
+  if (2 * rows * cols <= l2_floats || 32 * k * cols > l2_floats) return std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(6, l2_floats / 4 / cols / 6 * 6);
 }
 
 // Columns of one product per task when the products of a shared A are cut by columns
@@ -896,7 +905,7 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   const bool few_rows = packed_b != nullptr && batch == 1 && n > 0 && work >= kSmallGemm &&
                         ColumnsThenRows(m, pool.NumThreads());
   const bool cut_short = packed_b != nullptr && batch == 1 && rows < split_rows &&
-                         k * n * static_cast<int64_t>(sizeof(float)) > L2CacheBytes() / 2;
+                         k * n * static_cast<int64_t>(sizeof(float)) > L2Bytes() / 2;
   if (few_rows || cut_short) {
     float* c = static_cast<float*>(RalAllocTemp(ral, m * n * static_cast<int64_t>(sizeof(float))));
     if (c == nullptr) return;  // the error is set

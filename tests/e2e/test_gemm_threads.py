@@ -273,6 +273,7 @@ def test_a_call_wakes_the_sleeping_worker_when_its_last_call_used_it(tmp_path, s
 
 _CHUNK_SCRIPT = """
 import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(2)  # a caller and one worker
 import disc_tf
 
 rng = np.random.default_rng(5)
@@ -289,8 +290,9 @@ def pointwise(x):  # an elementwise epilogue (MobileNetV2's 1 x 1 conv, batch no
 def softmax(x):  # a row-wise epilogue
     return tf.nn.softmax(tf.matmul(x, w_sm) * 0.5, axis=-1)
 
-for fn, shapes in ((pointwise, [(2, 19, 23, 8), (1, 7, 5, 8), (3, 40, 31, 8)]),
-                   (softmax, [(997, 8), (250, 8), (2400, 8)])):
+# first calls of 6000 rows: blocks of 1500 (AVX-512 block) or 3000 (AVX2 block) rows
+for fn, shapes in ((pointwise, [(2, 60, 50, 8), (1, 7, 5, 8), (3, 41, 57, 8)]),
+                   (softmax, [(6000, 8), (250, 8), (7100, 8)])):
     j = disc_tf.jit(fn, min_cluster_size=1, strict=True)
     for shape in shapes:
         x = rng.standard_normal(shape).astype(np.float32)
@@ -299,17 +301,29 @@ print("OK")
 """
 
 
-def test_a_tall_block_of_a_small_b_runs_its_epilogue_by_rows_that_stay_in_l2(tmp_path):
-    """A block whose C would leave a quarter of L2 (16 KiB of an L2 of 64 KiB here)
-    before its epilogue reads it, while B's chunk stays there, runs the GEMM and
-    the epilogue on as many 6-row tiles as fit that quarter, one chunk after another:
-    an elementwise epilogue on each chunk's columns, a row-wise one on whole rows.
-    The profile says so, and the answers are TF's at shapes that end in a short chunk."""
+@pytest.mark.parametrize("gemm_isa,l2_bytes,blocks,chunk_rows", [
+    # C chunks of a quarter of L2 (in 6-row tiles of 96 columns) where a block's C is
+    # over half of it: 8 K floats, 85 rows (84); 128 K floats, 1365 rows (1362)
+    ("avx512", 128 * 1024, "4x1", 84),
+    ("avx2", 2 << 20, "2x1", 1362),
+])
+def test_a_tall_block_of_a_small_b_runs_its_epilogue_by_rows_that_stay_in_l2(
+        tmp_path, gemm_isa, l2_bytes, blocks, chunk_rows):
+    """A block whose C would leave half of L2 before its epilogue reads it, while B's
+    chunk is small, runs the GEMM and the epilogue on as many 6-row tiles as fit a
+    quarter of L2, one chunk after another: an elementwise epilogue on each chunk's
+    columns, a row-wise one on whole rows. The profile says so, and the answers are
+    TF's at shapes whose blocks end in a short chunk."""
+    if isa.host_level() == "x86-64" or (gemm_isa == "avx512"
+                                        and isa.host_level() != "x86-64-v4"):
+        pytest.skip(f"the {gemm_isa} block needs its ISA")
     profile = tmp_path / "profile.txt"
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
-               DISC_TF_L2_BYTES=str(64 * 1024), DISC_TF_PROFILE=str(profile))
+               DISC_TF_GEMM_ISA=gemm_isa, DISC_TF_L2_BYTES=str(l2_bytes),
+               DISC_TF_PROFILE=str(profile))
+    for unset in ("DISC_TF_TASK_POOL", "DISC_TF_SPIN_US"):
+        env.pop(unset, None)
     proc = fresh_python.run(["-c", _CHUNK_SCRIPT], env=env, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     text = profile.read_text()
-    # 4096 floats of C: 42 rows of 96 columns, rounded down to whole 6-row tiles
-    assert text.count("prepacked blocks=2x1 epilogue by 42 rows") == 2, text
+    assert text.count(f"prepacked blocks={blocks} epilogue by {chunk_rows} rows") == 2, text
