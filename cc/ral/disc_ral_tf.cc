@@ -520,7 +520,8 @@ int64_t L2Bytes() {
 // 50176 x 16 x 96 at 4 x 224 x 224: blocks of 12544 rows, 4.8 MiB of C) otherwise
 // wrote its C to memory and read it back for the epilogue. The recommender's
 // 1024-row blocks (1 MiB of C, B's chunk 64 x 256 or 512 x 256) stay whole: cut
-// by a quarter of L2, its stream was 3-5% slower on the AVX2 block (Sapphire Rapids).
+// by a quarter of L2, its stream ran at 0.87-0.99 of before on the AVX2 block (6
+// rounds, Sapphire Rapids; with a codegen change that alone measured 0.97-0.99).
 int64_t EpilogueChunkRows(const GemmEpilogue& epilogue, int64_t rows, int64_t cols, int64_t k) {
   if (epilogue.fn == nullptr || cols <= 0) return std::max<int64_t>(rows, 1);
   const int64_t l2_floats = L2Bytes() / static_cast<int64_t>(sizeof(float));
