@@ -597,16 +597,19 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const int64_t cols = split.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks.count * col_blocks;
-    // Rows the epilogue follows a prepacked GEMM by within a block (all of a block's
-    // rows unless its C would leave L2 first).
+    // Within a block of a prepacked product, the epilogue follows the GEMM by chunks:
+    // an elementwise one by chunks of columns, as soon as each is done, while that part
+    // of C is still in L2 (a block of one thread's rows is up to 1-2 MiB of C;
+    // docs/architecture.md, "Epilogues by chunks"), any other after all of them; and
+    // both by chunks of rows where a block's C would leave L2 first. Column chunks
+    // start on multiples of 64 (j0 is one), so on every ISA's panels.
+    const int64_t step = block_epilogue.fn != nullptr && !block_epilogue.full_rows
+                             ? kEpilogueChunkColumns : cols;
     const int64_t block_rows = row_blocks.end(0) - row_blocks.begin(0);
     const int64_t row_step =
-        packed_b == nullptr
-            ? block_rows
-            : EpilogueChunkRows(block_epilogue, block_rows,
-                                block_epilogue.full_rows ? cols
-                                                         : std::min(kEpilogueChunkColumns, cols),
-                                k);
+        packed_b == nullptr ? block_rows
+                            : EpilogueChunkRows(block_epilogue, block_rows,
+                                                std::min(step, cols), k);
     if (r->profiling) {
       timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks,
                                    columns_then_rows ? " then rows" : "");
@@ -628,13 +631,6 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
         block_epilogue(q, i0, i1, j0, j1);
         return;
       }
-      // An elementwise epilogue runs on each chunk of the block's columns as soon as the
-      // chunk is done, while that part of C is still in L2 (a block of one thread's rows
-      // is up to 1-2 MiB of C; docs/architecture.md, "Epilogues by chunks"); any other
-      // follows the whole block. Chunks start on multiples of 64 (j0 is one), so on
-      // every ISA's panels.
-      const int64_t step = block_epilogue.fn != nullptr && !block_epilogue.full_rows
-                               ? kEpilogueChunkColumns : j1 - j0;
       for (int64_t r0 = i0; r0 < i1; r0 += row_step) {
         const int64_t r1 = std::min(i1, r0 + row_step);
         const float* ar = aq + (ta ? r0 - i0 : (r0 - i0) * lda);
