@@ -1062,28 +1062,17 @@ int WinogradOutputsPerUnit(int64_t ow) {
   return ow >= kWinograd4MinOutputs ? 4 : 2;
 }
 
-int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t ci, int64_t co,
-                          int64_t kw, int64_t pad, int64_t ow, const float* x, const float* w,
-                          float* c, disc_gemm_epilogue_fn epilogue_fn, void* closure,
-                          int32_t full_rows) {
-  TfRal* r = TfRal::From(ral);
-  const GemmIsa& isa = Gemm(r);
-  if (isa.prepacked == nullptr || kw <= 0 || kw % 3 != 0 || batch <= 0 || width < 0 ||
-      ci <= 0 || co <= 0 || ow <= 0)
-    return 0;
-  const int m = WinogradOutputsPerUnit(ow);
-  if (m == 0) return 0;
-  const int input = ConstantInputHolding(r, w, kw * ci * co);
-  if (input < 0) return 0;
-  const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c, m};
-  const int64_t depth = conv.depth();
-  std::shared_ptr<const PackedOperand> parts[kWinogradMaxParts];
-  const float* packed[kWinogradMaxParts];
+// G_0.. of F(m, 3) for filter w (kw x ci x co, the cluster's constant input
+// `input`), packed once; false (parts unset) when packing is off or short of memory.
+bool WinogradPackedParts(TfRal* r, const GemmIsa& isa, int input, const float* w, int64_t kw,
+                         int64_t ci, int64_t co, int m,
+                         std::shared_ptr<const PackedOperand> parts[]) {
+  const WinogradConv1D shape{0, ci, co, kw, 0, 0, nullptr, nullptr, m};
   const TaskRunner run = PackingRunner(r);
-  for (int u = 0; u < conv.parts(); ++u) {
+  for (int u = 0; u < shape.parts(); ++u) {
     // Variants 1-4: F(2, 3)'s G_u; 11-16: F(4, 3)'s.
     parts[u] = r->packed_weights->GetDerived(
-        input, r->inputs[input], w, (m == 4 ? 11 : 1) + u, depth, co,
+        input, r->inputs[input], w, (m == 4 ? 11 : 1) + u, shape.depth(), co,
         [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
           constexpr int64_t kChunk = 1 << 16;
           const int64_t tap = ci * co;
@@ -1092,9 +1081,43 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
           });
         },
         isa.packer, run);
-    if (parts[u] == nullptr) return 0;
-    packed[u] = parts[u]->data.get();
+    if (parts[u] == nullptr) return false;
   }
+  return true;
+}
+
+int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t ci, int64_t co,
+                          int64_t kw, int64_t pad, int64_t ow, const float* x, const float* w,
+                          float* c, disc_gemm_epilogue_fn epilogue_fn, void* closure,
+                          int32_t full_rows) {
+  TfRal* r = TfRal::From(ral);
+  const GemmIsa& isa = Gemm(r);
+  const int setting = WinogradSetting();
+  if (isa.prepacked == nullptr || setting == 0 || kw <= 0 || kw % 3 != 0 || batch <= 0 ||
+      width < 0 || ci <= 0 || co <= 0 || ow <= 0)
+    return 0;
+  const int input = ConstantInputHolding(r, w, kw * ci * co);
+  if (input < 0) return 0;
+  // Every F(m, 3) a call of this filter may take is packed at its first call, whatever
+  // that call's width takes (the direct GEMM included), so that one warm-up call at any
+  // shape (disc_tf.load's) leaves none for a request to pack.
+  const int m = WinogradOutputsPerUnit(ow);
+  std::shared_ptr<const PackedOperand> parts[kWinogradMaxParts];
+  bool packed_ok = false;
+  for (const int variant : {m == 4 ? 4 : 2, m == 4 ? 2 : 4}) {  // this call's first
+    if (setting > 0 && setting != variant) continue;
+    std::shared_ptr<const PackedOperand> variant_parts[kWinogradMaxParts];
+    const bool ok = WinogradPackedParts(r, isa, input, w, kw, ci, co, variant, variant_parts);
+    if (variant == m && ok) {
+      std::copy(variant_parts, variant_parts + kWinogradMaxParts, parts);
+      packed_ok = true;
+    }
+  }
+  if (m == 0 || !packed_ok) return 0;
+  const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c, m};
+  const int64_t depth = conv.depth();
+  const float* packed[kWinogradMaxParts];
+  for (int u = 0; u < conv.parts(); ++u) packed[u] = parts[u]->data.get();
   profile::LaunchTimer timer(r->profile_key(), &r->launches, m == 4 ? "winograd4" : "winograd2");
   const TaskPool pool = TaskPoolOf(r);
   const int64_t units = conv.units();

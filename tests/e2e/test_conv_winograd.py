@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import pathlib
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
+import disc_tf
 from disc_tf.runtime import isa
 from tests import fresh_python
 
@@ -151,3 +154,39 @@ def test_declined_winograd_runs_the_windowed_gemm(tmp_path, env):
     conv and the windowed GEMM gives TF's answers."""
     ran, expected = _run(tmp_path, **env)
     assert ran == {} and len({conv.split(" ", 1)[1] for conv in expected}) == 6
+
+
+class _Conv1D(tf.Module):
+    """Conv1D kernel 9, SAME, + bias + ReLU; its filter a variable."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(5)
+        self.w = tf.Variable(rng.normal(size=(9, 24, 130)).astype(np.float32) / 15)
+        self.b = tf.Variable(rng.normal(size=(130,)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 24], tf.float32)])
+    def __call__(self, x):
+        return tf.nn.relu(tf.nn.conv1d(x, self.w, 1, "SAME") + self.b)
+
+
+@pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
+def test_load_warm_up_packs_every_filter_transform(tmp_path):
+    """disc_tf.load's warm-up call (8 output columns: the windowed GEMM) packs the
+    filter for every path a request's width may take: the windowed GEMM's B, F(2, 3)'s
+    four G_u and F(4, 3)'s six. No request packs again, at any width."""
+    module = _Conv1D()
+    tf.saved_model.save(module, str(tmp_path / "orig"))
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
+    disc_tf.reset_stats()
+    model = disc_tf.load(str(tmp_path / "opt"))
+    assert model.warmed_up["__call__"], model.warmed_up
+    assert disc_tf.stats()["packed_weights"] == 1 + 4 + 6
+    rng = np.random.default_rng(11)
+    widths = [300, 40, 5, 64, 17] + [int(t) for t in rng.integers(1, 500, 3)]
+    for i, t in enumerate(widths):
+        x = rng.normal(size=(1 + i % 2, t, 24)).astype(np.float32)
+        np.testing.assert_allclose(model(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-4,
+                                   err_msg=str(x.shape))
+    stats = disc_tf.stats()
+    assert stats["packed_weights"] == 1 + 4 + 6 and stats["fallbacks"] == 0, stats
+    assert model._call.direct_calls == len(widths)  # each ran the DiscCluster op
