@@ -1,6 +1,6 @@
-"""Conv1D paths raced, interleaved: the windowed GEMM, Winograd F(2, 3) and F(4, 3).
+"""Conv1D paths raced, interleaved: the windowed GEMM, Winograd F(2, 3), F(4, 3), F(6, 3).
 
-Each round runs one process per path (``DISC_TF_WINOGRAD=0`` / ``2`` / ``4``; the RAL
+Each round runs one process per path (``DISC_TF_WINOGRAD=0`` / ``2`` / ``4`` / ``6``; the RAL
 reads it once per process) over the same Conv1D shapes, each conv + bias + ReLU compiled
 once with a variable filter and timed as the best of ``--repeats`` calls per width.
 Reports per shape each path's median time over the rounds and, against the first path,
@@ -28,7 +28,7 @@ SHAPES = [(9, 256, 1024), (3, 256, 256)]
 WIDTHS = [16, 32, 64, 96, 128, 200, 400, 800]
 
 #: DISC_TF_WINOGRAD values and what they run.
-PATHS = {"0": "windowed", "2": "F(2, 3)", "4": "F(4, 3)"}
+PATHS = {"0": "windowed", "2": "F(2, 3)", "4": "F(4, 3)", "6": "F(6, 3)"}
 
 _CHILD = r"""
 import json, sys, time

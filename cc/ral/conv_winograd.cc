@@ -34,6 +34,7 @@ void InputTransform2(int64_t n, const float* const* __restrict d, float* __restr
   float* __restrict v1 = v + part;
   float* __restrict v2 = v + 2 * part;
   float* __restrict v3 = v + 3 * part;
+  #pragma omp simd
   for (int64_t e = 0; e < n; ++e) {
     v0[e] = d0[e] - d2[e];
     v1[e] = d1[e] + d2[e];
@@ -58,6 +59,7 @@ void InputTransform4(int64_t n, const float* const* __restrict d, float* __restr
   float* __restrict v3 = v + 3 * part;
   float* __restrict v4 = v + 4 * part;
   float* __restrict v5 = v + 5 * part;
+  #pragma omp simd
   for (int64_t e = 0; e < n; ++e) {
     const float s12 = d1[e] + d2[e], t12 = d1[e] - d2[e], t31 = d3[e] - d1[e];
     const float e42 = d4[e] - d2[e];
@@ -70,6 +72,31 @@ void InputTransform4(int64_t n, const float* const* __restrict d, float* __restr
   }
 }
 
+// F(6, 3)'s V_0..V_7 of one group of one unit (the points 0, +-1, +-2, +-1/2 and
+// infinity; the pairs of a point and its negative share their even and odd halves).
+DISC_WINOGRAD_CLONES
+void InputTransform6(int64_t n, const float* const* __restrict d, float* __restrict v,
+                     int64_t part) {
+  #pragma omp simd
+  for (int64_t e = 0; e < n; ++e) {
+    float x[8];
+    for (int i = 0; i < 8; ++i) x[i] = d[i][e];
+    const float even1 = x[2] + x[6] - 4.25f * x[4], odd1 = x[1] + x[5] - 4.25f * x[3];
+    const float even2 = 0.25f * x[2] - 1.25f * x[4] + x[6];
+    const float odd2 = 0.5f * x[1] - 2.5f * x[3] + 2.0f * x[5];
+    const float even3 = 4.0f * x[2] - 5.0f * x[4] + x[6];
+    const float odd3 = 2.0f * x[1] - 2.5f * x[3] + 0.5f * x[5];
+    v[e] = x[0] - x[6] + 5.25f * (x[4] - x[2]);
+    v[part + e] = even1 + odd1;
+    v[2 * part + e] = even1 - odd1;
+    v[3 * part + e] = even2 + odd2;
+    v[4 * part + e] = even2 - odd2;
+    v[5 * part + e] = even3 + odd3;
+    v[6 * part + e] = even3 - odd3;
+    v[7 * part + e] = x[7] - x[1] + 5.25f * (x[3] - x[5]);
+  }
+}
+
 // F(2, 3): y0 += m1 + m2 and, when y[1] is not null, y1 += m1 - m2 (n floats each).
 DISC_WINOGRAD_CLONES
 void OutputTransform2(int64_t n, const float* const* __restrict m, float* const* y) {
@@ -78,9 +105,11 @@ void OutputTransform2(int64_t n, const float* const* __restrict m, float* const*
   float* __restrict y0 = y[0];
   float* __restrict y1 = y[1];
   if (y1 == nullptr) {
+    #pragma omp simd
     for (int64_t e = 0; e < n; ++e) y0[e] += m1[e] + m2[e];
     return;
   }
+  #pragma omp simd
   for (int64_t e = 0; e < n; ++e) {
     y0[e] += m1[e] + m2[e];
     y1[e] += m1[e] - m2[e];
@@ -101,6 +130,7 @@ void OutputTransform4(int64_t n, const float* const* __restrict m, float* const*
   float* __restrict y2 = y[2];
   float* __restrict y3 = y[3];
   if (y3 != nullptr) {
+    #pragma omp simd
     for (int64_t e = 0; e < n; ++e) {
       const float a = m1[e] + m2[e], b = m1[e] - m2[e], c = m3[e] + m4[e], d = m3[e] - m4[e];
       y0[e] += a + c;
@@ -110,11 +140,60 @@ void OutputTransform4(int64_t n, const float* const* __restrict m, float* const*
     }
     return;
   }
+  #pragma omp simd
   for (int64_t e = 0; e < n; ++e) {  // the output's last unit, 1-3 columns
     const float a = m1[e] + m2[e], c = m3[e] + m4[e];
     y0[e] += a + c;
     if (y1 != nullptr) y1[e] = (m1[e] - m2[e]) + 2.0f * (m3[e] - m4[e]);
     if (y2 != nullptr) y2[e] = a + 4.0f * c;
+  }
+}
+
+// F(6, 3)'s six outputs of element e (y0 and y5 without M0 and M7).
+struct Outputs6 {
+  float y[6];
+  Outputs6(const float* const* __restrict m, int64_t e) {
+    const float a1 = m[0][e] + m[1][e], b1 = m[0][e] - m[1][e], a2 = m[2][e] + m[3][e];
+    const float b2 = m[2][e] - m[3][e], a3 = m[4][e] + m[5][e], b3 = m[4][e] - m[5][e];
+    y[0] = a1 + a2 + a3;
+    y[1] = b1 + 2.0f * b2 + 0.5f * b3;
+    y[2] = a1 + 4.0f * a2 + 0.25f * a3;
+    y[3] = b1 + 8.0f * b2 + 0.125f * b3;
+    y[4] = a1 + 16.0f * a2 + 0.0625f * a3;
+    y[5] = b1 + 32.0f * b2 + 0.03125f * b3;
+  }
+};
+
+// F(6, 3), y0 and y5 already holding M0 and M7: with a_k and b_k the sum and the
+// difference of the M_u of the points +-1, +-2, +-1/2 (k = 1, 2, 3),
+// y_i (+)= a1 + 2^i a2 + 2^-i a3 for even i, b1 + 2^i b2 + 2^-i b3 for odd i; the y
+// that are null are past the output's end (then so are those after them).
+DISC_WINOGRAD_CLONES
+void OutputTransform6(int64_t n, const float* const* __restrict m, float* const* y) {
+  float* __restrict y0 = y[0];
+  float* __restrict y1 = y[1];
+  float* __restrict y2 = y[2];
+  float* __restrict y3 = y[3];
+  float* __restrict y4 = y[4];
+  float* __restrict y5 = y[5];
+  if (y5 != nullptr) {
+    #pragma omp simd
+    for (int64_t e = 0; e < n; ++e) {
+      const Outputs6 o(m, e);
+      y0[e] += o.y[0];
+      y1[e] = o.y[1];
+      y2[e] = o.y[2];
+      y3[e] = o.y[3];
+      y4[e] = o.y[4];
+      y5[e] += o.y[5];
+    }
+    return;
+  }
+  #pragma omp simd
+  for (int64_t e = 0; e < n; ++e) {  // the output's last unit, 1-5 columns
+    const Outputs6 o(m, e);
+    y0[e] += o.y[0];
+    for (int r = 1; r < 5 && y[r] != nullptr; ++r) y[r][e] = o.y[r];
   }
 }
 
@@ -166,12 +245,21 @@ void WinogradFilter(const float* w, int64_t kw, int64_t ci, int64_t co, int m, i
                                       {1.0f / 24, 1.0f / 12, 1.0f / 6},
                                       {1.0f / 24, -1.0f / 12, 1.0f / 6},
                                       {0.0f, 0.0f, 1.0f}};
-  const float* row = m == 4 ? kG4[u] : kG2[u];
+  static constexpr float kG6[8][3] = {{1.0f, 0.0f, 0.0f},
+                                      {-2.0f / 9, -2.0f / 9, -2.0f / 9},
+                                      {-2.0f / 9, 2.0f / 9, -2.0f / 9},
+                                      {1.0f / 90, 1.0f / 45, 2.0f / 45},
+                                      {1.0f / 90, -1.0f / 45, 2.0f / 45},
+                                      {32.0f / 45, 16.0f / 45, 8.0f / 45},
+                                      {32.0f / 45, -16.0f / 45, 8.0f / 45},
+                                      {0.0f, 0.0f, 1.0f}};
+  const float* row = m == 6 ? kG6[u] : m == 4 ? kG4[u] : kG2[u];
   for (int64_t j = 0; j < kw / 3; ++j) {
     const float* g0 = w + 3 * j * tap;
     const float* g1 = g0 + tap;
     const float* g2 = g1 + tap;
     float* out = g + j * tap;
+    #pragma omp simd
     for (int64_t e = e0; e < e1; ++e) out[e] = row[0] * g0[e] + row[1] * g1[e] + row[2] * g2[e];
   }
 }
@@ -199,8 +287,12 @@ void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
   float* zeros = mid + (parts - 2) * mpart;  // an input column of the padding
   std::memset(zeros, 0, ci * sizeof(float));
   const float* image = conv.x + n * conv.width * ci;
-  const auto input_transform = m == 4 ? &InputTransform4 : &InputTransform2;
-  const auto output_transform = m == 4 ? &OutputTransform4 : &OutputTransform2;
+  const auto input_transform = m == 6   ? &InputTransform6
+                               : m == 4 ? &InputTransform4
+                                        : &InputTransform2;
+  const auto output_transform = m == 6   ? &OutputTransform6
+                                : m == 4 ? &OutputTransform4
+                                         : &OutputTransform2;
   // The input transform: each unit's m + 2 columns per tap group.
   const float* d[kWinogradMaxParts];
   for (int64_t q = u0; q < u1; ++q) {
@@ -227,7 +319,7 @@ void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
          packed[parts - 1] + j0 * depth, last, m * co, 0);
   // The output transform: each unit's middle M_u combined into its m rows.
   const float* ms[kWinogradMaxParts - 2];
-  float* y[4];
+  float* y[kWinogradMaxParts - 2];
   for (int64_t i = 0; i < units; ++i) {
     const int64_t rows = std::min<int64_t>(m, conv.ow - m * (u0 + i));
     for (int u = 0; u < parts - 2; ++u) ms[u] = mid + u * mpart + i * cols;

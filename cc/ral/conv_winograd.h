@@ -1,5 +1,5 @@
 // conv_winograd.h -- a stride-1, undilated Conv1D whose kernel width is a multiple
-// of 3, by Winograd's minimal filtering F(m, 3), m = 2 or 4, over groups of three
+// of 3, by Winograd's minimal filtering F(m, 3), m = 2, 4 or 6, over groups of three
 // taps.
 //
 // A unit is m output columns: columns m q .. m q + m - 1 of tap group j (taps 3j,
@@ -18,10 +18,20 @@
 //   G3 = g0 / 24 + g1 / 12 + g2 / 6,  G4 = g0 / 24 - g1 / 12 + g2 / 6,  G5 = g2;
 //   with a = M1 + M2, b = M1 - M2, c = M3 + M4, d = M3 - M4:
 //   y0 = M0 + a + c,  y1 = b + 2 d,  y2 = a + 4 c,  y3 = M5 + b + 8 d.
+// F(6, 3), from the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity:
+//   V0 = d0 - d6 + 21/4 (d4 - d2),    V7 = d7 - d1 + 21/4 (d3 - d5),
+//   V1, V2 = e1 +- o1:  e1 = d2 + d6 - 17/4 d4,  o1 = d1 + d5 - 17/4 d3,
+//   V3, V4 = e2 +- o2:  e2 = d2 / 4 - 5/4 d4 + d6,  o2 = d1 / 2 - 5/2 d3 + 2 d5,
+//   V5, V6 = e3 +- o3:  e3 = 4 d2 - 5 d4 + d6,  o3 = 2 d1 - 5/2 d3 + d5 / 2;
+//   G0 = g0,  G1, G2 = -2/9 (g0 +- g1 + g2),  G3, G4 = g0 / 90 +- g1 / 45 + 2/45 g2,
+//   G5, G6 = 32/45 g0 +- 16/45 g1 + 8/45 g2,  G7 = g2;
+//   with a_k, b_k = M_{2k-1} +- M_{2k} (the points +-1, +-2, +-1/2 for k = 1, 2, 3):
+//   y0 = M0 + a1 + a2 + a3,  y5 = M7 + b1 + 32 b2 + b3 / 32, and between them
+//   y_i = a1 + 2^i a2 + 2^-i a3 (i even) or b1 + 2^i b2 + 2^-i b3 (i odd).
 // Concatenating the groups along the channels (V_u: 1 x groups * ci, G_u:
 // groups * ci x co) makes each M_u one GEMM row for all groups: m + 2 GEMMs of depth
 // kw / 3 * ci per unit, where the direct conv does m of depth kw * ci: 2/3 of the
-// multiply-adds for F(2, 3), 1/2 for F(4, 3). The G_u are the filter's, packed once
+// multiply-adds for F(2, 3), 1/2 for F(4, 3), 4/9 for F(6, 3). The G_u are the filter's, packed once
 // (PackedWeights); V_u is built per tile of units in per-thread scratch (at most
 // kWinogradTileFloats, kept by the thread as the GEMM block's packing buffer is),
 // where the padding's zeros cost nothing, so no column of the output needs a copy of
@@ -38,12 +48,12 @@
 
 namespace disc_tf {
 
-// The most transformed operands of one conv: F(4, 3)'s V_0..V_5 and G_0..G_5.
-constexpr int kWinogradMaxParts = 6;
+// The most transformed operands of one conv: F(6, 3)'s V_0..V_7 and G_0..G_7.
+constexpr int kWinogradMaxParts = 8;
 
 // One Conv1D: x [batch, width, ci] -> c [batch, ow, co]; filter [kw, ci, co]
 // (TF's HWIO with H = 1); output column o reads input columns o - pad ..
-// o - pad + kw - 1. m: outputs per unit, 2 (F(2, 3)) or 4 (F(4, 3)).
+// o - pad + kw - 1. m: outputs per unit, 2, 4 or 6 (F(m, 3)).
 struct WinogradConv1D {
   int64_t width = 0, ci = 0, co = 0, kw = 0, pad = 0, ow = 0;
   const float* x = nullptr;

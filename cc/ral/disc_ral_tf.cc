@@ -1030,16 +1030,16 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
     r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_gathered_a: out of memory for a block of A");
 }
 
-// ---- Conv1D by Winograd F(2, 3) or F(4, 3) (conv_winograd.h)
+// ---- Conv1D by Winograd F(2, 3), F(4, 3) or F(6, 3) (conv_winograd.h)
 
 // DISC_TF_WINOGRAD (read once per process): "0" runs every Conv1D as the direct
-// GEMM over its windows, "2" or "4" takes F(2, 3) or F(4, 3) wherever Winograd
-// runs; unset (or anything else), WinogradOutputsPerUnit chooses.
+// GEMM over its windows, "2", "4" or "6" takes F(2, 3), F(4, 3) or F(6, 3) wherever
+// Winograd runs; unset (or anything else), WinogradOutputsPerUnit chooses.
 int WinogradSetting() {
   static const int setting = [] {
     const char* env = std::getenv("DISC_TF_WINOGRAD");
     const std::string value = env == nullptr ? "" : env;
-    return value == "0" ? 0 : value == "2" ? 2 : value == "4" ? 4 : -1;
+    return value == "0" ? 0 : value == "2" ? 2 : value == "4" ? 4 : value == "6" ? 6 : -1;
   }();
   return setting;
 }
@@ -1055,12 +1055,21 @@ constexpr int64_t kWinogradMinOutputs = 15;
 // and 1.04x slower on AVX2: bench/CONV.md, "F(4, 3)"). Below that F(2, 3), whose
 // rounding is also the smaller (bounds in test_conv_winograd_tiles.py).
 constexpr int64_t kWinograd4MinOutputs = 64;
+// F(6, 3) does 8/9 of F(4, 3)'s multiply-adds through eight G_u (8/3 of the filter).
+// Kernel 9, 256 -> 1024, F(4, 3) / F(6, 3) time: AVX2 block 1.10 / 1.13 / 1.20x at
+// T = 200 / 400 / 800, AVX-512 block 1.03 (a tie) / 1.04 / 1.05x; both tie at 128 and
+// F(6, 3) is up to 4% slower below (bench/CONV.md, "F(6, 3)").
+constexpr int64_t kWinograd6MinOutputs = 128;
 int WinogradOutputsPerUnit(int64_t ow) {
   const int setting = WinogradSetting();
   if (setting == 0 || ow < kWinogradMinOutputs) return 0;
   if (setting > 0) return setting;
-  return ow >= kWinograd4MinOutputs ? 4 : 2;
+  return ow >= kWinograd6MinOutputs ? 6 : ow >= kWinograd4MinOutputs ? 4 : 2;
 }
+
+// The G_u variants of F(m, 3) in the weight cache: 1-4 for F(2, 3), 11-16 for
+// F(4, 3), 21-28 for F(6, 3).
+int WinogradVariant(int m, int u) { return (m == 6 ? 21 : m == 4 ? 11 : 1) + u; }
 
 // G_0.. of F(m, 3) for filter w (kw x ci x co, the cluster's constant input
 // `input`), packed once; false (parts unset) when packing is off or short of memory.
@@ -1070,9 +1079,8 @@ bool WinogradPackedParts(TfRal* r, const GemmIsa& isa, int input, const float* w
   const WinogradConv1D shape{0, ci, co, kw, 0, 0, nullptr, nullptr, m};
   const TaskRunner run = PackingRunner(r);
   for (int u = 0; u < shape.parts(); ++u) {
-    // Variants 1-4: F(2, 3)'s G_u; 11-16: F(4, 3)'s.
     parts[u] = r->packed_weights->GetDerived(
-        input, r->inputs[input], w, (m == 4 ? 11 : 1) + u, shape.depth(), co,
+        input, r->inputs[input], w, WinogradVariant(m, u), shape.depth(), co,
         [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
           constexpr int64_t kChunk = 1 << 16;
           const int64_t tap = ci * co;
@@ -1104,8 +1112,10 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
   const int m = WinogradOutputsPerUnit(ow);
   std::shared_ptr<const PackedOperand> parts[kWinogradMaxParts];
   bool packed_ok = false;
-  for (const int variant : {m == 4 ? 4 : 2, m == 4 ? 2 : 4}) {  // this call's first
-    if (setting > 0 && setting != variant) continue;
+  const int order[] = {m, 2, 4, 6};  // this call's variant first
+  for (int i = 0; i < 4; ++i) {
+    const int variant = order[i];
+    if (variant == 0 || (i > 0 && variant == m) || (setting > 0 && setting != variant)) continue;
     std::shared_ptr<const PackedOperand> variant_parts[kWinogradMaxParts];
     const bool ok = WinogradPackedParts(r, isa, input, w, kw, ci, co, variant, variant_parts);
     if (variant == m && ok) {
@@ -1118,7 +1128,8 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
   const int64_t depth = conv.depth();
   const float* packed[kWinogradMaxParts];
   for (int u = 0; u < conv.parts(); ++u) packed[u] = parts[u]->data.get();
-  profile::LaunchTimer timer(r->profile_key(), &r->launches, m == 4 ? "winograd4" : "winograd2");
+  profile::LaunchTimer timer(r->profile_key(), &r->launches,
+                             m == 6 ? "winograd6" : m == 4 ? "winograd4" : "winograd2");
   const TaskPool pool = TaskPoolOf(r);
   const int64_t units = conv.units();
   const WinogradSplit split = ChooseWinogradSplit(batch, units, conv.parts(), depth, co,

@@ -1,4 +1,4 @@
-"""Conv1D by Winograd F(2, 3) and F(4, 3) (cc/ral/conv_winograd.h, RAL ``conv1d_winograd``):
+"""Conv1D by Winograd F(2, 3), F(4, 3) and F(6, 3) (cc/ral/conv_winograd.h, RAL ``conv1d_winograd``):
 kernel widths that are multiples of 3 over filters the RAL keeps transformed (constant inputs),
 against TF at random shapes: SAME, VALID and explicit padding, odd and even output
 widths, batches, channel counts off the 64-column panels, fused bias + ReLU and a
@@ -33,13 +33,13 @@ import numpy as np, tensorflow as tf
 import disc_tf
 
 rng = np.random.default_rng(7)
-FORCED = int(os.environ.get("DISC_TF_WINOGRAD", "-1"))  # 2 or 4: every tiled call's F(m, 3)
+FORCED = int(os.environ.get("DISC_TF_WINOGRAD", "-1"))  # 2, 4 or 6: every tiled call's F(m, 3)
 
 
 def variant(ow):  # the RAL's pick for ow output columns: F(m, 3)'s m; 0: too few
     if ow < 15:  # fewer than 8 pairs
         return 0
-    return FORCED if FORCED in (2, 4) else 4 if ow >= 64 else 2
+    return FORCED if FORCED in (2, 4, 6) else 6 if ow >= 128 else 4 if ow >= 64 else 2
 
 
 # name: kernel width, padding (explicit: [left, right]), ci, co, epilogue
@@ -74,7 +74,7 @@ for name, (kw, padding, ci, co, epilogue) in CASES.items():
     assert jitted.report.compiled, (name, jitted.report)
     # widths: odd and even outputs, few pairs (declined), one tile and several
     widths = [40, 17, 16, 301, 64, 5, 1000] + [int(t) for t in rng.integers(kw, 400, 3)]
-    tiled = {2: 0, 4: 0}  # calls tiled by each F(m, 3)
+    tiled = {2: 0, 4: 0, 6: 0}  # calls tiled by each F(m, 3)
     for i, t in enumerate(widths):
         if i == 4:  # a new filter value: its transforms are derived again, not reused
             w.assign(w * -0.5 + 0.25)
@@ -91,7 +91,7 @@ for name, (kw, padding, ci, co, epilogue) in CASES.items():
 from tests.loop_steps import jit_looped
 w_loop = tf.Variable(rng.normal(size=(3, 12, 12)).astype(np.float32) / 6)
 looped, jitted = jit_looped(lambda h, w: tf.nn.conv1d(h, w, 1, "SAME"), w_loop, [None, None, 12])
-tiled = {2: 0, 4: 0}
+tiled = {2: 0, 4: 0, 6: 0}
 for i, t in enumerate([40, 9, 130, 16]):
     x = rng.normal(size=(1 + i % 2, t, 12)).astype(np.float32)
     np.testing.assert_allclose(jitted(x).numpy(), looped(x).numpy(), rtol=1e-4, atol=1e-4)
@@ -129,12 +129,13 @@ COMPUTED_FILTER = "ci=8 co=16 kw=9"
 
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
 @pytest.mark.parametrize("gemm_isa", ["avx2", "avx512"])
-@pytest.mark.parametrize("forced", ["", "2", "4"], ids=["picked", "f2", "f4"])
+@pytest.mark.parametrize("forced", ["", "2", "4", "6"], ids=["picked", "f2", "f4", "f6"])
 def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa, forced):
     """Every case matches TF; each conv with a constant filter ran as Winograd tiles
     on the GEMM block of ``gemm_isa`` (the AVX2 block on an AVX-512 host too) on every
     call with 8 output pairs or more, as the windowed GEMM on the others: F(4, 3) from
-    64 output columns and F(2, 3) below, or the variant DISC_TF_WINOGRAD names."""
+    64 output columns, F(6, 3) from 128, F(2, 3) below 64, or the variant
+    DISC_TF_WINOGRAD names."""
     if gemm_isa == "avx512" and isa.host_level() != "x86-64-v4":
         pytest.skip("the AVX-512 block needs AVX-512")
     env = {"DISC_TF_GEMM_ISA": gemm_isa, **({"DISC_TF_WINOGRAD": forced} if forced else {})}
@@ -142,7 +143,8 @@ def test_winograd_conv1d_matches_tf(tmp_path, gemm_isa, forced):
     convs = {conv.split(" ", 1)[1] for conv in expected}
     assert len(convs) == 6, expected
     variants = {conv.split(" ", 1)[0] for conv in expected}
-    assert variants == ({f"winograd{forced}"} if forced else {"winograd2", "winograd4"})
+    assert variants == ({f"winograd{forced}"} if forced else
+                        {"winograd2", "winograd4", "winograd6"})
     expected = {conv: calls for conv, calls in expected.items() if COMPUTED_FILTER not in conv}
     assert ran == expected
 
@@ -173,14 +175,14 @@ class _Conv1D(tf.Module):
 def test_load_warm_up_packs_every_filter_transform(tmp_path):
     """disc_tf.load's warm-up call (8 output columns: the windowed GEMM) packs the
     filter for every path a request's width may take: the windowed GEMM's B, F(2, 3)'s
-    four G_u and F(4, 3)'s six. No request packs again, at any width."""
+    four G_u, F(4, 3)'s six and F(6, 3)'s eight. No request packs again, at any width."""
     module = _Conv1D()
     tf.saved_model.save(module, str(tmp_path / "orig"))
     disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"))
     disc_tf.reset_stats()
     model = disc_tf.load(str(tmp_path / "opt"))
     assert model.warmed_up["__call__"], model.warmed_up
-    assert disc_tf.stats()["packed_weights"] == 1 + 4 + 6
+    assert disc_tf.stats()["packed_weights"] == 1 + 4 + 6 + 8
     rng = np.random.default_rng(11)
     widths = [300, 40, 5, 64, 17] + [int(t) for t in rng.integers(1, 500, 3)]
     for i, t in enumerate(widths):
@@ -188,5 +190,5 @@ def test_load_warm_up_packs_every_filter_transform(tmp_path):
         np.testing.assert_allclose(model(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-4,
                                    err_msg=str(x.shape))
     stats = disc_tf.stats()
-    assert stats["packed_weights"] == 1 + 4 + 6 and stats["fallbacks"] == 0, stats
+    assert stats["packed_weights"] == 1 + 4 + 6 + 8 and stats["fallbacks"] == 0, stats
     assert model._call.direct_calls == len(widths)  # each ran the DiscCluster op

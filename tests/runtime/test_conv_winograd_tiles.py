@@ -1,4 +1,4 @@
-"""Winograd F(2, 3) and F(4, 3) Conv1D tiles (cc/ral/conv_winograd.cc) exactly as the RAL runs them,
+"""Winograd F(2, 3), F(4, 3) and F(6, 3) Conv1D tiles (cc/ral/conv_winograd.cc) exactly as the RAL runs them,
 without TensorFlow: filters transformed and packed for each ISA's GEMM block, the
 threads' split into tiles (ChooseWinogradSplit), each tile run on its own, against a
 direct convolution in double precision over a grid of widths, paddings (SAME, VALID,
@@ -151,7 +151,7 @@ def _cases():
             left, right = (kw - 1) // 2, kw - 1 - (kw - 1) // 2
         if width + left + right - kw + 1 < 1:
             continue
-        for m in (2, 4):
+        for m in (2, 4, 6):
             yield (1 + (width + ci) % 3, width, ci, co, kw, left, right, 1 + co % 4, co % 2, m)
 
 
@@ -170,10 +170,10 @@ def test_tiles_match_a_direct_conv(tiles, gemm_isa):
 @pytest.mark.skipif(isa.host_level() == "x86-64", reason="the GEMM blocks need AVX2+FMA")
 def test_threads_split_rows_then_channels(tiles):
     """As few row tiles as the scratch bound allows (102 pairs of F(2, 3), 60 units of
-    F(4, 3) for a kernel-9 256 -> 1024 conv): each streams every G_u. Row tiles that do
-    not share out evenly over the threads cut the channels in 64-column blocks too,
-    unless the epilogue wants whole rows: then one image takes a multiple of the
-    threads in row tiles."""
+    F(4, 3), 42 of F(6, 3) for a kernel-9 256 -> 1024 conv): each streams every G_u.
+    Row tiles that do not share out evenly over the threads cut the channels in
+    64-column blocks too, unless the epilogue wants whole rows: then one image takes a
+    multiple of the threads in row tiles."""
     cases = [  # batch, width, ci, co, kw, pad, pad_right, threads, full_rows, m
         (1, 800, 256, 1024, 9, 4, 4, 2, 0, 2),  # 400 pairs: 4 tiles of 102 (the last 94)
         (1, 400, 256, 1024, 9, 4, 4, 2, 0, 2),  # 200 pairs: 2 tiles of 102 (the last 98)
@@ -186,7 +186,10 @@ def test_threads_split_rows_then_channels(tiles):
         (1, 64, 256, 1024, 9, 4, 4, 2, 0, 4),  # 16 units: one tile, not two of 12 and 4
         (1, 600, 256, 1024, 9, 4, 4, 2, 0, 2),  # 300 pairs: 3 tiles, channels in 2 blocks
         (1, 600, 256, 1024, 9, 4, 4, 2, 1, 2),  # ... rows cut into 4 tiles for the epilogue
+        (1, 800, 256, 1024, 9, 4, 4, 2, 0, 6),  # 134 units of 6: 4 tiles of 36 (the last 26)
+        (1, 400, 256, 1024, 9, 4, 4, 2, 0, 6),  # 67 units: 2 tiles of 36
+        (1, 200, 256, 1024, 9, 4, 4, 2, 1, 6),  # 34 units: 2 tiles of 18 for the epilogue
     ]
     got = [(tiles_, blocks) for _, _, tiles_, blocks in tiles(cases, "avx2")]
     assert got == [(4, 1), (2, 1), (1, 2), (1, 1), (1, 1), (4, 1), (2, 1), (1, 2), (1, 2), (3, 2),
-                   (4, 1)]
+                   (4, 1), (4, 1), (2, 1), (2, 1)]
