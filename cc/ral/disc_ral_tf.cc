@@ -1056,9 +1056,9 @@ constexpr int64_t kWinogradMinOutputs = 15;
 // rounding is also the smaller (bounds in test_conv_winograd_tiles.py).
 constexpr int64_t kWinograd4MinOutputs = 64;
 // F(6, 3) does 8/9 of F(4, 3)'s multiply-adds through eight G_u (8/3 of the filter).
-// Kernel 9, 256 -> 1024, F(4, 3) / F(6, 3) time: AVX2 block 1.10 / 1.13 / 1.20x at
-// T = 200 / 400 / 800, AVX-512 block 1.03 (a tie) / 1.04 / 1.05x; both tie at 128 and
-// F(6, 3) is up to 4% slower below (bench/CONV.md, "F(6, 3)").
+// Kernel 9, 256 -> 1024, F(4, 3) / F(6, 3) time: AVX2 block 1.10 / 1.11 / 1.15x at
+// T = 200 / 400 / 800, AVX-512 block 1.03 / 1.05 / 1.04x (a tie); both tie at 128 and
+// F(6, 3) is slower below (bench/CONV.md, "F(6, 3)").
 constexpr int64_t kWinograd6MinOutputs = 128;
 int WinogradOutputsPerUnit(int64_t ow) {
   const int setting = WinogradSetting();
