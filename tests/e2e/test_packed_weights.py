@@ -112,7 +112,7 @@ def test_a_weight_that_changes_on_every_call_stops_being_cached():
     assert disc_tf.stats()["packed_weights"] == 7  # kMaxMoves - 1 new values packed
 
 
-@pytest.mark.parametrize("width, dilation, packs", [(4, 1, 1), (3, 1, 11), (3, 2, 3)])
+@pytest.mark.parametrize("width, dilation, packs", [(4, 1, 1), (3, 1, 19), (3, 2, 3)])
 def test_conv1d_filters_are_packed(width, dilation, packs):
     rng = np.random.default_rng(4)
     w = _weight(rng, (width, 8, 70))
@@ -125,9 +125,10 @@ def test_conv1d_filters_are_packed(width, dilation, packs):
         x = rng.standard_normal((1, t, 8)).astype(np.float32)
         assert_matches_tf(conv, jitted, [x], RTOL, ATOL)
     # Undilated: one GEMM over the input's windows, B the whole filter; a kernel width
-    # of 3 also runs as Winograd: F(2, 3) at t = 40, F(4, 3) from 64 output columns on
-    # (t = 130), whose four and six transformed filters are packed once each. Dilated:
-    # one GEMM per filter tap, each reading its own slice of the filter.
+    # of 3 also runs as Winograd (F(2, 3) at t = 40, F(6, 3) at t = 130), and its first
+    # call packs the four, six and eight transformed filters of F(2, 3), F(4, 3) and
+    # F(6, 3) once each. Dilated: one GEMM per filter tap, each reading its own slice of
+    # the filter.
     assert disc_tf.stats()["packed_weights"] == packs
 
 
