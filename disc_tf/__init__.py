@@ -31,7 +31,8 @@ if not any(sys.orig_argv[i:i + 2] == _BUILD_COMMAND for i in range(len(sys.orig_
 
 def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
              signatures=None, all_functions: bool = False, strict: bool | None = None,
-             quiet: bool = False, isa=None, signing_key=None) -> str:
+             quiet: bool = False, isa=None, signing_key=None,
+             serving_warmup: bool = True) -> str:
     """Optimizes a SavedModel ahead of time; returns ``output_dir``.
 
     Compiles what serving runs: the functions reachable from ``signatures``
@@ -50,10 +51,15 @@ def optimize(saved_model_dir: str, output_dir: str, *, target: str = "auto",
     that signs every artifact. A host loads an embedded artifact only if signed by a
     key it trusts (``$DISC_TF_TRUSTED_KEYS``) or by its own user; otherwise it
     compiles the cluster itself (``docs/serving.md``).
+    ``serving_warmup``: write TF Serving's warm-up requests
+    (``assets.extra/tf_serving_warmup_requests``: one per signature that
+    ``disc_tf.load``'s warm-up call runs) unless the model has its own, so that the
+    server packs the GEMM weights at load, not on the first requests.
     """
     report = _optimize_saved_model(saved_model_dir, output_dir, target=target,
                                    signatures=signatures, all_functions=all_functions,
-                                   strict=strict, isa_levels=isa, signing_key=signing_key)
+                                   strict=strict, isa_levels=isa, signing_key=signing_key,
+                                   serving_warmup=serving_warmup)
     if not quiet:
         print("\n".join(f"disc_tf.optimize: {line}" for line in report.summary().splitlines()),
               file=sys.stderr)

@@ -284,6 +284,8 @@ class DirectFunction:
         self.reason: str | None = None
         self.direct_calls = 0
         self.tf_calls = 0
+        #: a signature's arguments by name that its warm-up call ran on (None before one ran)
+        self.warmup_inputs: dict[str, np.ndarray] | None = None
         self._count_lock = threading.Lock()  # calls may come from many threads
         #: positional calls: how many arguments hold tensors, and their ``Flatten``s
         #: (None for a plain tensor; all None: every argument a plain tensor)
@@ -432,6 +434,8 @@ class DirectFunction:
                 return False
             try:
                 self._run(values)
+                if self._keyword:
+                    self.warmup_inputs = {n: v.numpy() for n, v in zip(self._names, values)}
                 return True
             except (tf.errors.OpError, ValueError, TypeError) as e:
                 logger.debug("disc_tf.load: warm-up call of %s at unknown dims %d failed: %s",

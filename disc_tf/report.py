@@ -100,6 +100,8 @@ class OptimizeReport:
     not_analysed: dict[str, str] = dataclasses.field(default_factory=dict)
     #: what defined the serving scope, e.g. "signature serving_default", "function serve"
     entries: list[str] = dataclasses.field(default_factory=list)
+    #: signatures given a TF Serving warm-up request (``disc_tf/serving_warmup.py``)
+    serving_warmup: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def compiled(self) -> list[ClusterReport]:
@@ -200,4 +202,5 @@ class OptimizeReport:
             "loop_functions": self.loop_functions,
             "not_analysed": self.not_analysed,
             "entries": self.entries,
+            "serving_warmup": self.serving_warmup,
         }

@@ -23,6 +23,7 @@ from disc_tf import scope, trust
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import isa, native
 from disc_tf.runtime.target import resolve_target as _resolve_target
+from disc_tf.serving_warmup import write_serving_warmup
 
 log = logging.getLogger("disc_tf")
 
@@ -106,7 +107,8 @@ def last_report() -> OptimizeReport | None:
 def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str = "auto",
                          signatures=None, all_functions: bool = False,
                          min_cluster_size: int = 2, strict: bool | None = None,
-                         progress=None, isa_levels=None, signing_key=None) -> OptimizeReport:
+                         progress=None, isa_levels=None, signing_key=None,
+                         serving_warmup: bool = True) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
 
     Compiles what serving runs: the functions and main-graph nodes reachable from
@@ -118,7 +120,8 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     compiled for ("portable", the default: every level; "host"; or a list:
     ``runtime/isa.py``). ``signing_key`` (an Ed25519 private key or its PEM file)
     signs every artifact, so hosts that trust its public key load them as they are
-    (``disc_tf/trust.py``)."""
+    (``disc_tf/trust.py``). ``serving_warmup``: write TF Serving's warm-up requests
+    (``disc_tf/serving_warmup.py``) unless the model has its own."""
     global _last_report
     native.load()
     src = pathlib.Path(saved_model_dir)
@@ -163,6 +166,8 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     manifest.mkdir(parents=True, exist_ok=True)
     (manifest / "clusters.json").write_text(json.dumps(
         [c.__dict__ for c in report.clusters], indent=1, default=str))
+    if serving_warmup and report.compiled:
+        report.serving_warmup = write_serving_warmup(dst)
     (manifest / "report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     log.info("optimized %s -> %s: %s", src, dst, report.total_line())
     _last_report = report
