@@ -284,8 +284,6 @@ class DirectFunction:
         self.reason: str | None = None
         self.direct_calls = 0
         self.tf_calls = 0
-        #: a signature's arguments by name that its warm-up call ran on (None before one ran)
-        self.warmup_inputs: dict[str, np.ndarray] | None = None
         self._count_lock = threading.Lock()  # calls may come from many threads
         #: positional calls: how many arguments hold tensors, and their ``Flatten``s
         #: (None for a plain tensor; all None: every argument a plain tensor)
@@ -419,6 +417,14 @@ class DirectFunction:
             out.append(t)
         return out
 
+    def warmup_arguments(self, size: int) -> dict[str, Any] | None:
+        """A signature's warm-up arguments by name: ones, unknown dims ``size``; None for
+        a positional function, one without a plan, or an argument of unknown rank."""
+        if self.plan is None or not self._keyword:
+            return None
+        values = [spec.warmup_value(size) for spec in self._specs]
+        return None if any(v is None for v in values) else dict(zip(self._names, values))
+
     def warm_up(self) -> bool:
         """One direct call on ones (unknown dims each of WARMUP_DIMS in turn, until a
         call succeeds), so that what the ops do on their first call (loading
@@ -434,8 +440,6 @@ class DirectFunction:
                 return False
             try:
                 self._run(values)
-                if self._keyword:
-                    self.warmup_inputs = {n: v.numpy() for n, v in zip(self._names, values)}
                 return True
             except (tf.errors.OpError, ValueError, TypeError) as e:
                 logger.debug("disc_tf.load: warm-up call of %s at unknown dims %d failed: %s",

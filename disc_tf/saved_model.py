@@ -167,7 +167,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     (manifest / "clusters.json").write_text(json.dumps(
         [c.__dict__ for c in report.clusters], indent=1, default=str))
     if serving_warmup and report.compiled:
-        report.serving_warmup = write_serving_warmup(dst)
+        report.serving_warmup = write_serving_warmup(dst, src)
     (manifest / "report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     log.info("optimized %s -> %s: %s", src, dst, report.total_line())
     _last_report = report
