@@ -237,8 +237,9 @@ class _Spec:
         self.dims = None if spec.shape.rank is None else tuple(spec.shape.as_list())
 
     def warmup_value(self, size: int) -> Any:
-        """Ones of this spec's dtype, unknown dims ``size`` (None for unknown rank)."""
-        if self.dims is None or self.np_dtype is None:
+        """Ones of this spec's dtype, unknown dims ``size`` (None for unknown rank, or a
+        dtype without ones: strings)."""
+        if self.dims is None or self.np_dtype is None or self.np_dtype.kind not in "biufc":
             return None
         shape = [size if d is None else d for d in self.dims]
         return tf.constant(np.ones(shape, self.np_dtype))
@@ -419,7 +420,8 @@ class DirectFunction:
 
     def warmup_arguments(self, size: int) -> dict[str, Any] | None:
         """A signature's warm-up arguments by name: ones, unknown dims ``size``; None for
-        a positional function, one without a plan, or an argument of unknown rank."""
+        a positional function, one without a plan, or an argument of unknown rank or of
+        strings."""
         if self.plan is None or not self._keyword:
             return None
         values = [spec.warmup_value(size) for spec in self._specs]

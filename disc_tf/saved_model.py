@@ -167,7 +167,11 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
     (manifest / "clusters.json").write_text(json.dumps(
         [c.__dict__ for c in report.clusters], indent=1, default=str))
     if serving_warmup and report.compiled:
-        report.serving_warmup = write_serving_warmup(dst, src)
+        try:
+            report.serving_warmup = write_serving_warmup(dst, src)
+        except Exception as e:  # noqa: BLE001 - the model is written; only the requests are not
+            log.warning("no TF Serving warm-up requests written for %s: %s: %s", dst,
+                        type(e).__name__, e)
     (manifest / "report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     log.info("optimized %s -> %s: %s", src, dst, report.total_line())
     _last_report = report

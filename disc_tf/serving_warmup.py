@@ -85,7 +85,7 @@ def _warmup_requests(export_dir: str, original_dir: str) -> dict[str, dict[str, 
             args = fn.warmup_arguments(size)
             if args is None:
                 logger.info("disc_tf.optimize: no TF Serving warm-up request for signature "
-                            "%s: %s", name, fn.reason or "an argument of unknown rank")
+                            "%s: %s", name, fn.reason or "an argument of unknown rank or of strings")
                 break
             try:
                 original.signatures[name](**args)

@@ -159,3 +159,34 @@ def test_a_replayed_warmup_packs_every_weight_before_the_first_request(
     stats = disc_tf.stats()
     assert stats["packed_weights"] == 20, stats  # by the warm-up, or else by the requests
     assert stats["fallbacks"] == 0 and stats["clusters"] >= 1, stats
+
+
+class _Tokens(tf.Module):
+    """A string input beside a float one: no warm-up request can be made of ones."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.random.default_rng(3).normal(size=(6, 5)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32, name="x"),
+                                  tf.TensorSpec([None], tf.string, name="s")])
+    def __call__(self, x, s):
+        lengths = tf.cast(tf.strings.length(s), tf.float32)
+        return {"y": tf.nn.relu(tf.matmul(x, self.w) * 2.0 + 1.0) + lengths[:, None]}
+
+
+def test_a_signature_with_a_string_input_gets_no_request(tmp_path):
+    """Ones of strings do not exist: no request, and disc_tf.load's own warm-up skips
+    the signature (it raised before)."""
+    module = _Tokens()
+    tf.saved_model.save(module, str(tmp_path / "orig"),
+                        signatures={"serving_default": module.__call__.get_concrete_function()})
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"), quiet=True)
+    report = disc_tf.last_report()
+    assert report.compiled and report.serving_warmup == []
+    assert not (tmp_path / "opt" / WARMUP_FILE).exists()
+    model = disc_tf.load(str(tmp_path / "opt"))  # its own warm-up skips the signature too
+    assert model.warmed_up["serving_default"] is False
+    x = np.random.default_rng(4).normal(size=(3, 6)).astype(np.float32)
+    s = tf.constant(["a", "bcd", ""])
+    np.testing.assert_allclose(model.signatures["serving_default"](x=x, s=s)["y"],
+                               module(x, s)["y"], RTOL, ATOL)
