@@ -14,13 +14,10 @@ namespace {
 // Scratch parts start on 64-byte boundaries.
 int64_t Aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 
-// The transforms stream memory; built for each ISA (chosen once at load) so that
-// they run in whole vectors: baseline SSE2 took a seventh of a kernel-3 tile's time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DISC_WINOGRAD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DISC_WINOGRAD_CLONES
-#endif
+// The transforms stream memory and run in whole vectors (baseline SSE2 took a seventh
+// of a kernel-3 tile's time): each is inlined into a dispatcher built for the GEMM
+// block's ISA (WinogradIsa), below.
+#define DISC_WINOGRAD_CLONES __attribute__((always_inline)) inline
 
 // F(2, 3)'s V_0..V_3 of one group of one unit (n floats each, `part` floats apart).
 DISC_WINOGRAD_CLONES
@@ -197,6 +194,40 @@ void OutputTransform6(int64_t n, const float* const* __restrict m, float* const*
   }
 }
 
+// The transforms of F(m, 3) in one target ISA: GCC inlines the bodies above and
+// vectorises their `omp simd` loops for it (conv_winograd.cc is built with
+// -fopenmp-simd: native_build.py's SOURCE_FLAGS).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DISC_WINOGRAD_TRANSFORMS(Isa, target_isa)                                          \
+  __attribute__((target(target_isa))) void InputTransform##Isa(                           \
+      int m, int64_t n, const float* const* d, float* v, int64_t part) {                   \
+    if (m == 6) return InputTransform6(n, d, v, part);                                     \
+    if (m == 4) return InputTransform4(n, d, v, part);                                     \
+    InputTransform2(n, d, v, part);                                                        \
+  }                                                                                        \
+  __attribute__((target(target_isa))) void OutputTransform##Isa(                          \
+      int m, int64_t n, const float* const* ms, float* const* y) {                         \
+    if (m == 6) return OutputTransform6(n, ms, y);                                         \
+    if (m == 4) return OutputTransform4(n, ms, y);                                         \
+    OutputTransform2(n, ms, y);                                                            \
+  }
+DISC_WINOGRAD_TRANSFORMS(Avx2, "avx2,fma")
+DISC_WINOGRAD_TRANSFORMS(Avx512, "avx512f,avx512vl,avx2,fma")
+#else
+void InputTransformAvx2(int m, int64_t n, const float* const* d, float* v, int64_t part) {
+  if (m == 6) return InputTransform6(n, d, v, part);
+  if (m == 4) return InputTransform4(n, d, v, part);
+  InputTransform2(n, d, v, part);
+}
+void OutputTransformAvx2(int m, int64_t n, const float* const* ms, float* const* y) {
+  if (m == 6) return OutputTransform6(n, ms, y);
+  if (m == 4) return OutputTransform4(n, ms, y);
+  OutputTransform2(n, ms, y);
+}
+#define InputTransformAvx512 InputTransformAvx2
+#define OutputTransformAvx512 OutputTransformAvx2
+#endif
+
 }  // namespace
 
 int64_t WinogradTileUnits(int parts, int64_t depth, int64_t co) {
@@ -274,7 +305,7 @@ float* WinogradScratch(int64_t floats) {
   return buffer.Reserve(floats);
 }
 
-void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
+void WinogradTile(const WinogradConv1D& conv, WinogradIsa isa, const float* const packed[],
                   disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t u0, int64_t u1,
                   int64_t j0, int64_t j1, float* scratch) {
   const int64_t units = u1 - u0, cols = j1 - j0, ci = conv.ci, co = conv.co;
@@ -287,12 +318,9 @@ void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
   float* zeros = mid + (parts - 2) * mpart;  // an input column of the padding
   std::memset(zeros, 0, ci * sizeof(float));
   const float* image = conv.x + n * conv.width * ci;
-  const auto input_transform = m == 6   ? &InputTransform6
-                               : m == 4 ? &InputTransform4
-                                        : &InputTransform2;
-  const auto output_transform = m == 6   ? &OutputTransform6
-                                : m == 4 ? &OutputTransform4
-                                         : &OutputTransform2;
+  const bool avx512 = isa == WinogradIsa::kAvx512;
+  const auto input_transform = avx512 ? &InputTransformAvx512 : &InputTransformAvx2;
+  const auto output_transform = avx512 ? &OutputTransformAvx512 : &OutputTransformAvx2;
   // The input transform: each unit's m + 2 columns per tap group.
   const float* d[kWinogradMaxParts];
   for (int64_t q = u0; q < u1; ++q) {
@@ -302,7 +330,7 @@ void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
         const int64_t col = first + i;
         d[i] = col >= 0 && col < conv.width ? image + col * ci : zeros;
       }
-      input_transform(ci, d, v + (q - u0) * depth + j * ci, part);
+      input_transform(m, ci, d, v + (q - u0) * depth + j * ci, part);
     }
   }
   // C's first row of each unit gets M0 and its last row M_{parts-1} straight from
@@ -324,7 +352,7 @@ void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
     const int64_t rows = std::min<int64_t>(m, conv.ow - m * (u0 + i));
     for (int u = 0; u < parts - 2; ++u) ms[u] = mid + u * mpart + i * cols;
     for (int r = 0; r < m; ++r) y[r] = r < rows ? first + (m * i + r) * co : nullptr;
-    output_transform(cols, ms, y);
+    output_transform(m, cols, ms, y);
   }
 }
 

@@ -111,11 +111,16 @@ int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t units, int64_t
 // ran out.
 float* WinogradScratch(int64_t floats);
 
+// The ISA the transforms run in: the GEMM block's, so that an AVX2 block runs AVX2
+// transforms on an AVX-512 host too (as on an AVX2-only machine, and as
+// DISC_TF_GEMM_ISA / DISC_TF_ISA cap it), not the ISA of the CPU.
+enum class WinogradIsa { kAvx2, kAvx512 };
+
 // Output columns [m u0, min(m u1, ow)) and channels [j0, j1) of image n: V_u of the
 // tile into scratch, the m + 2 GEMMs (packed[u]: G_u packed for `gemm`, j0 a
 // multiple of its panel), the first and last written into C's rows, and the output
 // transform combining the others with them.
-void WinogradTile(const WinogradConv1D& conv, const float* const packed[],
+void WinogradTile(const WinogradConv1D& conv, WinogradIsa isa, const float* const packed[],
                   disc_gemm_prepacked_block_fn gemm, int64_t n, int64_t u0, int64_t u1,
                   int64_t j0, int64_t j1, float* scratch);
 

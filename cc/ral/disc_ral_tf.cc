@@ -1140,6 +1140,8 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
                                 " tiles=", split.row_tiles, "x", split.col_blocks);
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
+  const WinogradIsa transforms =
+      std::strcmp(isa.name, "avx512") == 0 ? WinogradIsa::kAvx512 : WinogradIsa::kAvx2;
   const int64_t per_image = split.row_tiles * split.col_blocks;
   std::atomic<bool> short_of_memory{false};
   RunOn(pool, batch * per_image, [&](int64_t t) {
@@ -1152,7 +1154,7 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
       short_of_memory = true;
       return;
     }
-    WinogradTile(conv, packed, isa.prepacked, n, u0, u1, j0, j1, scratch);
+    WinogradTile(conv, transforms, packed, isa.prepacked, n, u0, u1, j0, j1, scratch);
     epilogue(n, m * u0, std::min(ow, m * u1), j0, j1);
   });
   if (short_of_memory)

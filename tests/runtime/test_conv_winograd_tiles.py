@@ -1,5 +1,6 @@
 """Winograd F(2, 3), F(4, 3) and F(6, 3) Conv1D tiles (cc/ral/conv_winograd.cc) exactly as the RAL runs them,
-without TensorFlow: filters transformed and packed for each ISA's GEMM block, the
+without TensorFlow: filters transformed and packed for each ISA's GEMM block (whose
+ISA the transforms then run in too: the AVX2 ones on an AVX-512 host as well), the
 threads' split into tiles (ChooseWinogradSplit), each tile run on its own, against a
 direct convolution in double precision over a grid of widths, paddings (SAME, VALID,
 wider than the input, one-sided), kernel widths 3-12, channel counts off the panels,
@@ -14,6 +15,7 @@ import subprocess
 import pytest
 
 from disc_tf.runtime import compiler, isa
+from disc_tf.runtime.native_build import SOURCE_FLAGS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -30,14 +32,16 @@ struct Isa {
   disc_gemm_packed_size_fn size;
   disc_gemm_pack_b_fn pack;
   disc_gemm_prepacked_block_fn gemm;
+  WinogradIsa transforms;
 };
 
 int main(int argc, char** argv) {
-  Isa isa{&disc_gemm_packed_size_avx2, &disc_gemm_pack_b_avx2, &disc_gemm_prepacked_block_avx2};
+  Isa isa{&disc_gemm_packed_size_avx2, &disc_gemm_pack_b_avx2, &disc_gemm_prepacked_block_avx2,
+          WinogradIsa::kAvx2};
 #ifdef WITH_AVX512
   if (argc > 1 && std::strcmp(argv[1], "avx512") == 0)
     isa = {&disc_gemm_packed_size_avx512, &disc_gemm_pack_b_avx512,
-           &disc_gemm_prepacked_block_avx512};
+           &disc_gemm_prepacked_block_avx512, WinogradIsa::kAvx512};
 #endif
   int64_t batch, width, ci, co, kw, pad, pad_right, threads, full_rows, m;
   std::mt19937 rng(1);
@@ -72,7 +76,7 @@ int main(int argc, char** argv) {
           const int64_t p0 = t * s.units, c0 = b * s.cols;
           const int64_t p1 = std::min(conv.units(), p0 + s.units), c1 = std::min(co, c0 + s.cols);
           float* scratch = WinogradScratch(WinogradScratchFloats(conv, p1 - p0, c1 - c0));
-          WinogradTile(conv, parts, isa.gemm, n, p0, p1, c0, c1, scratch);
+          WinogradTile(conv, isa.transforms, parts, isa.gemm, n, p0, p1, c0, c1, scratch);
         }
     // |error| / (sum of |terms| + 1), x and w being N(0, 1); the sum of |terms| is the
     // largest over the outputs of the unit: each output is a combination of the unit's
@@ -121,7 +125,9 @@ def tiles(tmp_path_factory):
     cxx = compiler.resolve(compiler.cxx())
     base = [cxx, "-O2", "-std=c++17", f"-I{REPO}"]
     objects = []
-    sources = [("conv_winograd.cc", []), ("gemm_kernel_avx2.cc", ["-mavx2", "-mfma"])]
+    # conv_winograd.cc as the native build compiles it: its transforms vectorised
+    sources = [("conv_winograd.cc", list(SOURCE_FLAGS["conv_winograd.cc"])),
+               ("gemm_kernel_avx2.cc", ["-mavx2", "-mfma"])]
     with_avx512 = isa.host_level() == "x86-64-v4"
     if with_avx512:
         sources.append(("gemm_kernel_avx512.cc", ["-mavx2", "-mfma", "-mavx512f", "-mavx512cd",
