@@ -355,7 +355,7 @@ def optimize_model(src: str, dst: str, target: str, signatures: list[str] | None
                    out: TextIO | None = None, err: TextIO | None = None,
                    all_functions: bool = False, strict: bool | None = None,
                    isa_levels: str | list[str] | None = None,
-                   signing_key: str | None = None, serving_warmup: bool = True) -> int:
+                   signing_key: str | None = None, serving_warmup: bool = False) -> int:
     """Optimizes a SavedModel and prints what happened to every cluster, then the
     report's summary (refused clusters and nodes, the total line)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -410,8 +410,8 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--signing-key", default=None, metavar="PEM",
                      help="Ed25519 private key that signs every artifact (disc-tf keygen), "
                           "for hosts that trust its public key")
-    opt.add_argument("--no-serving-warmup", action="store_true",
-                     help="do not write TF Serving's warm-up requests "
+    opt.add_argument("--serving-warmup", action="store_true",
+                     help="also write TF Serving's warm-up requests "
                           "(assets.extra/tf_serving_warmup_requests)")
     key = sub.add_parser("keygen", help="write a new Ed25519 key pair for signing artifacts")
     key.add_argument("private", metavar="PRIVATE.pem", help="the signing key (written 0600)")
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                               all_functions=args.all_functions, strict=args.strict or None,
                               isa_levels=args.isa.split(",") if args.isa and "," in args.isa
                               else args.isa, signing_key=args.signing_key,
-                              serving_warmup=not args.no_serving_warmup)
+                              serving_warmup=args.serving_warmup)
     except UsageError as e:
         print(f"disc-tf: error: {e}", file=sys.stderr)
         return 2

@@ -108,7 +108,7 @@ def optimize_saved_model(saved_model_dir: str, output_dir: str, *, target: str =
                          signatures=None, all_functions: bool = False,
                          min_cluster_size: int = 2, strict: bool | None = None,
                          progress=None, isa_levels=None, signing_key=None,
-                         serving_warmup: bool = True) -> OptimizeReport:
+                         serving_warmup: bool = False) -> OptimizeReport:
     """Writes an optimized copy of a SavedModel to ``output_dir``; returns the report.
 
     Compiles what serving runs: the functions and main-graph nodes reachable from

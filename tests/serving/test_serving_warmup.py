@@ -98,9 +98,9 @@ def model_dirs(tmp_path_factory) -> pathlib.Path:
     module = _Conv1D()
     tf.saved_model.save(module, str(root / "orig"),
                         signatures={"serving_default": module.__call__.get_concrete_function()})
-    disc_tf.optimize(str(root / "orig"), str(root / "opt"), quiet=True)
+    disc_tf.optimize(str(root / "orig"), str(root / "opt"), quiet=True, serving_warmup=True)
     assert disc_tf.last_report().serving_warmup == ["serving_default"]
-    disc_tf.optimize(str(root / "orig"), str(root / "plain"), quiet=True, serving_warmup=False)
+    disc_tf.optimize(str(root / "orig"), str(root / "plain"), quiet=True)  # off by default
     return root
 
 
@@ -125,7 +125,7 @@ def test_a_models_own_warmup_file_is_kept(model_dirs, tmp_path):
     shutil.copytree(model_dirs / "orig", src)
     (src / WARMUP_FILE).parent.mkdir(parents=True, exist_ok=True)
     (src / WARMUP_FILE).write_bytes(b"the user's own")
-    disc_tf.optimize(str(src), str(tmp_path / "opt"), quiet=True)
+    disc_tf.optimize(str(src), str(tmp_path / "opt"), quiet=True, serving_warmup=True)
     assert (tmp_path / "opt" / WARMUP_FILE).read_bytes() == b"the user's own"
     assert disc_tf.last_report().serving_warmup == []
 
@@ -180,7 +180,8 @@ def test_a_signature_with_a_string_input_gets_no_request(tmp_path):
     module = _Tokens()
     tf.saved_model.save(module, str(tmp_path / "orig"),
                         signatures={"serving_default": module.__call__.get_concrete_function()})
-    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"), quiet=True)
+    disc_tf.optimize(str(tmp_path / "orig"), str(tmp_path / "opt"), quiet=True,
+                     serving_warmup=True)
     report = disc_tf.last_report()
     assert report.compiled and report.serving_warmup == []
     assert not (tmp_path / "opt" / WARMUP_FILE).exists()
