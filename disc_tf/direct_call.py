@@ -424,8 +424,13 @@ class DirectFunction:
         strings."""
         if self.plan is None or not self._keyword:
             return None
+        values = self._warmup_values(size)
+        return None if values is None else dict(zip(self._names, values))
+
+    def _warmup_values(self, size: int) -> list[Any] | None:
+        """The arguments, ones with unknown dims ``size``; None if one has no ones."""
         values = [spec.warmup_value(size) for spec in self._specs]
-        return None if any(v is None for v in values) else dict(zip(self._names, values))
+        return None if any(v is None for v in values) else values
 
     def warm_up(self) -> bool:
         """One direct call on ones (unknown dims each of WARMUP_DIMS in turn, until a
@@ -437,8 +442,8 @@ class DirectFunction:
         if self.plan is None:
             return False
         for size in WARMUP_DIMS:
-            values = [spec.warmup_value(size) for spec in self._specs]
-            if any(v is None for v in values):
+            values = self._warmup_values(size)
+            if values is None:
                 return False
             try:
                 self._run(values)

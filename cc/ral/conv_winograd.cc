@@ -17,10 +17,10 @@ int64_t Aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 // The transforms stream memory and run in whole vectors (baseline SSE2 took a seventh
 // of a kernel-3 tile's time): each is inlined into a dispatcher built for the GEMM
 // block's ISA (WinogradIsa), below.
-#define DISC_WINOGRAD_CLONES __attribute__((always_inline)) inline
+#define DISC_WINOGRAD_BODY __attribute__((always_inline)) inline
 
 // F(2, 3)'s V_0..V_3 of one group of one unit (n floats each, `part` floats apart).
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void InputTransform2(int64_t n, const float* const* __restrict d, float* __restrict v,
                      int64_t part) {
   const float* __restrict d0 = d[0];
@@ -41,7 +41,7 @@ void InputTransform2(int64_t n, const float* const* __restrict d, float* __restr
 }
 
 // F(4, 3)'s V_0..V_5 of one group of one unit.
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void InputTransform4(int64_t n, const float* const* __restrict d, float* __restrict v,
                      int64_t part) {
   const float* __restrict d0 = d[0];
@@ -71,7 +71,7 @@ void InputTransform4(int64_t n, const float* const* __restrict d, float* __restr
 
 // F(6, 3)'s V_0..V_7 of one group of one unit (the points 0, +-1, +-2, +-1/2 and
 // infinity; the pairs of a point and its negative share their even and odd halves).
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void InputTransform6(int64_t n, const float* const* __restrict d, float* __restrict v,
                      int64_t part) {
   #pragma omp simd
@@ -95,7 +95,7 @@ void InputTransform6(int64_t n, const float* const* __restrict d, float* __restr
 }
 
 // F(2, 3): y0 += m1 + m2 and, when y[1] is not null, y1 += m1 - m2 (n floats each).
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void OutputTransform2(int64_t n, const float* const* __restrict m, float* const* y) {
   const float* __restrict m1 = m[0];
   const float* __restrict m2 = m[1];
@@ -116,7 +116,7 @@ void OutputTransform2(int64_t n, const float* const* __restrict m, float* const*
 // F(4, 3), y0 and y3 already holding M0 and M5: y0 += a + c, y1 = b + 2 d,
 // y2 = a + 4 c, y3 += b + 8 d (a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4);
 // the y that are null are past the output's end (then so are those after them).
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void OutputTransform4(int64_t n, const float* const* __restrict m, float* const* y) {
   const float* __restrict m1 = m[0];
   const float* __restrict m2 = m[1];
@@ -165,7 +165,7 @@ struct Outputs6 {
 // difference of the M_u of the points +-1, +-2, +-1/2 (k = 1, 2, 3),
 // y_i (+)= a1 + 2^i a2 + 2^-i a3 for even i, b1 + 2^i b2 + 2^-i b3 for odd i; the y
 // that are null are past the output's end (then so are those after them).
-DISC_WINOGRAD_CLONES
+DISC_WINOGRAD_BODY
 void OutputTransform6(int64_t n, const float* const* __restrict m, float* const* y) {
   float* __restrict y0 = y[0];
   float* __restrict y1 = y[1];
@@ -198,14 +198,18 @@ void OutputTransform6(int64_t n, const float* const* __restrict m, float* const*
 // vectorises their `omp simd` loops for it (conv_winograd.cc is built with
 // -fopenmp-simd: native_build.py's SOURCE_FLAGS).
 #if defined(__x86_64__) && defined(__GNUC__)
+#define DISC_WINOGRAD_TARGET(target_isa) __attribute__((target(target_isa)))
+#else
+#define DISC_WINOGRAD_TARGET(target_isa)
+#endif
 #define DISC_WINOGRAD_TRANSFORMS(Isa, target_isa)                                          \
-  __attribute__((target(target_isa))) void InputTransform##Isa(                           \
+  DISC_WINOGRAD_TARGET(target_isa) void InputTransform##Isa(                               \
       int m, int64_t n, const float* const* d, float* v, int64_t part) {                   \
     if (m == 6) return InputTransform6(n, d, v, part);                                     \
     if (m == 4) return InputTransform4(n, d, v, part);                                     \
     InputTransform2(n, d, v, part);                                                        \
   }                                                                                        \
-  __attribute__((target(target_isa))) void OutputTransform##Isa(                          \
+  DISC_WINOGRAD_TARGET(target_isa) void OutputTransform##Isa(                              \
       int m, int64_t n, const float* const* ms, float* const* y) {                         \
     if (m == 6) return OutputTransform6(n, ms, y);                                         \
     if (m == 4) return OutputTransform4(n, ms, y);                                         \
@@ -213,20 +217,6 @@ void OutputTransform6(int64_t n, const float* const* __restrict m, float* const*
   }
 DISC_WINOGRAD_TRANSFORMS(Avx2, "avx2,fma")
 DISC_WINOGRAD_TRANSFORMS(Avx512, "avx512f,avx512vl,avx2,fma")
-#else
-void InputTransformAvx2(int m, int64_t n, const float* const* d, float* v, int64_t part) {
-  if (m == 6) return InputTransform6(n, d, v, part);
-  if (m == 4) return InputTransform4(n, d, v, part);
-  InputTransform2(n, d, v, part);
-}
-void OutputTransformAvx2(int m, int64_t n, const float* const* ms, float* const* y) {
-  if (m == 6) return OutputTransform6(n, ms, y);
-  if (m == 4) return OutputTransform4(n, ms, y);
-  OutputTransform2(n, ms, y);
-}
-#define InputTransformAvx512 InputTransformAvx2
-#define OutputTransformAvx512 OutputTransformAvx2
-#endif
 
 }  // namespace
 

@@ -1111,19 +1111,14 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
   // shape (disc_tf.load's) leaves none for a request to pack.
   const int m = WinogradOutputsPerUnit(ow);
   std::shared_ptr<const PackedOperand> parts[kWinogradMaxParts];
-  bool packed_ok = false;
-  const int order[] = {m, 2, 4, 6};  // this call's variant first
-  for (int i = 0; i < 4; ++i) {
-    const int variant = order[i];
-    if (variant == 0 || (i > 0 && variant == m) || (setting > 0 && setting != variant)) continue;
-    std::shared_ptr<const PackedOperand> variant_parts[kWinogradMaxParts];
-    const bool ok = WinogradPackedParts(r, isa, input, w, kw, ci, co, variant, variant_parts);
-    if (variant == m && ok) {
-      std::copy(variant_parts, variant_parts + kWinogradMaxParts, parts);
-      packed_ok = true;
-    }
+  // This call's variant first (it has the first claim on the packing budget).
+  const bool ready = m != 0 && WinogradPackedParts(r, isa, input, w, kw, ci, co, m, parts);
+  for (const int variant : {2, 4, 6}) {
+    if (variant == m || (setting > 0 && setting != variant)) continue;
+    std::shared_ptr<const PackedOperand> unused[kWinogradMaxParts];
+    WinogradPackedParts(r, isa, input, w, kw, ci, co, variant, unused);
   }
-  if (m == 0 || !packed_ok) return 0;
+  if (!ready) return 0;
   const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c, m};
   const int64_t depth = conv.depth();
   const float* packed[kWinogradMaxParts];
