@@ -75,8 +75,10 @@ def stats() -> dict[str, int]:
     loaded for want of a trusted signature), rebuilds (clusters compiled
     again on this host instead; see ``docs/serving.md``), pool_wakes (sleeping
     GEMM worker threads a call woke as it started, so that they were polling by its
-    first launch) and resident_weight_gemms (GEMM launches of calls whose packed
-    weights fit in half of a core's L2, so that they read them without prefetching)."""
+    first launch), resident_weight_gemms (GEMM launches of calls whose packed
+    weights fit in half of a core's L2, so that they read them without prefetching)
+    and masked_elements (attention scores not computed because the mask's select
+    discards them: a causal or padding mask)."""
     return dict(_native.load().py.stats())
 
 

@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
     "packed_weights", "untrusted", "rebuilds", "pool_wakes",
-    "resident_weight_gemms"};
+    "resident_weight_gemms", "masked_elements"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 

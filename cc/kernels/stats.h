@@ -6,7 +6,9 @@
 // the trust policy), rebuilds (clusters compiled again here), pool_wakes
 // (sleeping RAL workers a call woke before its first launch, spin_pool.h) and
 // resident_weight_gemms (GEMM launches of calls whose kernel's packed weights fit in
-// half of a core's L2, which read them without prefetching, gemm_kernels.h). `clusters`
+// half of a core's L2, which read them without prefetching, gemm_kernels.h) and
+// masked_elements (elements of attention scores not computed, since the mask's select
+// takes its other arm there: sgemm_scratch_c_cols in disc_ral.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -32,7 +34,8 @@ enum Counter : int {
   kRebuilds = 8,       // clusters rebuilt on this host instead (artifact_trust.h)
   kPoolWakes = 9,      // sleeping RAL workers woken at a call's start (WakeTaskPool)
   kResidentWeightGemms = 10,  // GEMM launches reading packed weights kept in L2 (no prefetch)
-  kNumCounters = 11,
+  kMaskedElements = 11,  // elements of C not computed: a mask selects them away (ABI 9)
+  kNumCounters = 12,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 8
+#define DISC_RAL_ABI_VERSION 9
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -59,6 +59,11 @@ typedef void (*disc_gemm_scratch_fn)(void* closure, int64_t q, int64_t i0, int64
 /* Rows [i0, i1) of a GEMM's A made on demand (ABI 8): row i's k floats written at
  * dst + (i - i0) * k. */
 typedef void (*disc_gemm_gather_fn)(void* closure, int64_t i0, int64_t i1, float* dst);
+
+/* The columns of C that rows [i0, i1) of product q need (ABI 9): a count in
+ * [0, n]; the block's later columns are never read but through a select that
+ * takes its other arm there (a causal or padding mask's false columns). */
+typedef int64_t (*disc_gemm_cols_fn)(void* closure, int64_t q, int64_t i0, int64_t i1);
 
 typedef struct disc_ral disc_ral;
 
@@ -196,6 +201,19 @@ struct disc_ral {
                            disc_gemm_gather_fn rows, void* rows_closure, const float* b,
                            int64_t ldb, float* c, int64_t ldc, disc_gemm_epilogue_fn epilogue,
                            void* closure, int32_t full_rows);
+
+  /* ABI 9. sgemm_scratch_c computing, for each block of rows, only the first
+   * cols(closure, q, i0, i1) columns of C in the block's scratch; the rest of the
+   * block's row is left as it was (fn must not depend on it). Where the first rows
+   * need fewer columns than n (a causal mask), blocks are cut shorter so that each
+   * computes little beyond its own triangle. */
+  void (*sgemm_scratch_c_cols)(disc_ral* ral, int64_t batch_outer, int64_t batch_inner,
+                               int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                               int64_t stride_a_outer, int64_t stride_a_inner,
+                               int transpose_a, const float* b, int64_t ldb,
+                               int64_t stride_b_outer, int64_t stride_b_inner,
+                               int transpose_b, disc_gemm_scratch_fn fn, void* closure,
+                               disc_gemm_cols_fn cols);
 };
 
 #ifdef __cplusplus

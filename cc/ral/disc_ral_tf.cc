@@ -867,11 +867,50 @@ int64_t CapRows(int64_t rows, int64_t most) {
 // into blocks of fewer rows so that each stays in L2 while its consumers run.
 constexpr int64_t kScratchBlockFloats = 256 * 1024;
 
-void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
-                      int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a_outer,
-                      int64_t stride_a_inner, int transpose_a, const float* b, int64_t ldb,
-                      int64_t stride_b_outer, int64_t stride_b_inner, int transpose_b,
-                      disc_gemm_scratch_fn fn, void* closure) {
+// Rows of the sub-blocks a task cuts its block into where a mask bounds the columns
+// (ABI 9): a causal mask's rows [i0, i1) need i1 columns, so sub-blocks of 24 rows
+// compute about half of an S x S product plus 12 rows' worth.
+constexpr int64_t kMaskedBlockRows = 24;
+
+// Rows [i0, i1) of product q under a mask (ABI 9), on this thread: op(B) packed once
+// (unless packed_b has it already) into the thread's packing buffer, then for each
+// sub-block of kMaskedBlockRows rows the columns cols() asks for into c (row stride
+// n) and fn on them. Returns the elements of C not computed, or -1 when out of memory.
+int64_t MaskedBlocks(const GemmIsa& isa, int64_t q, int64_t i0, int64_t i1, int64_t n,
+                     int64_t k, const float* a, int64_t lda, bool ta, const float* packed_b,
+                     const float* b, int64_t ldb, bool tb, float* c, disc_gemm_scratch_fn fn,
+                     void* closure, disc_gemm_cols_fn cols) {
+  if (packed_b == nullptr && isa.prepacked != nullptr && k > 0) {
+    thread_local AlignedBuffer packing;
+    float* packed = packing.Reserve(isa.packer.packed_size(k, n));
+    if (packed == nullptr) return -1;
+    isa.packer.pack_b(k, n, b, ldb, tb, packed);
+    packed_b = packed;
+  }
+  // A packed block's panels but the last are full: it computes whole panels, or to the end.
+  const int64_t panel = packed_b != nullptr ? isa.packer.panel() : 1;
+  int64_t masked = 0;
+  for (int64_t s0 = i0; s0 < i1; s0 += kMaskedBlockRows) {
+    const int64_t s1 = std::min(i1, s0 + kMaskedBlockRows);
+    const int64_t asked = std::clamp<int64_t>(cols(closure, q, s0, s1), 0, n);
+    const int64_t needed = std::min(n, (asked + panel - 1) / panel * panel);
+    masked += (s1 - s0) * (n - needed);
+    const float* a_rows = a + (ta ? s0 : s0 * lda);
+    if (packed_b != nullptr && needed > 0 && k > 0) {
+      isa.prepacked_resident(s1 - s0, needed, k, a_rows, lda, ta, packed_b, c, n, 0);
+    } else {
+      BlockProduct(isa, s1 - s0, needed, k, a_rows, lda, ta, nullptr, b, ldb, tb, c, n);
+    }
+    fn(closure, q, s0, s1, c, n);
+  }
+  return masked;
+}
+
+void ScratchCGemm(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m, int64_t n,
+                  int64_t k, const float* a, int64_t lda, int64_t stride_a_outer,
+                  int64_t stride_a_inner, int transpose_a, const float* b, int64_t ldb,
+                  int64_t stride_b_outer, int64_t stride_b_inner, int transpose_b,
+                  disc_gemm_scratch_fn fn, void* closure, disc_gemm_cols_fn cols) {
   TfRal* r = TfRal::From(ral);
   if (batch_outer < 0 || batch_inner < 0 || m < 0 || n < 0 || k < 0 || fn == nullptr) {
     r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_scratch_c: batch ", batch_outer, " x ",
@@ -937,10 +976,12 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
   if (r->profiling) {
     timer.detail = absl::StrCat("batch=", batch, " m=", m, " n=", n, " k=", k,
                                 ta ? " ta" : "", tb ? " tb" : "", " +scratch C",
+                                cols != nullptr ? " masked columns" : "",
                                 packed_b ? " prepacked" : "", " blocks=", row_blocks.count,
                                 "x1");
   }
   std::atomic<bool> short_of_memory{false};
+  std::atomic<int64_t> masked{0};  // elements of C a mask made needless
   RunOn(pool, batch * row_blocks.count, [&](int64_t t) {
     const int64_t q = t / row_blocks.count;
     const int64_t i0 = row_blocks.begin(t % row_blocks.count);
@@ -951,12 +992,44 @@ void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, i
       short_of_memory = true;
       return;
     }
+    if (cols != nullptr) {
+      const int64_t skipped = MaskedBlocks(isa, q, i0, i1, n, k, a + stride_a(q), lda, ta,
+                                           packed_b, b + stride_b(q), ldb, tb, c, fn, closure,
+                                           cols);
+      if (skipped < 0) short_of_memory = true;
+      if (skipped > 0) masked += skipped;
+      return;
+    }
     BlockProduct(isa, i1 - i0, n, k, a + stride_a(q) + (ta ? i0 : i0 * lda), lda, ta,
                  packed_b, b + stride_b(q), ldb, tb, c, n);
     fn(closure, q, i0, i1, c, n);
   }, /*inline_only=*/work * batch < kSmallGemm);
+  if (masked > 0) stats::Add(stats::kMaskedElements, masked);
   if (short_of_memory)
     r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_scratch_c: out of memory for a block of C");
+}
+
+void RalSgemmScratchC(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
+                      int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a_outer,
+                      int64_t stride_a_inner, int transpose_a, const float* b, int64_t ldb,
+                      int64_t stride_b_outer, int64_t stride_b_inner, int transpose_b,
+                      disc_gemm_scratch_fn fn, void* closure) {
+  ScratchCGemm(ral, batch_outer, batch_inner, m, n, k, a, lda, stride_a_outer, stride_a_inner,
+               transpose_a, b, ldb, stride_b_outer, stride_b_inner, transpose_b, fn, closure,
+               nullptr);
+}
+
+// ---- ... computing only the columns a mask leaves (ABI 9)
+
+void RalSgemmScratchCCols(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64_t m,
+                          int64_t n, int64_t k, const float* a, int64_t lda,
+                          int64_t stride_a_outer, int64_t stride_a_inner, int transpose_a,
+                          const float* b, int64_t ldb, int64_t stride_b_outer,
+                          int64_t stride_b_inner, int transpose_b, disc_gemm_scratch_fn fn,
+                          void* closure, disc_gemm_cols_fn cols) {
+  ScratchCGemm(ral, batch_outer, batch_inner, m, n, k, a, lda, stride_a_outer, stride_a_inner,
+               transpose_a, b, ldb, stride_b_outer, stride_b_inner, transpose_b, fn, closure,
+               cols);
 }
 
 // ---- GEMMs whose A is made per task (ABI 8)
@@ -1200,6 +1273,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   conv1d_winograd = &RalConv1dWinograd;
   sgemm_scratch_c = &RalSgemmScratchC;
   sgemm_gathered_a = &RalSgemmGatheredA;
+  sgemm_scratch_c_cols = &RalSgemmScratchCCols;
 
   dims.resize(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {

@@ -198,7 +198,8 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     scratch = k.c_in_scratch
     if chain is not None:
         chain_lines, fn, closure = _chain_closure(
-            chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name)
+            chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name,
+            k.masked_by if scratch else None)
         lines += chain_lines
     elif scratch:
         lines += [
@@ -213,10 +214,13 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         ]
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
     # C only ever in each block's scratch (the epilogue and chain run on it there), else in memory
-    name = "sgemm_scratch_c" if scratch else "sgemm_epilogue"
+    masked = scratch and chain is not None and k.masked_by is not None
+    name = ("sgemm_scratch_c_cols" if masked else "sgemm_scratch_c") if scratch else "sgemm_epilogue"
     call = f"      ral->{name}("
     pad = " " * len(call)
     holder = "Chain::block, &chain" if chain is not None else "Scratch::block, &scratch"
+    if masked:
+        holder += ", &Chain::cols"
     c_args = ([f"&{holder});"] if scratch else [
         f"{buffer_ptr[out_name]}, n, {sc[0]}, {sc[1]},",
         f"{fn}, {closure}, {int(k.epilogue_full_rows)}, 0);"])
@@ -278,12 +282,14 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
 
 def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn: str,
                    epilogue_closure: str, scratch_of: KernelEmitter | None = None,
-                   c_name: str = "") -> tuple[list[str], str, str]:
+                   c_name: str = "", masked_by: int | None = None
+                   ) -> tuple[list[str], str, str]:
     """Host lines of the closure that runs the epilogue on a block of C and then the
     chained GEMM (``chain``, reading the epilogue's result as A) on the block's rows,
     and the function and closure arguments of ``sgemm_epilogue``. With ``scratch_of``
     (the epilogue, C named ``c_name``, in per-block scratch) the closure's ``block``
-    runs both on a block where ``sgemm_scratch_c`` computed it."""
+    runs both on a block where ``sgemm_scratch_c`` computed it; with ``masked_by`` (the
+    epilogue's mask input) its ``cols`` counts the columns a block needs."""
     k = chain.k
     lhs, rhs = (chain.buf(a) for a in k.inputs)
     (_, out_name), = k.outputs
@@ -329,6 +335,8 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         *(_scratch_block(scratch_of, c_name, "Chain",
                          chain.plan.memory(lhs.name) == chain.plan.memory(c_name))
           if scratch_of is not None else []),
+        *(_mask_cols(scratch_of, masked_by)
+          if scratch_of is not None and masked_by is not None else []),
         "    };",
         "    Chain chain{};",
         "    {",
@@ -372,7 +380,64 @@ def _scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
         f"        const {epilogue.epilogue_struct} e2{{&k2, e.m, e.t}};",
         "        h.epilogue(const_cast<void*>(static_cast<const void*>(&e2)), q, i0, i1, 0, "
         "ldcb);",
-        *([("        h.rows_of(cb, ldcb, q, i0, i1, h.kk);" if a2_in_scratch
-             else "        h.rows(q, i0, i1, h.kk);")] if holder == "Chain" else []),
+        *((_nonzero_depth() + ["        h.rows_of(cb, ldcb, q, i0, i1, depth);"]
+           if a2_in_scratch else ["        h.rows(q, i0, i1, h.kk);"])
+          if holder == "Chain" else []),
+        "      }",
+    ]
+
+
+def _nonzero_depth() -> list[str]:
+    """Lines setting ``depth``: one past the last column of the block's rows of A2 (in
+    scratch at cb) holding a value other than zero. Columns past it add nothing to the
+    chained product (a mask's zeros in P: a causal mask's upper triangle, a padding
+    mask's tail), so its depth stops there."""
+    return [
+        "        // P's columns past the last nonzero on these rows add nothing to P V",
+        "        int64_t depth = 0;",
+        "        for (int64_t i = 0; i < i1 - i0 && depth < h.kk; ++i) {",
+        "          const float* row = cb + i * ldcb;",
+        "          for (int64_t j = h.kk; j > depth; --j) {",
+        "            if (row[j - 1] != 0.0f) {",
+        "              depth = j;",
+        "              break;",
+        "            }",
+        "          }",
+        "        }",
+    ]
+
+
+def _mask_cols(epilogue: KernelEmitter, mask: int) -> list[str]:
+    """``Chain::cols`` (``disc_gemm_cols_fn``): the columns of C that rows [i0, i1) of
+    product q need, up to the last true element of the epilogue's input ``mask`` on
+    them, walked by the epilogue's own dims and strides (C's dims: products, rows,
+    columns)."""
+    e = epilogue.k
+    r = len(e.dims)
+    return [
+        f"      // Columns of C rows [i0, i1) of product q need: to the last true in{mask} of",
+        f"      // {e.name} ({comment(str(e.inputs[mask]))}) on them; past it its select takes",
+        "      // the other arm, whatever C holds.",
+        "      static int64_t cols(void* p, int64_t q, int64_t i0, int64_t i1) {",
+        "        const Chain& h = *static_cast<const Chain*>(p);",
+        f"        const auto& a = *static_cast<const {epilogue.epilogue_struct}*>(h.closure)->args;",
+        "        int64_t base = 0, rest = q;",
+        f"        for (int d = {r - 3}; d >= 0; --d) {{",
+        f"          base += rest % a.dims[d] * a.in{mask}_strides[d];",
+        "          rest /= a.dims[d];",
+        "        }",
+        f"        const int64_t n = a.dims[{r - 1}], row_stride = a.in{mask}_strides[{r - 2}];",
+        f"        const int64_t col_stride = a.in{mask}_strides[{r - 1}];",
+        "        int64_t need = 0;",
+        "        for (int64_t i = i0; i < i1 && need < n; ++i) {",
+        f"          const bool* row = a.in{mask} + base + i * row_stride;",
+        "          for (int64_t j = n; j > need; --j) {",
+        "            if (row[(j - 1) * col_stride]) {",
+        "              need = j;",
+        "              break;",
+        "            }",
+        "          }",
+        "        }",
+        "        return need;",
         "      }",
     ]

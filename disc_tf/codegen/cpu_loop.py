@@ -271,6 +271,14 @@ void sub_sgemm_scratch_c(disc_ral* r, int64_t bo, int64_t bi, int64_t m, int64_t
   parent_of(r)->sgemm_scratch_c(parent_of(r), bo, bi, m, n, k, a, lda, sao, sai, ta, b, ldb,
                                 sbo, sbi, tb, fn, closure);
 }
+void sub_sgemm_scratch_c_cols(disc_ral* r, int64_t bo, int64_t bi, int64_t m, int64_t n,
+                              int64_t k, const float* a, int64_t lda, int64_t sao, int64_t sai,
+                              int ta, const float* b, int64_t ldb, int64_t sbo, int64_t sbi,
+                              int tb, disc_gemm_scratch_fn fn, void* closure,
+                              disc_gemm_cols_fn cols) {
+  parent_of(r)->sgemm_scratch_c_cols(parent_of(r), bo, bi, m, n, k, a, lda, sao, sai, ta, b,
+                                     ldb, sbo, sbi, tb, fn, closure, cols);
+}
 void sub_sgemm_gathered_a(disc_ral* r, int64_t m, int64_t n, int64_t k, disc_gemm_gather_fn rows,
                           void* rows_closure, const float* b, int64_t ldb, float* c, int64_t ldc,
                           disc_gemm_epilogue_fn epilogue, void* closure, int32_t full_rows) {
@@ -302,6 +310,7 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.conv1d_winograd = &sub_conv1d_winograd;
   call.ral.sgemm_scratch_c = &sub_sgemm_scratch_c;
   call.ral.sgemm_gathered_a = &sub_sgemm_gathered_a;
+  call.ral.sgemm_scratch_c_cols = &sub_sgemm_scratch_c_cols;
   call.parent = ral;
   call.inputs = inputs;
   call.outputs = outputs;

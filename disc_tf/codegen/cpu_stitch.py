@@ -38,6 +38,15 @@ def _last_dim_only(acc: Access, rank: int) -> bool:
             and acc.ids_for is None and acc.pad is None)
 
 
+
+def element(ptr: str, index: str, elem: str, ct: str) -> str:
+    """C++ reading element ``index`` of ``ptr`` as compute type ``ct``. A bool is read as
+    its byte (TF stores 0 or 1): GCC finds no vector type for a load of C++ bool, so a
+    loop reading one stayed scalar (a masked softmax's mask: every expf a scalar call)."""
+    if elem == "i1":
+        return f"(((const unsigned char*){ptr})[{index}] != 0)"
+    return f"({ct}){ptr}[{index}]"
+
 class StitchEmitter:
     """Stitch kernels (mixed into ``KernelEmitter``)."""
 
@@ -102,11 +111,12 @@ class StitchEmitter:
         ``_pad_segments``)."""
         acc = self.k.inputs[i]
         ptr = ptr or f"r{i}"
+        elem = self.buf(acc).elem
         if acc.pad is None:
-            return f"({ct}){ptr}[{index}]"
-        value = literal(acc.pad.value, self.buf(acc).elem)
-        return (f"(c >= clo{i} && c < chi{i} ? ({ct}){ptr}[c - a.in{i}_lo[{self.rank - 1}]]"
-                f" : ({ct}){value})")
+            return element(ptr, index, elem, ct)
+        value = literal(acc.pad.value, elem)
+        inside = element(ptr, f"c - a.in{i}_lo[{self.rank - 1}]", elem, ct)
+        return f"(c >= clo{i} && c < chi{i} ? {inside} : ({ct}){value})"
 
     def _row_offsets(self, lines: list[str], indent: str) -> None:
         """Offsets of every input at the start of ``row`` (dims before the last).
@@ -203,7 +213,7 @@ class StitchEmitter:
                            for kind, ref in op.operands if kind == "in"})
             for i in used:
                 ct = COMPUTE[self.buf(k.inputs[i]).elem]
-                load = f"({ct})r{i}[{index[i]}]"
+                load = element(f"r{i}", index[i], self.buf(k.inputs[i]).elem, ct)
                 if guard:  # a masked load: lanes past the row's end read nothing
                     load = f"{guard} ? {load} : ({ct})0"
                 out.append(f"{indent}const {ct} x{i} = {load};")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from disc_tf.fusion.masked_columns import masked_input
 from disc_tf.fusion.plan import Buffer, Kernel, depthwise_f32, gemm_form, memory_of, root_of
 
 #: Kernels that can run on a block of C: loop kernels on any block, stitch kernels
@@ -204,6 +205,7 @@ def plan_block_scratch(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
         if any(memory_of(buffers, b) == memory for _, b in l2.outputs):
             continue
         lib.c_in_scratch = True
+        lib.masked_by = masked_input(lib, e, buffers)
 
 
 def _rows_of_products(l2: Kernel, a: Buffer, c: Buffer,

@@ -194,6 +194,10 @@ class Kernel:
     #: nothing else reads: C lives only in per-block scratch, never in memory whole
     #: (attention's S x S scores and probabilities; ``plan_block_scratch``)
     c_in_scratch: bool = False
+    #: library kernels with C in scratch: the input of the epilogue whose false elements
+    #: make C's element there needless (a mask's select), so that each block computes
+    #: C's columns up to its rows' last true one only (``fusion/masked_columns.py``)
+    masked_by: int | None = None
     #: library kernels: the library kernels just before this one that read the same A
     #: (the Q and K projections beside V's) and run in this one's launch, row block by
     #: row block (``sgemm_shared_a``)
@@ -407,6 +411,10 @@ class FusionPlan:
             if k.c_in_scratch:
                 lines.append("  C in scratch: each block of C in the thread's scratch, "
                              "never the whole of it")
+            if k.masked_by is not None:
+                lines.append(f"  masked columns: each block computes C up to its rows' last "
+                             f"true in{k.masked_by} of {k.epilogue}, whose select takes its "
+                             "other arm past it")
         if self.speculative is not None:
             cond = ", ".join(f"s{s} == {self.symbols[s]}" for s in self.speculated_symbols)
             lines.append(f"speculation: when {cond} (nothing broadcast in this call):")

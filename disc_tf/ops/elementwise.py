@@ -222,7 +222,8 @@ _define(Elementwise("is_finite", lambda args, *_: f"(bool)isfinite({args[0]})"))
 _define(Elementwise("rsqrt", lambda args, elem, *_: round_half(f"1.0f / sqrtf({args[0]})", elem),
                     cost=10))
 _define(Elementwise("logistic", lambda args, elem, *_: round_half(
-    f"1.0f / (1.0f + expf(-{args[0]}))", elem), cost=25))
+    f"1.0f / (1.0f + disc_expf(-{args[0]}))", elem), cost=25,
+    cuda=lambda args, elem, *_: round_half(f"1.0f / (1.0f + expf(-{args[0]}))", elem)))
 #: DHLO name -> (C function, cost, libmvec has it)
 _FLOAT_FUNCTIONS = {
     "exponential": ("expf", 20, True), "log": ("logf", 20, True), "tanh": ("tanhf", 25, True),
@@ -234,6 +235,11 @@ _FLOAT_FUNCTIONS = {
 }
 for _name, (_fn, _cost, _vector) in _FLOAT_FUNCTIONS.items():
     _define(Elementwise(_name, _float_fn(_fn), cost=_cost, vector_fn=_fn if _vector else None))
+# CPU: libmvec's vector expf runs glibc's scalar expf for each lane outside about
+# [-87.3, 87.3], 10-20x slower per element (a masked softmax's -1e9 columns); the
+# prelude's disc_expf keeps every lane inside that range (codegen/cpu_ops.py).
+_DHLO["exponential"] = dataclasses.replace(_DHLO["exponential"], cpu=_float_fn("disc_expf"),
+                                           cuda=_float_fn("expf"))
 
 
 def entry(name: str) -> Elementwise | None:
