@@ -1,5 +1,5 @@
 """Scores a mask selects away are not computed (``fusion/masked_columns.py``), and exp
-stays on libmvec's fast path whatever its input (``disc_expf``)."""
+of a masked score stays on libmvec's fast path (``disc_expf``) with the same values."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def exp_and_sigmoid(x):
 
 
 def test_exp_at_the_edges_of_float_range():
-    """disc_expf: below about -87.33 a zero (e^x is at most a denormal there), above
-    87 e^(x - 64 ln 2) * 2^64 up to infinity, NaN as NaN; sigmoid too."""
+    """disc_expf: below about -87.33 a zero (e^x is at most a denormal there), NaN as
+    NaN, and glibc's own values elsewhere, up to infinity; sigmoid too."""
     spec = tf.TensorSpec([None, len(EXTREMES)], F32)
     tf_fn = tf.function(exp_and_sigmoid, input_signature=[spec])
     jitted = compiled(tf_fn)
