@@ -70,11 +70,17 @@ float fabsf(float) noexcept;
 // expf within libmvec's fast range: its vector expf runs glibc's scalar expf (with its
 // errno) for every lane outside about [-87.33, 87.33], 10-20x slower per element; a
 // masked softmax's -1e9 scores are all below it. Below it the result is 0 (e^x is at
-// most a denormal there, flushed); NaN stays NaN. A select of constants: it vectorizes.
-// Above the range (an overflow to infinity, rare) lanes still take the scalar path.
+// most a denormal there, flushed); above it e^(x - 64 ln 2) * 2^64, up to infinity;
+// NaN stays NaN. Selects of constants: it vectorizes. (A select of 0 or 1 alone lets
+// GCC fold the clamp away and call expf on x itself.)
 static inline float disc_expf(float x) {
-  const bool low = x < -87.33f;
-  return expf(low ? -87.33f : x) * (low ? 0.0f : 1.0f);
+  float c = x < -87.33f ? -87.33f : x;
+  c = c > 130.0f ? 130.0f : c;
+  const bool high = x > 87.0f;
+  const float shift = high ? 44.3614196f : 0.0f;
+  float scale = high ? 0x1p64f : 1.0f;
+  scale = x < -87.33f ? 0.0f : scale;
+  return expf(c - shift) * scale;
 }"""
 
 #: Helpers every generated source defines once.

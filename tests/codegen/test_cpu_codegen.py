@@ -139,3 +139,24 @@ def test_fused_selects_and_clamps_vectorize(tmp_path):
     assert re.search(rf"unit\.cc:{loop + 1}:\d+: optimized: loop vectorized using 32 byte", report), \
         [x for x in report.splitlines() if f"unit.cc:{loop + 1}:" in x]
 
+
+
+def test_masked_softmax_exp_loop_vectorizes_whole(tmp_path):
+    """Keras' masked softmax (select(mask, x, -1e9), softmax) vectorizes its exp loop 8
+    float lanes at a time in every instance of the row (mask along the row or one per
+    row): the bool mask's bytes are widened to 32-bit lanes before the loop. Read as
+    bytes inside it, GCC vectorized the loop in 8-byte pieces (7-9 ns per element
+    against 2); read as C++ bool, one instance stayed scalar."""
+    def masked_softmax(x, m):
+        return tf.nn.softmax(tf.where(m, x, -1e9), axis=-1)
+
+    fe = pipeline.front_end(cluster_of(masked_softmax, dyn(3),
+                                       tf.TensorSpec([None, None, None], tf.bool)))
+    (unit,) = [u for u in fe.sources.units if "Softmax" in u.text]
+    lines = unit.text.splitlines()
+    exp_line = next(i for i, line in enumerate(lines) if "= disc_expf(" in line)
+    loop = max(i for i in range(exp_line) if "for (int l = 0; l < 8; ++l)" in lines[i])
+    report = [x for x in _vectorizer_report(unit.text, tmp_path).splitlines()
+              if re.search(rf"unit\.cc:({loop + 1}|{loop + 2}):\d+: (optimized|missed): "
+                           r"(loop vectorized|couldn't vectorize loop)", x)]
+    assert report and all("loop vectorized using 32 byte vectors" in x for x in report), report

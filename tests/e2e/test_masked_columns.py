@@ -101,8 +101,8 @@ def exp_and_sigmoid(x):
 
 
 def test_exp_at_the_edges_of_float_range():
-    """disc_expf: below about -87.33 a zero (e^x is at most a denormal there), NaN as
-    NaN, and glibc's own values elsewhere, up to infinity; sigmoid too."""
+    """disc_expf: below about -87.33 a zero (e^x is at most a denormal there), above
+    87 e^(x - 64 ln 2) * 2^64 up to infinity, NaN as NaN; sigmoid too."""
     spec = tf.TensorSpec([None, len(EXTREMES)], F32)
     tf_fn = tf.function(exp_and_sigmoid, input_signature=[spec])
     jitted = compiled(tf_fn)
