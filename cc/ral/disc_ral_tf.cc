@@ -987,7 +987,9 @@ void ScratchCGemm(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64
     const int64_t i0 = row_blocks.begin(t % row_blocks.count);
     const int64_t i1 = row_blocks.end(t % row_blocks.count);
     thread_local AlignedBuffer scratch;
-    float* c = scratch.Reserve(std::max<int64_t>(1, (i1 - i0) * n));
+    // under a mask, C is a sub-block of kMaskedBlockRows rows at a time (MaskedBlocks)
+    const int64_t c_rows = cols != nullptr ? std::min(i1 - i0, kMaskedBlockRows) : i1 - i0;
+    float* c = scratch.Reserve(std::max<int64_t>(1, c_rows * n));
     if (c == nullptr) {
       short_of_memory = true;
       return;

@@ -199,7 +199,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     if chain is not None:
         chain_lines, fn, closure = _chain_closure(
             chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name,
-            k.masked_by if scratch else None)
+            k.masked_by)
         lines += chain_lines
     elif scratch:
         lines += [
@@ -214,7 +214,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         ]
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
     # C only ever in each block's scratch (the epilogue and chain run on it there), else in memory
-    masked = scratch and chain is not None and k.masked_by is not None
+    masked = k.masked_by is not None  # only ever set with C in scratch and a chain
     name = ("sgemm_scratch_c_cols" if masked else "sgemm_scratch_c") if scratch else "sgemm_epilogue"
     call = f"      ral->{name}("
     pad = " " * len(call)

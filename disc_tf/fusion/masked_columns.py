@@ -35,8 +35,7 @@ def masked_input(lib: Kernel, e: Kernel, buffers: dict[str, Buffer]) -> int | No
     derived = {("in", reads[0])}
     mask = None
     for op in e.ops:
-        used = [ref for ref in op.operands if ref in derived]
-        if not used:
+        if not any(ref in derived for ref in op.operands):
             continue
         if op.row:
             return None  # a reduction over C's values: every column counts
