@@ -222,7 +222,7 @@ _define(Elementwise("is_finite", lambda args, *_: f"(bool)isfinite({args[0]})"))
 _define(Elementwise("rsqrt", lambda args, elem, *_: round_half(f"1.0f / sqrtf({args[0]})", elem),
                     cost=10))
 _define(Elementwise("logistic", lambda args, elem, *_: round_half(
-    f"1.0f / (1.0f + disc_expf(-{args[0]}))", elem), cost=25,
+    f"disc_sigmoidf({args[0]})", elem), cost=25,
     cuda=lambda args, elem, *_: round_half(f"1.0f / (1.0f + expf(-{args[0]}))", elem)))
 #: DHLO name -> (C function, cost, libmvec has it)
 _FLOAT_FUNCTIONS = {
