@@ -242,14 +242,18 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     # outputs are allocated there.
     index = {k.name: n for n, k in enumerate(plan.kernels)}
     def inside(k) -> list[str]:  # the kernels that run in k's launch
-        return [name for name in (*k.shares_a, k.epilogue, k.chain) if name]
+        return [name for name in (*k.shares_a, k.epilogue, k.chain, k.a_producer) if name]
 
     inside_a_gemm = {index[name] for k in plan.kernels for name in inside(k)}
+    # A depthwise convolution making a GEMM's A, and its epilogue, run in that launch.
+    producers = {index[k.a_producer] for k in plan.kernels if k.a_producer}
     # Where each kernel's reads are done: at its own place, or, for a GEMM sharing A
-    # with a later one, at that launch (it runs there, after its own place).
+    # with a later one (or a convolution making a later one's A), at that launch (it
+    # runs there, after its own place).
     done_at = list(range(len(plan.kernels)))
     for n, k in enumerate(plan.kernels):
-        for name in k.shares_a:
+        made_by = [k.a_producer, plan.kernels[index[k.a_producer]].epilogue] if k.a_producer else []
+        for name in [*k.shares_a, *made_by]:
             done_at[index[name]] = max(done_at[index[name]], n)
     # A temp reusing another's memory (the buffer planner's decision) keeps that
     # memory alive: the allocation is freed after the last reader of either.
@@ -258,8 +262,11 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
         for a in k.inputs:
             memory = plan.memory(a.buffer)
             last_use[memory] = max(last_use.get(memory, 0), done_at[n])
-    # C of a GEMM computed block by block in scratch (attention's scores): no memory
+    # C of a GEMM computed block by block in scratch (attention's scores), and the
+    # results of a convolution making a GEMM's A per task: no memory
     scratch_c = {k.outputs[0][1] for k in plan.kernels if k.c_in_scratch}
+    scratch_c |= {b for n in producers for kk in (plan.kernels[n],
+                  plan.kernels[index[plan.kernels[n].epilogue]]) for _, b in kk.outputs}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
         writers += [plan.kernels[index[name]] for name in inside(k)]
@@ -287,7 +294,14 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
             out.append(f"  temp_bytes += {nbytes};")
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
-        if k.shares_a:
+        if n in producers:
+            pass  # runs in the launch of the GEMM whose A it makes
+        elif k.a_producer:
+            conv = plan.kernels[index[k.a_producer]]
+            out.extend(e.library_launch(
+                ptr, epilogue=emitters[index[k.epilogue]] if k.epilogue else None,
+                producer=(emitters[index[conv.name]], emitters[index[conv.epilogue]])))
+        elif k.shares_a:
             out.extend(e.library_launch(
                 ptr, epilogue=emitters[index[k.epilogue]] if k.epilogue else None,
                 shares=[emitters[index[name]] for name in k.shares_a]))

@@ -65,11 +65,8 @@ def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title = (f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, its A the rows of "
              f"{table.name} that {comment(g['tf_node'])} picks, read in place")
     lines = [
-        title + (f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each "
-                 "block" if epilogue is not None else ""),
-        f"    const int64_t m = {product(ids.dims, plan)};",
-        f"    const int64_t n = {product([rhs.dims[p] for p in form.n], plan)};",
-        f"    const int64_t kk = {sym(table.dims[1], plan)};",
+        *_gathered_head(title, epilogue, product(ids.dims, plan),
+                        product([rhs.dims[p] for p in form.n], plan), sym(table.dims[1], plan)),
         "    struct TableRows {  // rows [i0, i1) of A: table rows ids[i0..i1)",
         "      const float* table;",
         f"      const {id_type}* ids;",
@@ -109,6 +106,90 @@ def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "    }",
         "    if (rows.bad != INT64_MIN) {",
         *bad_index_lines(g["tf_node"], "rows.bad", "rows.rows", "      "),
+        "    }",
+        "  }",
+    ]
+
+
+def _gathered_head(title: str, epilogue: KernelEmitter | None, m: str, n: str,
+                   kk: str) -> list[str]:
+    """The opening lines of an ``sgemm_gathered_a`` launch: its title (naming the
+    epilogue run on each block) and m, n and kk."""
+    return [
+        title + (f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each "
+                 "block" if epilogue is not None else ""),
+        f"    const int64_t m = {m};",
+        f"    const int64_t n = {n};",
+        f"    const int64_t kk = {kk};",
+    ]
+
+
+def produced_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
+                    epilogue: KernelEmitter | None,
+                    producer: tuple[KernelEmitter, KernelEmitter]) -> list[str]:
+    """A GEMM whose A is a depthwise convolution's result after its epilogue
+    (``fusion/produced_a.py``): each task of ``sgemm_gathered_a`` runs the convolution
+    (``producer[0]``) on its rows of A, the output pixels, and the convolution's
+    epilogue (``producer[1]``) on them in place, in its own scratch, then multiplies
+    them; neither result is ever in memory whole."""
+    plan, k = em.plan, em.k
+    (op,) = k.ops
+    conv, conv_epi = producer
+    lhs, rhs = (em.buf(a) for a in k.inputs)
+    (_, out_name), = k.outputs
+    form = gemm_form(len(lhs.dims), len(rhs.dims), op.attrs)
+    assert form is not None and not form.batch and not form.transpose_b, op.attrs
+    (_, conv_out), = conv.k.outputs
+    read = next(i for i, a in enumerate(conv_epi.k.inputs) if a.buffer == conv_out)
+    (ca, ea, ee) = (conv.args, conv_epi.args, conv_epi.epilogue_struct)
+    title = (f"  {{  // {k.name}: library GEMM for {comment(op.tf_node)}, its A made per task by "
+             f"{conv.k.name} ({comment(', '.join(conv.k.tf_ops))}) and {conv_epi.k.name} "
+             f"({comment(', '.join(conv_epi.k.tf_ops))}) in scratch")
+    lines = [
+        *_gathered_head(title, epilogue, product(lhs.dims[:-1], plan),
+                        product([rhs.dims[p] for p in form.n], plan), sym(lhs.dims[-1], plan)),
+        f"    const {ea} epi_args = [&] {{  // {conv_epi.k.name}'s args but its input and result",
+        *conv_epi.launch_args(buffer_ptr),
+        "      return k;",
+        "    }();",
+        f"    const {ca} conv_args = [&] {{  // {conv.k.name}'s args but its result",
+        f"    {ca} k{{}};",
+        *conv.fill_args(buffer_ptr),
+        "      return k;",
+        "    }();",
+        "    struct ProducedRows {  // rows [i0, i1) of A: output pixels i0..i1 of the conv",
+        f"      const {ca}* conv;",
+        f"      const {ea}* epi;",
+        "      int64_t depth;",
+        "      static void make(void* p, int64_t i0, int64_t i1, float* dst) {",
+        "        const ProducedRows& g = *static_cast<const ProducedRows*>(p);",
+        "        // both kernels address pixel i at base + i * depth: here dst + (i - i0) * depth",
+        "        float* base = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(dst) -",
+        "                                               (uintptr_t)(i0 * g.depth) * sizeof(float));",
+        f"        {ea} e = *g.epi;",
+        f"        e.in{read} = base;",
+        "        e.out0 = base;  // in place: an elementwise kernel",
+        f"        const {ee} epi{{&e, 1, 1}};",
+        f"        {ca} c = *g.conv;",
+        "        int64_t bad = INT64_MIN;",
+        "        c.bad = &bad;",
+        "        c.out0 = base;",
+        f"        c.epilogue = &{conv_epi.fn}_epilogue;",
+        f"        c.closure = const_cast<{ee}*>(&epi);",
+        f"        {conv.fn}_index(&c, i0, i1);",
+        "      }",
+        "    };",
+        "    const ProducedRows rows{&conv_args, &epi_args, kk};",
+    ]
+    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr)
+    full_rows = int(k.epilogue_full_rows) if epilogue is not None else 0
+    return lines + epi + [
+        "    if (m > 0 && n > 0) {",
+        "      ral->sgemm_gathered_a(ral, m, n, kk, &ProducedRows::make, "
+        "const_cast<ProducedRows*>(&rows),",
+        f"                            {buffer_ptr[rhs.name]}, "
+        f"{product([rhs.dims[p] for p in form.ldb], plan)}, {buffer_ptr[out_name]}, n, {fn},",
+        f"                            {closure}, {full_rows});",
         "    }",
         "  }",
     ]

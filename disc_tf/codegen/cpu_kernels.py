@@ -389,9 +389,13 @@ class KernelEmitter(StitchEmitter):
     def library_launch(self, buffer_ptr: dict[str, str],
                        epilogue: KernelEmitter | None = None,
                        chain: KernelEmitter | None = None,
-                       shares: list[KernelEmitter] | None = None) -> list[str]:
+                       shares: list[KernelEmitter] | None = None,
+                       producer: tuple[KernelEmitter, KernelEmitter] | None = None) -> list[str]:
         """Host-runner lines of a library kernel (``cpu_gemm.py``, convolutions
-        ``cpu_conv.py``)."""
+        ``cpu_conv.py``); ``producer``: the depthwise convolution and its epilogue
+        making its A per task (``fusion/produced_a.py``)."""
+        if producer is not None:
+            return cpu_gemm.produced_launch(self, buffer_ptr, epilogue, producer)
         if shares:
             return cpu_gemm.shared_a_launch(self, buffer_ptr, shares, epilogue)
         op = self.k.ops[0].op

@@ -202,6 +202,10 @@ class Kernel:
     #: (the Q and K projections beside V's) and run in this one's launch, row block by
     #: row block (``sgemm_shared_a``)
     shares_a: list[str] = dataclasses.field(default_factory=list)
+    #: library kernels: the depthwise convolution (an index kernel with its epilogue) whose
+    #: result is this GEMM's A, run on each task's rows into its scratch inside this
+    #: launch (``fusion/produced_a.py``; ``sgemm_gathered_a``)
+    a_producer: str | None = None
 
     @property
     def tf_ops(self) -> list[str]:
@@ -411,6 +415,9 @@ class FusionPlan:
             if k.c_in_scratch:
                 lines.append("  C in scratch: each block of C in the thread's scratch, "
                              "never the whole of it")
+            if k.a_producer:
+                lines.append(f"  A: made by {k.a_producer} and its epilogue on each task's "
+                             "rows, in the task's scratch (never the whole of it)")
             if k.masked_by is not None:
                 lines.append(f"  masked columns: each block computes C up to its rows' last "
                              f"true in{k.masked_by} of {k.epilogue}, whose select takes its "

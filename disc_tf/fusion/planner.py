@@ -9,10 +9,10 @@ through permuted strides). A reshape is a view: the result aliases a dense
 buffer of its operand with new dims; a cluster result that is a view or an
 index map is copied into its own buffer. Scalar constants are inlined.
 
-The planner is three parts: ``value_access`` (how each read reaches memory: the
-alias analysis), this module and ``place_data`` (which kernel computes each value,
-in which order kernels depend on each other), and ``memory_plan`` (launch order,
-in-place reuse); later passes fold kernels into others (epilogues, gathers).
+The planner is three parts: ``value_access`` (how each read reaches memory: the alias
+analysis), this module and ``place_data`` (which kernel computes each value, in which order
+kernels depend on each other), and ``memory_plan`` (launch order, in-place reuse); later
+passes fold kernels into others (epilogues, gathers, producers of a GEMM's A).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.padded_reads import plan_reads_in_place
 from disc_tf.fusion.place_data import DataKernelPlacement
 from disc_tf.fusion.plan import Access, Buffer, FusionPlan, Kernel, KernelOp
+from disc_tf.fusion.produced_a import plan_produced_a
 from disc_tf.fusion.scratch_c import plan_epilogue_scratch, scratch_candidates
 from disc_tf.fusion.shape_analysis import ShapeAnalysis, analyze, speculate_no_broadcast
 from disc_tf.fusion.symbols import ShapeError
@@ -75,7 +76,8 @@ class PlanOptions:
     concat_maps: bool = True
     #: a GEMM writes its result in the layout of the transposing copy reading it (attention's context)
     gemm_layouts: bool = True
-    #: a GEMM reads the rows of a table a gather picks for its A in place (``gathered_a``)
+    #: a GEMM's A is made per task in its scratch (``sgemm_gathered_a``): the rows of a table a
+    #: gather picks (``gathered_a``), a depthwise convolution's pixels (``produced_a``)
     gathered_a: bool = True
     #: loop and stitch kernels read gathered rows and constant pads in place (``padded_reads``)
     reads_in_place: bool = True
@@ -93,10 +95,8 @@ class _Planner(DataKernelPlacement):
 
     def __init__(self, func: DFunc, analysis: ShapeAnalysis, cluster_name: str,
                  prefix: str = "", options: PlanOptions = PlanOptions()) -> None:
-        self.prefix = prefix
-        self.options = options
-        self.func = func
-        self.a = analysis
+        self.prefix, self.options = prefix, options
+        self.func, self.a = func, analysis
         self.cluster_name = cluster_name
         self.access = ValueAccess(func, analysis)
         self.producer: dict[str, DOp] = self.access.producer
@@ -463,18 +463,10 @@ class _Planner(DataKernelPlacement):
             src = self._src(self.access.resolve(v)[0])
             if src is not None and src != target:
                 self.deps[target].add(src)
-        self.kernels[target].ops.append(
-            KernelOp(
-                value=op.results[0],
-                op=op.name.split(".", 1)[1],
-                operands=refs,
-                elem=op.result_types[0][0],
-                operand_elems=[self.access.elem(v) for v in operands],
-                tf_node=op.tf_node,
-                attrs=attrs if attrs is not None else op.attrs,
-                row=row,
-            )
-        )
+        self.kernels[target].ops.append(KernelOp(
+            value=op.results[0], op=op.name.split(".", 1)[1], operands=refs,
+            elem=op.result_types[0][0], operand_elems=[self.access.elem(v) for v in operands],
+            tf_node=op.tf_node, attrs=attrs if attrs is not None else op.attrs, row=row))
         self.kernel_of[op.results[0]] = target
 
     def run(self) -> FusionPlan:
@@ -564,6 +556,8 @@ class _Planner(DataKernelPlacement):
         if self.options.shared_a_gemms:
             plan_shared_a(order, self.buffers, same_dim)
         plan_epilogue_scratch(order, self.buffers, keep)
+        if self.options.gathered_a and self.options.gemm_epilogues:
+            plan_produced_a(order, self.buffers)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,
