@@ -270,6 +270,8 @@ class KernelEmitter(StitchEmitter):
         if not inner and padded:
             lines += self._pad_segments(padded[0], index, pointer)
         elif not inner:
+            if not strided:  # contiguous or broadcast reads: no peeling, no cost-model veto
+                lines.append("    #pragma omp simd")
             lines.append("    for (int64_t c = c0; c < c1; ++c) {")
             lines += ["  " + x for x in self._loop(index, "c", pointer)]
             lines.append("    }")
