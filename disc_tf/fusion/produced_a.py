@@ -9,8 +9,11 @@ rewrote.
 A library GEMM L qualifies when its A is, as stored, the result of a loop kernel E
 that is the epilogue of a depthwise convolution D (``depthwise_f32``), E reads D's
 result once at its own index, and nothing else reads either result (no other kernel,
-no view, not a cluster result). L contracts A's last dim without batch dims, a
-transpose or a layout of its own, and shares no launch; its own epilogue stays.
+no view, not a cluster result), and no kernel launched from D up to L (or L's own
+epilogue) writes memory D or E reads: the buffer planner placed those writes with D
+at its own place. L contracts A's last dim without batch dims, a transpose or a layout
+of its own, and shares no launch; its own epilogue stays. E reads no gathered rows
+(their id check would leave the GEMM's launch).
 ``Kernel.a_producer`` names D on L; D and E then run in L's launch and their results
 have no memory (the host runner declares them null; each task points them at its
 scratch). Runs after the epilogue and scratch passes, on which it relies.
@@ -18,7 +21,7 @@ scratch). Runs after the epilogue and scratch passes, on which it relies.
 
 from __future__ import annotations
 
-from disc_tf.fusion.plan import Buffer, Kernel, depthwise_f32, gemm_form
+from disc_tf.fusion.plan import Buffer, Kernel, depthwise_f32, gemm_form, memory_of
 
 
 def plan_produced_a(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
@@ -50,6 +53,10 @@ def plan_produced_a(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
             continue
         if not all(_private_temp(b, buffers) for b in (d_out, a_buffer)):
             continue
+        if any(a.gather is not None or a.ids_for is not None for a in e.inputs):
+            continue  # its launch lines check ids and may return: not inside the GEMM's
+        if _overwrites_inputs(order, d, e, gemm, buffers):
+            continue
         gemm.a_producer = d.name
         for b in buffers.values():
             if b.reuses in (d_out, a_buffer):
@@ -77,6 +84,20 @@ def _qualifies(gemm: Kernel, buffers: dict[str, Buffer], sharing: set[str]) -> b
     return (form is not None and not form.batch and not form.transpose_a
             and not form.transpose_b and lhs.elem == "f32" and rhs.elem == "f32"
             and form.k == [len(lhs.dims) - 1])
+
+
+def _overwrites_inputs(order: list[Kernel], d: Kernel, e: Kernel, gemm: Kernel,
+                       buffers: dict[str, Buffer]) -> bool:
+    """True if a kernel launched after ``d`` up to ``gemm``'s launch (its epilogue too)
+    writes memory an input of ``d`` or ``e`` lives in: the buffer planner let it (those
+    inputs were dead after ``d``), but moved into ``gemm``'s launch, ``d`` and ``e`` read
+    them there."""
+    reads = {memory_of(buffers, a.buffer) for k in (d, e) for a in k.inputs}
+    names = [k.name for k in order]
+    later = order[names.index(d.name) + 1:names.index(gemm.name) + 1]
+    later += [k for k in order if k.name == gemm.epilogue]
+    return any(memory_of(buffers, b) in reads for k in later if k is not e
+               for _, b in k.outputs)
 
 
 def _private_temp(name: str, buffers: dict[str, Buffer]) -> bool:

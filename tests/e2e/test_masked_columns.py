@@ -97,12 +97,14 @@ EXTREMES = [-np.inf, -1e9, -1e4, -104.0, -103.5, -100.0, -88.0, -87.4, -87.3, -8
 
 
 def exp_and_sigmoid(x):
-    return tf.exp(x) * 0.5 + tf.sigmoid(x), tf.exp(-x)
+    # x * sigmoid(x) (SiLU; GELU's tanh form is one): 0 for any huge negative x, NaN at -inf
+    return tf.exp(x) * 0.5 + tf.sigmoid(x), tf.exp(-x), x * tf.sigmoid(x)
 
 
 def test_exp_at_the_edges_of_float_range():
     """disc_expf: below about -87.33 a zero (e^x is at most a denormal there), above
-    87 e^(x - 64 ln 2) * 2^64 up to infinity, NaN as NaN; sigmoid too."""
+    87 e^(x - 64 ln 2) * 2^64 up to infinity, NaN as NaN; sigmoid too (disc_sigmoidf),
+    and x * sigmoid(x), which a sigmoid floored at 1.2e-38 made -12e-30 at x = -1e9."""
     spec = tf.TensorSpec([None, len(EXTREMES)], F32)
     tf_fn = tf.function(exp_and_sigmoid, input_signature=[spec])
     jitted = compiled(tf_fn)
