@@ -245,15 +245,17 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
         return [name for name in (*k.shares_a, k.epilogue, k.chain, k.a_producer) if name]
 
     inside_a_gemm = {index[name] for k in plan.kernels for name in inside(k)}
-    # A depthwise convolution making a GEMM's A, and its epilogue, run in that launch.
-    producers = {index[k.a_producer] for k in plan.kernels if k.a_producer}
+    # A depthwise convolution making a GEMM's A, and its epilogue, run in that launch:
+    # GEMM name -> [convolution, its epilogue]
+    made_by = {k.name: [k.a_producer, plan.kernels[index[k.a_producer]].epilogue]
+               for k in plan.kernels if k.a_producer}
+    producers = {index[names[0]] for names in made_by.values()}
     # Where each kernel's reads are done: at its own place, or, for a GEMM sharing A
     # with a later one (or a convolution making a later one's A), at that launch (it
     # runs there, after its own place).
     done_at = list(range(len(plan.kernels)))
     for n, k in enumerate(plan.kernels):
-        made_by = [k.a_producer, plan.kernels[index[k.a_producer]].epilogue] if k.a_producer else []
-        for name in [*k.shares_a, *made_by]:
+        for name in [*k.shares_a, *made_by.get(k.name, [])]:
             done_at[index[name]] = max(done_at[index[name]], n)
     # A temp reusing another's memory (the buffer planner's decision) keeps that
     # memory alive: the allocation is freed after the last reader of either.
@@ -265,8 +267,8 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     # C of a GEMM computed block by block in scratch (attention's scores), and the
     # results of a convolution making a GEMM's A per task: no memory
     scratch_c = {k.outputs[0][1] for k in plan.kernels if k.c_in_scratch}
-    scratch_c |= {b for n in producers for kk in (plan.kernels[n],
-                  plan.kernels[index[plan.kernels[n].epilogue]]) for _, b in kk.outputs}
+    scratch_c |= {b for names in made_by.values() for name in names
+                  for _, b in plan.kernels[index[name]].outputs}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
         writers += [plan.kernels[index[name]] for name in inside(k)]

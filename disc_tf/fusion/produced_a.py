@@ -28,8 +28,8 @@ def plan_produced_a(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
     """Sets ``a_producer`` on each qualifying GEMM (see the module docstring) and
     gives the memory of its A and of the convolution's result back: a temp that
     was to reuse either gets its own."""
-    by_name = {k.name: k for k in order}
     producer_of = {k.epilogue: k for k in order if k.kind == "index" and k.epilogue}
+    writer = {b: k for k in order for _, b in k.outputs}
     readers: dict[str, list[Kernel]] = {}
     for k in order:
         for a in k.inputs:
@@ -39,12 +39,11 @@ def plan_produced_a(order: list[Kernel], buffers: dict[str, Buffer]) -> None:
         if not _qualifies(gemm, buffers, sharing):
             continue
         a_buffer = gemm.inputs[0].buffer
-        writers = [k for k in order if any(b == a_buffer for _, b in k.outputs)]
-        if len(writers) != 1 or writers[0].kind != "loop" or len(writers[0].outputs) != 1:
+        e = writer.get(a_buffer)
+        if e is None or e.kind != "loop" or len(e.outputs) != 1:
             continue
-        e = writers[0]
         d = producer_of.get(e.name)
-        if d is None or d.name not in by_name or not depthwise_f32(d, buffers):
+        if d is None or not depthwise_f32(d, buffers):
             continue
         (_, d_out), = d.outputs
         reads = [a for a in e.inputs if a.buffer == d_out]
