@@ -358,13 +358,45 @@ class DirectFunction:
         self._captured = captured
         self._pack = _output_packer(concrete, len(plan.outputs))
         keys = _publish_artifacts(plan)
+        self._bundles: list[Any] = []  # one DiscVariableBundle handle per bundled step
         self._steps = [
-            (step.op, step.num_outputs, step.inputs,
-             tuple(x for name, value in step.attrs for x in (name, value))
-             + (("artifact", b"", "pending_key", key.encode()) if step.is_cluster else ()))
+            self._bundled(step.op, step.num_outputs, step.inputs,
+                          tuple(x for name, value in step.attrs for x in (name, value))
+                          + (("artifact", b"", "pending_key", key.encode())
+                             if step.is_cluster else ()))
             for step, key in zip(plan.steps, keys)]
         self._constants = [tf.constant(c) for c in plan.constants]
         self.plan = plan
+
+    def _bundled(self, op: str, num_outputs: int, sources: tuple[Source, ...],
+                 attrs: tuple) -> tuple[str, int, tuple[Source, ...], tuple]:
+        """The step with its variable handles fed as one DiscVariableBundle.
+
+        TF's eager runtime costs about 1.7 us per resource input on every call (0.45 ms
+        for MobileNetV2's 260 variables); a bundle is one input, made here once. The op
+        still reads each variable when it runs (``cc/kernels/variable_bundle.h``). A
+        step with fewer than two variables, or whose bundle cannot be made, is unchanged.
+        """
+        positions = [i for i, s in enumerate(sources) if s.kind == "variable"]
+        if op != "DiscCluster" or len(positions) < 2:
+            return op, num_outputs, sources, attrs
+        handles = [self._captured[sources[i].index] for i in positions]
+        try:
+            bundle = execute.quick_execute("DiscVariableBundle", 1, handles,
+                                           ("N", len(handles)), context.context())[0]
+        except (tf.errors.OpError, TypeError, ValueError) as e:
+            logger.info("disc_tf.load: %s feeds its %d variables one by one: %s",
+                        self.name, len(handles), e)
+            return op, num_outputs, sources, attrs
+        bundled = set(positions)
+        named = dict(zip(attrs[::2], attrs[1::2]))
+        tin = [t for i, t in enumerate(named["Tin"]) if i not in bundled]
+        named["Tin"] = tin + [tf.resource.as_datatype_enum]
+        named["bundled_inputs"] = positions
+        kept = tuple(s for i, s in enumerate(sources) if i not in bundled)
+        self._bundles.append(bundle)
+        return (op, num_outputs, kept + (Source("bundle", len(self._bundles) - 1),),
+                tuple(x for item in named.items() for x in item))
 
     def _prepare_structure(self, structured: tuple) -> list[tf.TensorSpec]:
         """The flat specs of the positional tensor arguments ``structured``, and
@@ -468,6 +500,8 @@ class DirectFunction:
             return results[source.index][source.output]
         if source.kind == "const":
             return self._constants[source.index]
+        if source.kind == "bundle":
+            return self._bundles[source.index]
         return self._captured[source.index]  # a capture, or a variable's handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -63,8 +63,9 @@ class Source:
     ``kind`` is ``arg`` (the call's ``index``-th argument), ``capture`` (the
     function's ``index``-th captured input, passed as it is), ``variable`` (the
     ``index``-th captured input, a variable handle whose value is read),
-    ``step`` (output ``output`` of plan step ``index``) or ``const`` (the plan's
-    ``index``-th constant).
+    ``step`` (output ``output`` of plan step ``index``), ``const`` (the plan's
+    ``index``-th constant) or ``bundle`` (``disc_tf.load``'s ``index``-th variable
+    bundle: a step's variables behind one handle).
     """
 
     kind: str
@@ -73,7 +74,8 @@ class Source:
 
     def describe(self) -> str:
         """Short text form, e.g. ``arg0``, ``var3``, ``step0:1``."""
-        names = {"arg": "arg", "capture": "cap", "variable": "var", "const": "const"}
+        names = {"arg": "arg", "capture": "cap", "variable": "var", "const": "const",
+                 "bundle": "bundle"}
         if self.kind == "step":
             return f"step{self.index}:{self.output}"
         return f"{names[self.kind]}{self.index}"

@@ -28,6 +28,7 @@
 #include "cc/kernels/gpu_runner.h"
 #endif
 #include "cc/kernels/stats.h"
+#include "cc/kernels/variable_bundle.h"
 #include "cc/ral/cache_size.h"
 #include "cc/ral/disc_ral_tf.h"
 #include "cc/ral/launch_profile.h"
@@ -73,6 +74,7 @@ REGISTER_OP("DiscCluster")
     .Attr("num_kernels: int = 0")
     .Attr("pending_key: string = ''")
     .Attr("constant_inputs: list(int) = []")
+    .Attr("bundled_inputs: list(int) = []")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
@@ -106,6 +108,10 @@ pending_key: set when `artifact` is still being compiled in the background:
 inputs: the cluster's inputs. A resource input (a variable's handle) stands
   for the variable's value, read when the op runs; graphs feed values through
   ReadVariableOp, disc_tf.load's direct calls feed handles.
+bundled_inputs: empty, or the positions (ascending) in the cluster's inputs of
+  variables that come from a DiscVariableBundle, fed as the op's last input; the
+  op's other inputs fill the remaining positions in order. disc_tf.load's direct
+  calls feed one bundle instead of many handles (cc/kernels/variable_bundle.h).
 )doc");
 
 bool EnvTrue(const char* name) {
@@ -155,18 +161,35 @@ class DiscClusterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("pending_key", &pending_key_));
     std::vector<int32_t> constant_inputs;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("constant_inputs", &constant_inputs));
+    std::vector<int32_t> bundled;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bundled_inputs", &bundled));
     if (cluster_name_.empty()) cluster_name_ = name();
     on_gpu_ = ctx->device_type() == tensorflow::DeviceType(tensorflow::DEVICE_GPU);
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
+    num_cluster_inputs_ = num_inputs();
+    if (!bundled.empty()) {
+      OP_REQUIRES(ctx, num_inputs() >= 1 && input_type(num_inputs() - 1) == tensorflow::DT_RESOURCE,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      prefix_, "bundled_inputs needs a bundle handle as the last input")));
+      num_cluster_inputs_ = num_inputs() - 1 + static_cast<int>(bundled.size());
+      for (size_t k = 0; k < bundled.size(); ++k) {
+        OP_REQUIRES(ctx, bundled[k] >= 0 && bundled[k] < num_cluster_inputs_ &&
+                             (k == 0 || bundled[k] > bundled[k - 1]),
+                    absl::InvalidArgumentError(absl::StrCat(
+                        prefix_, "bundled_inputs must be ascending positions below ",
+                        num_cluster_inputs_)));
+      }
+      bundled_inputs_.assign(bundled.begin(), bundled.end());
+    }
     OP_REQUIRES(ctx,
                 static_cast<int>(output_shapes_.size()) == num_outputs(),
                 absl::InvalidArgumentError(absl::StrCat(
                     prefix_, "output_shapes has ", output_shapes_.size(),
                     " entries but the op has ", num_outputs(), " outputs")));
     for (int32_t i : constant_inputs) {
-      OP_REQUIRES(ctx, i >= 0 && i < num_inputs(),
+      OP_REQUIRES(ctx, i >= 0 && i < num_cluster_inputs_,
                   absl::InvalidArgumentError(absl::StrCat(
-                      prefix_, "constant_inputs names input ", i, " of ", num_inputs())));
+                      prefix_, "constant_inputs names input ", i, " of ", num_cluster_inputs_)));
       constant_inputs_.push_back(i);
     }
 
@@ -298,12 +321,14 @@ class DiscClusterOp : public AsyncOpKernel {
   // place between calls, so no packed copy of them may be kept.
   absl::Status InputValues(OpKernelContext* ctx, std::vector<Tensor>* values,
                            HeldVariables* held, std::vector<int>* in_place) const {
-    const int n = ctx->num_inputs();
+    const int n = num_cluster_inputs_;
     std::vector<tensorflow::core::RefCountPtr<Var>> vars(n);
+    std::vector<int> fed(n);  // the op input feeding each cluster input (-1: the bundle's)
+    TF_RETURN_IF_ERROR(BundledVariables(ctx, &vars, &fed));
     for (int i = 0; i < n; ++i) {
-      if (ctx->input_dtype(i) == tensorflow::DT_RESOURCE) {
+      if (fed[i] >= 0 && ctx->input_dtype(fed[i]) == tensorflow::DT_RESOURCE) {
         TF_RETURN_IF_ERROR(tensorflow::LookupResource(
-            ctx, tensorflow::HandleFromInput(ctx, i), &vars[i]));
+            ctx, tensorflow::HandleFromInput(ctx, fed[i]), &vars[i]));
       }
     }
     std::vector<Var*> in_mode;  // distinct, in copy-on-read mode, by mutex address
@@ -324,7 +349,7 @@ class DiscClusterOp : public AsyncOpKernel {
     values->reserve(n);
     for (int i = 0; i < n; ++i) {
       if (!vars[i]) {
-        values->push_back(ctx->input(i));
+        values->push_back(ctx->input(fed[i]));
         continue;
       }
       Var* var = vars[i].get();
@@ -340,6 +365,39 @@ class DiscClusterOp : public AsyncOpKernel {
       const bool copy = !locked && var->copy_on_read_mode.load();
       values->push_back(copy ? tensorflow::tensor::DeepCopy(value) : value);
       if (locked) in_place->push_back(i);
+    }
+    return absl::OkStatus();
+  }
+
+  // Fills `fed` with the op input feeding each cluster input, and `vars` at the
+  // positions bundled_inputs_ names with the bundle's variables (fed -1).
+  absl::Status BundledVariables(OpKernelContext* ctx,
+                                std::vector<tensorflow::core::RefCountPtr<Var>>* vars,
+                                std::vector<int>* fed) const {
+    if (bundled_inputs_.empty()) {
+      for (int i = 0; i < num_cluster_inputs_; ++i) (*fed)[i] = i;
+      return absl::OkStatus();
+    }
+    tensorflow::core::RefCountPtr<VariableBundle> bundle;
+    TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+        ctx, tensorflow::HandleFromInput(ctx, ctx->num_inputs() - 1), &bundle));
+    const auto& bundled = bundle->vars();
+    if (bundled.size() != bundled_inputs_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the variable bundle holds ", bundled.size(), " variables, bundled_inputs names ",
+          bundled_inputs_.size()));
+    }
+    size_t k = 0;
+    int next = 0;  // the next op input not the bundle
+    for (int i = 0; i < num_cluster_inputs_; ++i) {
+      if (k < bundled_inputs_.size() && bundled_inputs_[k] == i) {
+        bundled[k]->Ref();
+        (*vars)[i].reset(bundled[k].get());
+        (*fed)[i] = -1;
+        ++k;
+      } else {
+        (*fed)[i] = next++;
+      }
     }
     return absl::OkStatus();
   }
@@ -597,6 +655,10 @@ class DiscClusterOp : public AsyncOpKernel {
   // Inputs that hold weights (Const or ReadVariableOp outputs) and the GEMM
   // operands packed from them, reused across calls (cc/ral/packed_weights.h).
   std::vector<int> constant_inputs_;
+  // Cluster inputs (positions) read from the variable bundle fed last, and how many
+  // inputs the cluster has (the op's own count less the bundle plus those).
+  std::vector<int> bundled_inputs_;
+  int num_cluster_inputs_ = 0;
   PackedWeights packed_weights_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
