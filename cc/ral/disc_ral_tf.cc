@@ -156,13 +156,13 @@ bool CheckInput(TfRal* r, int32_t i, const char* what) {
 int32_t RalInputRank(disc_ral* ral, int32_t i) {
   TfRal* r = TfRal::From(ral);
   if (!CheckInput(r, i, "input_rank")) return -1;
-  return static_cast<int32_t>(r->dims[i].size());
+  return r->dim_begin[i + 1] - r->dim_begin[i];
 }
 
 const int64_t* RalInputDims(disc_ral* ral, int32_t i) {
   TfRal* r = TfRal::From(ral);
   if (!CheckInput(r, i, "input_dims")) return nullptr;
-  return r->dims[i].data();
+  return r->dims.data() + r->dim_begin[i];
 }
 
 int32_t RalInputDtype(disc_ral* ral, int32_t i) {
@@ -1306,11 +1306,17 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_gathered_a = &RalSgemmGatheredA;
   sgemm_scratch_c_cols = &RalSgemmScratchCCols;
 
-  dims.resize(num_inputs);
+  dim_begin.resize(num_inputs + 1);
+  int32_t total = 0;
+  for (int i = 0; i < num_inputs; ++i) {
+    dim_begin[i] = total;
+    total += inputs[i].dims();
+  }
+  dim_begin[num_inputs] = total;
+  dims.resize(std::max<int32_t>(total, 1));  // non-null data() even where all are scalars
   for (int i = 0; i < num_inputs; ++i) {
     const TensorShape& s = inputs[i].shape();
-    dims[i].resize(s.dims());
-    for (int d = 0; d < s.dims(); ++d) dims[i][d] = s.dim_size(d);
+    for (int d = 0; d < s.dims(); ++d) dims[dim_begin[i] + d] = s.dim_size(d);
   }
   output_allocated.assign(num_outputs, false);
 }

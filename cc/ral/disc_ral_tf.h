@@ -67,8 +67,11 @@ struct TfRal : public disc_ral {
   tensorflow::OpKernelContext* ctx;
   // The input values of this call (see the constructor).
   std::vector<tensorflow::Tensor> inputs;
-  // Per-input dims, copied as int64 (input_dims returns pointers into these).
-  std::vector<std::vector<int64_t>> dims;
+  // Every input's dims, copied as int64 one input after another (input_dims returns
+  // pointers into these): input i's are dims[dim_begin[i], dim_begin[i + 1]). Two
+  // buffers a call, not one per input (MobileNetV2's call has 261 inputs).
+  std::vector<int64_t> dims;
+  std::vector<int32_t> dim_begin;
   // Scratch tensors alive until the end of the call or free_temp.
   std::vector<tensorflow::Tensor> temps;
   // Which outputs were allocated through alloc_output.
