@@ -168,7 +168,9 @@ class DiscClusterOp : public AsyncOpKernel {
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
     num_cluster_inputs_ = num_inputs();
     if (!bundled.empty()) {
-      OP_REQUIRES(ctx, num_inputs() >= 1 && input_type(num_inputs() - 1) == tensorflow::DT_RESOURCE,
+      OP_REQUIRES(ctx,
+                  num_inputs() >= 1 &&
+                      input_type(num_inputs() - 1) == tensorflow::DT_RESOURCE,
                   absl::InvalidArgumentError(absl::StrCat(
                       prefix_, "bundled_inputs needs a bundle handle as the last input")));
       num_cluster_inputs_ = num_inputs() - 1 + static_cast<int>(bundled.size());
@@ -189,7 +191,8 @@ class DiscClusterOp : public AsyncOpKernel {
     for (int32_t i : constant_inputs) {
       OP_REQUIRES(ctx, i >= 0 && i < num_cluster_inputs_,
                   absl::InvalidArgumentError(absl::StrCat(
-                      prefix_, "constant_inputs names input ", i, " of ", num_cluster_inputs_)));
+                      prefix_, "constant_inputs names input ", i, " of ",
+                      num_cluster_inputs_)));
       constant_inputs_.push_back(i);
     }
 
