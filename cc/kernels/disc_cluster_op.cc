@@ -465,7 +465,7 @@ class DiscClusterOp : public AsyncOpKernel {
                     ? absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8))
                     : std::string());
       if (!constants.empty() && !on_gpu_) {
-        ral.SetConstantInputs(&packed_weights_, &constants);
+        ral.SetConstantInputs(&packed_weights_, constants);
         // Weights that fit in half of a core's L2 stay there between calls (the
         // Keras encoder's 0.8 MiB): their GEMMs skip prefetching B, which costs
         // 1-10% there and gains up to 1.5x where B comes from L3 or memory

@@ -449,7 +449,7 @@ struct GemmEpilogue {
 // The call's constant input holding the `extent` floats from b, or -1 (the first in
 // constant_inputs order where several do).
 int ConstantInputHolding(TfRal* r, const float* b, int64_t extent) {
-  if (r->packed_weights == nullptr || r->constant_inputs == nullptr) return -1;
+  if (r->packed_weights == nullptr) return -1;
   const std::vector<TfRal::ConstantSpan>& spans = r->constant_spans;
   const float* last = b + extent;
   // Spans starting at or before b, latest first, while one of them may still reach.
@@ -457,15 +457,12 @@ int ConstantInputHolding(TfRal* r, const float* b, int64_t extent) {
                             [](const float* p, const TfRal::ConstantSpan& s) {
                               return p < s.begin;
                             });
-  int found = -1, rank = 0, best_rank = -1;
+  const TfRal::ConstantSpan* found = nullptr;
   for (; j != spans.begin() && (j - 1)->reach >= last; --j) {
     const TfRal::ConstantSpan& s = *(j - 1);
-    if (s.end < last) continue;
-    rank = static_cast<int>(std::find(r->constant_inputs->begin(), r->constant_inputs->end(),
-                                      s.input) - r->constant_inputs->begin());
-    if (best_rank < 0 || rank < best_rank) best_rank = rank, found = s.input;
+    if (s.end >= last && (found == nullptr || s.rank < found->rank)) found = &s;
   }
-  return found;
+  return found != nullptr ? found->input : -1;
 }
 
 // Runs packing tasks on the call's pool.
@@ -1267,15 +1264,16 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message) {
   }
 }
 
-void TfRal::SetConstantInputs(PackedWeights* weights, const std::vector<int>* constants) {
+void TfRal::SetConstantInputs(PackedWeights* weights, const std::vector<int>& constants) {
   packed_weights = weights;
-  constant_inputs = constants;
   constant_spans.clear();
-  for (int i : *constants) {
+  for (int rank = 0; rank < static_cast<int>(constants.size()); ++rank) {
+    const int i = constants[rank];
     const tensorflow::Tensor& t = inputs[i];
     if (t.dtype() != tensorflow::DT_FLOAT || !t.IsInitialized()) continue;
     const float* base = reinterpret_cast<const float*>(t.tensor_data().data());
-    if (base != nullptr) constant_spans.push_back({base, base + t.NumElements(), nullptr, i});
+    if (base != nullptr)
+      constant_spans.push_back({base, base + t.NumElements(), nullptr, i, rank});
   }
   std::sort(constant_spans.begin(), constant_spans.end(),
             [](const ConstantSpan& a, const ConstantSpan& b) { return a.begin < b.begin; });

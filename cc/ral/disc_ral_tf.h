@@ -81,21 +81,21 @@ struct TfRal : public disc_ral {
   int32_t error_code = DISC_OK;
   std::string error_message;
 
-  // The calling kernel's packed weights and the inputs they may come from
-  // (its constant_inputs attr); null when B operands are packed per call. Set by
-  // SetConstantInputs, which also indexes those inputs' buffers.
+  // The calling kernel's packed weights; null when B operands are packed per call.
+  // Set by SetConstantInputs with the inputs they may come from (its constant_inputs
+  // attr), whose buffers it indexes.
   PackedWeights* packed_weights = nullptr;
-  const std::vector<int>* constant_inputs = nullptr;
-  void SetConstantInputs(PackedWeights* weights, const std::vector<int>* inputs);
+  void SetConstantInputs(PackedWeights* weights, const std::vector<int>& constants);
   // The constant inputs' float buffers [begin, end) by begin; `reach` is the largest
-  // end up to and including this one. ConstantInputHolding searches it per GEMM
-  // launch: scanning all 260 of MobileNetV2's inputs for each of its 48 launches took
-  // about 85 us a call.
+  // end up to and including this one, `rank` the input's place in constant_inputs.
+  // ConstantInputHolding searches it per GEMM launch: scanning all 260 of
+  // MobileNetV2's inputs for each of its 48 launches took about 85 us a call.
   struct ConstantSpan {
     const float* begin;
     const float* end;
     const float* reach;
     int input;
+    int rank;
   };
   std::vector<ConstantSpan> constant_spans;
   // The kernel's packed weights fit in half of a core's L2, so they stay there
