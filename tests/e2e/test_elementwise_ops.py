@@ -172,6 +172,40 @@ def test_int64_arithmetic():
     _check(fn, [tf.int64, tf.int64], (2, 2), seed=29)
 
 
+def _same_bits(expected, actual) -> None:
+    """Equal bit for bit (zeros' signs included), any NaN equal to any NaN."""
+    for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual)):
+        e, a = np.asarray(e), np.asarray(a)
+        assert e.dtype == a.dtype and e.shape == a.shape
+        both_nan = np.isnan(e) & np.isnan(a)
+        bits = e.view(np.uint16 if e.itemsize == 2 else np.uint32)
+        assert np.array_equal(np.where(both_nan, 0, bits),
+                              np.where(both_nan, 0, a.view(bits.dtype))), (e, a)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)
+def test_max_and_min_against_constants_match_tf_bit_for_bit(dtype):
+    """Maximum and minimum against constants, either operand first: NaN, infinities,
+    ties and the signs of zeros come out as TF's (an epilogue's ReLU6 is these)."""
+    constants = [0.0, -0.0, 6.0, -np.inf, np.inf, np.nan]
+
+    def extrema(x):
+        outs = []
+        for c in constants:
+            k = tf.constant(c, dtype)
+            outs += [tf.maximum(x, k), tf.maximum(k, x), tf.minimum(x, k), tf.minimum(k, x)]
+        return outs + [tf.nn.relu6(x * 2.0), tf.nn.relu(x - 1.0)]
+
+    jitted = _check(extrema, [dtype], (2,), seed=43)
+    special = np.array([[0.0, -0.0, 6.0, -6.0, np.inf, -np.inf, np.nan, 3.0, -2.5, 0.5]],
+                       dtype.as_numpy_dtype)
+    expected, actual = tf.function(extrema)(special), jitted(special)
+    if dtype == tf.float32:
+        _same_bits(expected, actual)
+    else:  # TF's half kernel gives max(-0, +0) = -0, its float one +0 (as disc does)
+        assert_same(expected, actual, dtype)
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)
 def test_constant_exponent_pow_matches_tf(dtype):
     """Exponents -1..4 become multiplies; special values must come out as TF's."""
