@@ -75,6 +75,8 @@ REGISTER_OP("DiscCluster")
     .Attr("pending_key: string = ''")
     .Attr("constant_inputs: list(int) = []")
     .Attr("bundled_inputs: list(int) = []")
+    .Attr("bundled_input_ranges: list(int) = []")
+    .Attr("constant_input_ranges: list(int) = []")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
@@ -112,6 +114,12 @@ bundled_inputs: empty, or the positions (ascending) in the cluster's inputs of
   variables that come from a DiscVariableBundle, fed as the op's last input; the
   op's other inputs fill the remaining positions in order. disc_tf.load's direct
   calls feed one bundle instead of many handles (cc/kernels/variable_bundle.h).
+bundled_input_ranges: more of bundled_inputs' positions, as [begin, end) pairs,
+  ascending and after them.
+constant_input_ranges: more of constant_inputs' positions, as [begin, end) pairs.
+  disc_tf.load's direct calls send both lists as runs (MobileNetV2's step: four
+  ints instead of 520), as TF's eager runtime converts and copies every attr of
+  an op on each call.
 )doc");
 
 bool EnvTrue(const char* name) {
@@ -145,6 +153,31 @@ void LogRebuildOnce(const std::string& cluster_name, const std::string& sha,
             << reason << "); compiling the cluster on this host instead";
 }
 
+// Cluster inputs a range attr may name: far more than any cluster has (a bound on
+// what a malformed attr makes the kernel allocate).
+constexpr int32_t kMaxRangeInput = 1 << 20;
+
+// Appends the positions of the [begin, end) pairs `ranges` (attr `attr`) to `out`:
+// non-empty, ascending, after out's last, and below `limit`.
+absl::Status AppendRanges(const std::string& prefix, const char* attr,
+                          const std::vector<int32_t>& ranges, int32_t limit,
+                          std::vector<int32_t>* out) {
+  if (ranges.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, attr, " must hold pairs"));
+  }
+  for (size_t k = 0; k < ranges.size(); k += 2) {
+    const int32_t begin = ranges[k], end = ranges[k + 1];
+    const int64_t after = out->empty() ? 0 : int64_t{out->back()} + 1;
+    if (begin < after || end <= begin || end > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, attr, " must be ascending, non-empty [begin, end) pairs within [0, ",
+          limit, ")"));
+    }
+    for (int32_t i = begin; i < end; ++i) out->push_back(i);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WithPrefix(const absl::Status& s, const std::string& prefix) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
@@ -161,11 +194,15 @@ class DiscClusterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("pending_key", &pending_key_));
     std::vector<int32_t> constant_inputs;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("constant_inputs", &constant_inputs));
-    std::vector<int32_t> bundled;
+    std::vector<int32_t> bundled, bundled_ranges, constant_ranges;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bundled_inputs", &bundled));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bundled_input_ranges", &bundled_ranges));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("constant_input_ranges", &constant_ranges));
     if (cluster_name_.empty()) cluster_name_ = name();
     on_gpu_ = ctx->device_type() == tensorflow::DeviceType(tensorflow::DEVICE_GPU);
     prefix_ = absl::StrCat("DiscCluster '", cluster_name_, "': ");
+    OP_REQUIRES_OK(ctx, AppendRanges(prefix_, "bundled_input_ranges", bundled_ranges,
+                                     kMaxRangeInput, &bundled));
     num_cluster_inputs_ = num_inputs();
     if (!bundled.empty()) {
       OP_REQUIRES(ctx,
@@ -188,6 +225,12 @@ class DiscClusterOp : public AsyncOpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     prefix_, "output_shapes has ", output_shapes_.size(),
                     " entries but the op has ", num_outputs(), " outputs")));
+    {
+      std::vector<int32_t> runs;  // constant_input_ranges' positions, after the list's
+      OP_REQUIRES_OK(ctx, AppendRanges(prefix_, "constant_input_ranges", constant_ranges,
+                                       num_cluster_inputs_, &runs));
+      constant_inputs.insert(constant_inputs.end(), runs.begin(), runs.end());
+    }
     for (int32_t i : constant_inputs) {
       OP_REQUIRES(ctx, i >= 0 && i < num_cluster_inputs_,
                   absl::InvalidArgumentError(absl::StrCat(

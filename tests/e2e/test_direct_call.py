@@ -266,10 +266,21 @@ def test_a_cluster_s_variables_are_fed_as_one_bundle(mlp_dirs):
     op, _, sources, attrs = model._call._steps[0]
     named = dict(zip(attrs[::2], attrs[1::2]))
     assert op == "DiscCluster"
-    assert named["bundled_inputs"] == [i for i, s in enumerate(planned) if s.kind == "variable"]
+    assert _positions(named["bundled_input_ranges"]) == [
+        i for i, s in enumerate(planned) if s.kind == "variable"]
     assert list(sources) == [s for s in planned if s.kind != "variable"] + [Source("bundle", 0)]
     assert named["Tin"][-1] == tf.resource.as_datatype_enum
     assert len(named["Tin"]) == len(sources)
+    # Both position lists go as runs, not one int per input (TF converts attrs per call).
+    plan_attrs = dict(model._call.plan.steps[0].attrs)
+    assert "bundled_inputs" not in named and "constant_inputs" not in named
+    assert _positions(named["constant_input_ranges"]) == list(plan_attrs["constant_inputs"])
+    assert len(named["bundled_input_ranges"]) < len(_positions(named["bundled_input_ranges"]))
+
+
+def _positions(ranges):
+    """The positions of flat [begin, end) pairs."""
+    return [i for b, e in zip(ranges[::2], ranges[1::2]) for i in range(b, e)]
 
 
 def _step_inputs(fn, sources, x, bundle):
@@ -296,10 +307,26 @@ def test_a_bad_variable_bundle_is_an_error_not_a_crash(mlp_dirs):
         execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, variables[0]),
                               attrs, ctx)
     named = dict(zip(attrs[::2], attrs[1::2]))
-    named["bundled_inputs"] = list(reversed(named["bundled_inputs"]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="ascending positions"):
-        execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
-                              tuple(v for item in named.items() for v in item), ctx)
+    positions = _positions(named.pop("bundled_input_ranges"))
+    bad_layouts = [  # (attrs changed, the error)
+        ({"bundled_inputs": list(reversed(positions))}, "ascending positions"),
+        ({"bundled_input_ranges": [3, 1]}, "bundled_input_ranges must be ascending"),
+        ({"bundled_input_ranges": [0, 1, 0, 2]}, "bundled_input_ranges must be ascending"),
+        ({"bundled_input_ranges": [0]}, "bundled_input_ranges must hold pairs"),
+        ({"bundled_input_ranges": [0, 2**30]}, "bundled_input_ranges must be ascending"),
+        ({"bundled_inputs": positions, "constant_input_ranges": [0, 10**6]},
+         "constant_input_ranges must be ascending"),
+    ]
+    for change, error in bad_layouts:
+        bad = {**named, **change}
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
+                                  tuple(v for item in bad.items() for v in item), ctx)
+    # The positions as a list, the constant inputs as runs: the same step.
+    listed = {**named, "bundled_inputs": positions}
+    outs = execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
+                                 tuple(v for item in listed.items() for v in item), ctx)
+    _check(model(x), fn._pack([fn._value(s, [x], [outs]) for s in fn.plan.outputs]))
     # The model is still fine.
     assert model(x)["y"].shape == (3, 16)
 
