@@ -18,8 +18,9 @@
 
 namespace disc_tf {
 
-// The variables, in the order the DiscCluster op's `bundled_inputs` lists their
-// positions. Holds a reference to each (as the variables' handles do).
+// The variables, in the order of the positions the DiscCluster op's `bundled_inputs`
+// and `bundled_input_ranges` name. Holds a reference to each (as the variables'
+// handles do).
 class VariableBundle : public tensorflow::ResourceBase {
  public:
   explicit VariableBundle(std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> vars)
