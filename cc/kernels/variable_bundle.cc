@@ -34,8 +34,9 @@ REGISTER_OP("DiscVariableBundle")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
 One handle to a fixed list of resource variables, for a DiscCluster op's
-`bundled_inputs` or `bundled_input_ranges` (disc_tf.load's direct calls). The bundle keeps a reference to
-each variable; the DiscCluster op reads their values when it runs.
+`bundled_inputs` or `bundled_input_ranges` (disc_tf.load's direct calls). The
+bundle keeps a reference to each variable; the DiscCluster op reads their values
+when it runs.
 
 handles: the variables' handles; each must name an existing variable.
 )doc");
