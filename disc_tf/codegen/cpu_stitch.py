@@ -293,10 +293,12 @@ class StitchEmitter:
                 return out
 
             def lane_group(c0: str, last: bool, reduces: list = reduces, full: list = full,
-                           vector: set = vector, keep: list = keep) -> list[str]:
-                """Eight columns from c0 as eight independent lanes. In the last, partial
-                group, lanes past the row's end load and store nothing (masked)."""
-                out = [f"    float lane_{names[op.value]}[8];" for op in reduces if op.value in vector]
+                           vector: set = vector, keep: list = keep, width: int = 8) -> list[str]:
+                """``width`` (8 or 16) columns from c0 as independent lanes, folded into the
+                eight-lane accumulators eight at a time. In the last, partial group, lanes
+                past the row's end load and store nothing (masked)."""
+                out = [f"    float lane_{names[op.value]}[{width}];"
+                       for op in reduces if op.value in vector]
                 guard = "c < cols" if last else ""
                 # bool inputs widened to 32-bit lanes first: their byte loads inside the
                 # vector loop made GCC vectorize it in 8-byte pieces (a masked softmax:
@@ -305,25 +307,43 @@ class StitchEmitter:
                                 if self.buf(k.inputs[i]).elem == "i1") if vector else ()
                 for i in widened:
                     load = f"((const unsigned char*)r{i})[{index[i]}]"
-                    out += [f"    int32_t m{i}[8];",
-                            "    for (int l = 0; l < 8; ++l) {",
+                    out += [f"    int32_t m{i}[{width}];",
+                            f"    for (int l = 0; l < {width}; ++l) {{",
                             f"      const int64_t c = {c0} + l;",
                             f"      m{i}[l] = {f'{guard} ? {load} : 0' if guard else load};",
                             "    }"]
                 if vector:  # the lanes are independent: one vector op each (vector expf too)
                     out.append("    #pragma omp simd")
-                out.append("    for (int l = 0; l < 8; ++l) {")
+                out.append(f"    for (int l = 0; l < {width}; ++l) {{")
                 out.append(f"      const int64_t c = {c0} + l;")
                 out += body(full, "      ", reduces, guard=guard, widened=widened)
                 out += fold("l", "      ", guard=guard)
                 out += [f"      {'if (c < cols) ' if last else ''}{x}" for x in keep]
                 out.append("    }")
-                for op in reduces:
-                    if op.value in vector:
-                        v = names[op.value]
-                        comb = expression(op.attrs["combiner"], [f"acc_{v}", f"disc_load8(lane_{v})"],
-                                          "f32", ["f32", "f32"], {})
-                        out.append(f"    acc_{v} = {comb};")
+                for half in range(0, width, 8):  # columns in order, as eight at a time would
+                    for op in reduces:
+                        if op.value in vector:
+                            v = names[op.value]
+                            lane = f"disc_load8(lane_{v} + {half})" if half else f"disc_load8(lane_{v})"
+                            comb = expression(op.attrs["combiner"], [f"acc_{v}", lane],
+                                              "f32", ["f32", "f32"], {})
+                            out.append(f"    acc_{v} = {comb};")
+                return out
+
+            def groups(c0: str, stop: str, indent: str, reduces: list = reduces,
+                       vector: set = vector) -> list[str]:
+                """The whole groups of columns up to ``stop``: sixteen at a time where every
+                reduction has vector lanes (the AVX-512 build then calls 16-lane vector
+                math, bit for bit the 8-lane functions' results, at nearly twice the
+                elements per call), then eight; the same sums in the same order."""
+                out = []
+                if vector and len(vector) == len(reduces):
+                    out.append(f"{indent}for (; {c0} + 16 <= {stop}; {c0} += 16) {{")
+                    out += [indent[2:] + x for x in lane_group(c0, last=False, width=16)]
+                    out.append(f"{indent}}}")
+                out.append(f"{indent}for (; {c0} + 8 <= {stop}; {c0} += 8) {{")
+                out += [indent[2:] + x for x in lane_group(c0, last=False)]
+                out.append(f"{indent}}}")
                 return out
 
             c0 = f"c{p}"  # groups of 8 lanes, then the tail
@@ -340,9 +360,7 @@ class StitchEmitter:
                 lines.append("  for (;;) {  // blocks of DISC_REDUCE_BLOCK columns")
                 lines.append(f"    const int64_t stop{p} = cols - {c0} > DISC_REDUCE_BLOCK ? "
                              f"{c0} + DISC_REDUCE_BLOCK : cols;")
-                lines.append(f"    for (; {c0} + 8 <= stop{p}; {c0} += 8) {{")
-                lines += ["  " + x for x in lane_group(c0, last=False)]
-                lines.append("    }")
+                lines += groups(c0, f"stop{p}", "    ")
                 lines.append(f"    if ({c0} + 8 > cols) break;  // the tail joins the last block")
                 for v in cascaded:
                     init = literal(next(op for op in reduces if names[op.value] == v).attrs["init"], "f32")
@@ -350,9 +368,7 @@ class StitchEmitter:
                     lines.append(f"    acc_{v} = disc_splat8({init});")
                 lines.append("  }")
             else:
-                lines.append(f"  for (; {c0} + 8 <= cols; {c0} += 8) {{")
-                lines += lane_group(c0, last=False)
-                lines.append("  }")
+                lines += groups(c0, "cols", "  ")
             if len(vector) == len(reduces):  # the tail as one more (partial) group
                 lines.append(f"  if ({c0} < cols) {{")
                 lines += lane_group(c0, last=True)

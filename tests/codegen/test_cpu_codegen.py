@@ -53,7 +53,8 @@ def test_softmax_keeps_exp_for_the_final_pass():
     src = _source(lambda x: tf.nn.softmax(x * 0.5, axis=-1), dyn(3))
     k = _unit(src, "stitch")
     row = src[src.index(f"{k}_row("):src.index(f"{k}_rows8")]
-    assert row.count("expf(") == 2  # the 8-lane loop and its tail; not the final pass
+    # the 16- and 8-lane loops and the tail; not the final pass
+    assert row.count("expf(") == 3
     assert "kept for the final pass" in row
     assert "r0[c]" in row and "st0" not in row  # contiguous rows, no stride
 
@@ -109,9 +110,9 @@ def test_every_libm_function_an_expression_calls_is_declared():
     assert not missing, missing
 
 
-def _vectorizer_report(unit_text: str, tmp_path) -> str:
-    """GCC's vectorizer notes on ``unit_text`` compiled with the product's flags for the
-    AVX2 level alone."""
+def _vectorizer_report(unit_text: str, tmp_path, march: str = "x86-64-v3") -> str:
+    """GCC's vectorizer notes on ``unit_text`` compiled with the product's flags for one
+    ISA level alone (AVX2 unless ``march`` says otherwise); the object is unit.o."""
     import subprocess
 
     from disc_tf.runtime import compiler, cpu_build, native
@@ -119,7 +120,7 @@ def _vectorizer_report(unit_text: str, tmp_path) -> str:
     src = tmp_path / "unit.cc"
     src.write_text(unit_text)
     cmd = [compiler.cxx(), *cpu_build.COMPILE_FLAGS, f"-I{native.ral_include_dir()}",
-           "-march=x86-64-v3", "-DDISC_CLONES=", "-fopt-info-vec-optimized",
+           f"-march={march}", "-DDISC_CLONES=", "-fopt-info-vec-optimized",
            "-fopt-info-vec-missed", "-c", str(src), "-o", str(tmp_path / "unit.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -158,9 +159,34 @@ def test_masked_softmax_exp_loop_vectorizes_whole(tmp_path):
                                        tf.TensorSpec([None, None, None], tf.bool)))
     (unit,) = [u for u in fe.sources.units if "Softmax" in u.text]
     lines = unit.text.splitlines()
-    exp_line = next(i for i, line in enumerate(lines) if "= disc_expf(" in line)
-    loop = max(i for i in range(exp_line) if "for (int l = 0; l < 8; ++l)" in lines[i])
-    report = [x for x in _vectorizer_report(unit.text, tmp_path).splitlines()
-              if re.search(rf"unit\.cc:({loop + 1}|{loop + 2}):\d+: (optimized|missed): "
-                           r"(loop vectorized|couldn't vectorize loop)", x)]
-    assert report and all("loop vectorized using 32 byte vectors" in x for x in report), report
+    # the first row version's exp loops: sixteen columns a step, then eight
+    exps = [i for i, line in enumerate(lines) if "= disc_expf(" in line][:2]
+    loops = [max(i for i in range(e) if re.search(r"for \(int l = 0; l < (8|16); \+\+l\)",
+                                                 lines[i])) for e in exps]
+    assert [lines[i].strip() for i in loops] == ["for (int l = 0; l < 16; ++l) {",
+                                                 "for (int l = 0; l < 8; ++l) {"]
+    notes = _vectorizer_report(unit.text, tmp_path).splitlines()
+    for loop in loops:
+        report = [x for x in notes
+                  if re.search(rf"unit\.cc:({loop + 1}|{loop + 2}):\d+: (optimized|missed): "
+                               r"(loop vectorized|couldn't vectorize loop)", x)]
+        assert report and all("loop vectorized using 32 byte vectors" in x for x in report), \
+            report
+
+
+def test_softmax_exp_runs_sixteen_lanes_on_avx512(tmp_path):
+    """The AVX-512 build of a softmax row calls libmvec's 16-lane expf on the sixteen-column
+    steps (GCC keeps a loop of eight lanes at 256 bits, and its 8-lane AVX2 expf); AVX2
+    builds call the 8-lane one. (The two give the same bits for every float: checked
+    exhaustively against glibc 2.36's libmvec.)"""
+    import subprocess
+
+    fe = pipeline.front_end(cluster_of(lambda x: tf.nn.softmax(x * 0.125, axis=-1), dyn(3)))
+    (unit,) = [u for u in fe.sources.units if "Softmax" in u.text]
+    wanted = {"x86-64-v4": "_ZGVeN16v_expf", "x86-64-v3": "_ZGVdN8v_expf"}
+    for march, symbol in wanted.items():
+        notes = _vectorizer_report(unit.text, tmp_path, march=march)
+        assert "loop vectorized" in notes
+        undefined = subprocess.run(["nm", "-u", str(tmp_path / "unit.o")], capture_output=True,
+                                   text=True, check=True).stdout
+        assert symbol in undefined, (march, undefined)

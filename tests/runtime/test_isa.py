@@ -216,3 +216,55 @@ def test_a_cpu_without_avx512_takes_the_avx2_clones(tmp_path):
     clones = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("CLONE")]
     assert len(clones) >= 4 and set(clones) == {"arch_x86_64_v3"}, proc.stdout
     assert "GEMM avx2" in proc.stdout, proc.stdout
+
+
+_ROWS_SCRIPT = """
+import sys
+import numpy as np, tensorflow as tf
+import disc_tf
+from tests.harness import assert_matches_tf, compiled
+from tests.runtime.test_isa import _row_passes
+
+fn = tf.function(_row_passes, input_signature=[tf.TensorSpec([None, None])])
+jitted = compiled(fn)
+rng = np.random.default_rng(11)
+out = {}
+for cols in (5, 16, 24, 31, 40, 252, 1030, 2100):
+    x = tf.constant(rng.standard_normal((9, cols)) * 4, tf.float32)
+    assert_matches_tf(fn, jitted, [x], rtol=1e-4, atol=1e-6)
+    for i, y in enumerate(jitted(x)):
+        out[f"{cols}_{i}"] = y.numpy()
+assert disc_tf.stats()["fallbacks"] == 0
+np.savez(sys.argv[1], **out)
+"""
+
+
+def _row_passes(x):
+    """Row reductions of stitch kernels: a softmax (exp in its sum's pass) and a layer
+    norm (a mean, then a variance)."""
+    mean = tf.reduce_mean(x, -1, keepdims=True)
+    var = tf.reduce_mean(tf.square(x - mean), -1, keepdims=True)
+    return tf.nn.softmax(x * 0.125, axis=-1), (x - mean) * tf.math.rsqrt(var + 1e-5)
+
+
+def test_row_passes_give_the_same_bits_on_avx2_and_avx512(tmp_path):
+    """Stitch rows step sixteen columns at a time where every reduction has vector lanes:
+    the x86-64-v4 build then calls libmvec's 16-lane expf, the v3 build its 8-lane one,
+    and both fold into eight-lane accumulators. Their answers agree bit for bit, at rows
+    that take the 16-, 8- and partial steps and DISC_REDUCE_BLOCK's blocks (an exp that
+    differs in the v4 build alone fails this)."""
+    if isa.host_level() != "x86-64-v4":
+        pytest.skip("needs an AVX-512 CPU to run the x86-64-v4 build")
+    outs = {}
+    for level in ("x86-64-v4", "x86-64-v3"):
+        env = dict(os.environ, DISC_TF_ISA=level, PYTHONPATH=str(REPO),
+                   DISC_TF_CACHE_DIR=str(tmp_path / f"cache-{level}"))
+        path = tmp_path / f"{level}.npz"
+        proc = fresh_python.run(["-c", _ROWS_SCRIPT, str(path)], env=env, cwd=REPO, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[level] = np.load(path)
+    v4, v3 = outs["x86-64-v4"], outs["x86-64-v3"]
+    assert sorted(v4.files) == sorted(v3.files) and len(v4.files) == 16
+    for name in v4.files:
+        np.testing.assert_array_equal(v4[name].view(np.uint32), v3[name].view(np.uint32),
+                                      err_msg=name)
