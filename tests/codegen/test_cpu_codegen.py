@@ -177,8 +177,8 @@ def test_masked_softmax_exp_loop_vectorizes_whole(tmp_path):
 def test_softmax_exp_runs_sixteen_lanes_on_avx512(tmp_path):
     """The AVX-512 build of a softmax row calls libmvec's 16-lane expf on the sixteen-column
     steps (GCC keeps a loop of eight lanes at 256 bits, and its 8-lane AVX2 expf); AVX2
-    builds call the 8-lane one. (The two give the same bits for every float: checked
-    exhaustively against glibc 2.36's libmvec.)"""
+    builds call the 8-lane one. (The two give the same bits for every float:
+    tests/runtime/test_libmvec_bits.py.)"""
     import subprocess
 
     fe = pipeline.front_end(cluster_of(lambda x: tf.nn.softmax(x * 0.125, axis=-1), dyn(3)))
