@@ -334,3 +334,19 @@ def test_gpu_script_dry_run_finds_everything_it_uses():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.rstrip().endswith("gpu.sh --dry-run: ok")
     assert "DISC_TF_TARGET=cuda" in proc.stdout and "--note GPU:" in proc.stdout
+
+
+def test_per_request_report_takes_medians_per_request() -> None:
+    from bench.per_request import report
+
+    shapes = [(4, 8), (1, 8), (2, 8)]
+    times = {"disc": [[1.0, 0.1, 0.2], [3.0, 0.3, 0.2], [2.0, 0.2, 0.2]],
+             "ort": [[2.0, 0.1, 0.4], [2.0, 0.1, 0.4], [9.0, 0.1, 0.4]]}
+    text = report(["disc", "ort"], shapes, times)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "x8" in line]
+    # by input size: 1x8 (request 1), 2x8 (request 2), 4x8 (request 0)
+    assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "0"]
+    assert rows[0].split("|")[3:6] == [" 200.00 ", " 100.00 ", " 0.50 "]
+    assert rows[2].split("|")[3:6] == [" 2000.00 ", " 2000.00 ", " 1.00 "]
+    assert "disc 2.400 s, ort 2.500 s; ort / disc = 1.042 (per request 0.50-2.00" in text
+    assert "Pass totals, ort: 2.500, 2.500, 9.500" in text

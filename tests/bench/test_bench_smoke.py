@@ -62,3 +62,24 @@ def test_quick_ort_peer_in_its_own_venv(tmp_path: pathlib.Path) -> None:
     assert ort["status"] == "ok", ort
     assert ort["max_abs_err"] is not None and ort["max_abs_err"] < 1e-4
     assert ort["ort_versions"]["tf2onnx"] and ort["convert_s"] > 0
+
+
+def test_per_request_alternates_two_peers(tmp_path: pathlib.Path) -> None:
+    """bench.per_request: tf and disc workers, two passes of three requests each in
+    alternating order; a row per request and every pass's times kept."""
+    out = tmp_path / "times.json"
+    proc = fresh_python.run(
+        ["-m", "bench.per_request", "--workload", "feature_normalizer", "--peers", "tf,disc",
+         "--passes", "2", "--count", "3", "--out", str(out)],
+        cwd=REPO_ROOT, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "x" in line
+            and not line.startswith("| request")]
+    assert len(rows) == 3, proc.stdout
+    raw = json.loads(out.read_text())
+    assert raw["peers"] == ["tf", "disc"] and len(raw["shapes"]) == 3
+    for peer in ("tf", "disc"):
+        assert len(raw["times"][peer]) == 2 and all(len(p) == 3 for p in raw["times"][peer])
+        assert all(t > 0 for p in raw["times"][peer] for t in p)
+    assert "Sum of per-request medians: tf" in proc.stdout

@@ -1,0 +1,172 @@
+"""Per-request comparison of two peers on one workload's stream, for a noisy host.
+
+``bench.run`` times whole passes and takes per-round ratios of pass totals; on a host
+whose speed moves by 1.5-2x within seconds, one slow stretch decides a round. This tool
+runs each peer in its own worker process (set up as ``bench.peer`` sets it up), sends
+both the same pass of the stream in alternating order (A B, B A, ...) and reports, per
+request, the median of each peer's times over the passes: how the two compare shape by
+shape, with each stretch of host noise spread over every request of a pass.
+
+    .venv/bin/python -m bench.per_request --workload bert_base --peers disc,ort --passes 16
+    .venv/bin/python -m bench.per_request --workload bert_base --shapes "2,64,768;4,105,768"
+    .venv/bin/python -m bench.per_request --workload recommender_tower --hide-avx512
+
+The table is markdown on stdout; ``--out FILE`` also keeps the raw times as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+
+def _inputs(workload: str, count: int, seed: int, shapes: str) -> list[np.ndarray]:
+    """The stream's first ``count`` inputs, or seeded normal inputs of ``shapes``
+    (``"2,64,768;4,105,768"``)."""
+    from bench.workloads import WORKLOADS
+
+    if shapes:
+        return [np.random.default_rng(seed + i).standard_normal(
+                    tuple(int(d) for d in s.split(","))).astype(np.float32)
+                for i, s in enumerate(x for x in shapes.split(";") if x)]
+    return list(WORKLOADS[workload].stream(seed, count))
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One peer: set up, one untimed pass, then a timed pass per ``go`` line on stdin
+    (a JSON list of per-request seconds on stdout)."""
+    from bench import peer as peer_mod
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"per_request_{args.worker}_"))
+    result: dict[str, Any] = {}
+    if args.worker == "disc":
+        call, _ = peer_mod.setup_disc(args.model_dir, result, work)
+    elif args.worker == "ort":
+        call = peer_mod.setup_ort(args.model_dir, result, work)
+    elif args.worker == "tf":
+        call = peer_mod.setup_tf(args.model_dir, result)
+    else:
+        raise SystemExit(f"unknown peer {args.worker!r}")
+    if args.worker == "ort":
+        to_tensor = np.asarray
+    else:
+        import tensorflow as tf
+
+        to_tensor = tf.constant
+    inputs = _inputs(args.workload, args.count, args.seed, args.shapes)
+    peer_mod.run_pass(call, inputs, to_tensor)
+    print("@ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        latencies, _ = peer_mod.run_pass(call, inputs, to_tensor)
+        print(json.dumps(latencies), flush=True)
+    return 0
+
+
+def _start(peer: str, args: argparse.Namespace, model_dir: pathlib.Path) -> subprocess.Popen:
+    from bench import driver
+
+    python = driver.peer_python(peer)
+    if python is None:
+        raise SystemExit(f"no interpreter for {peer}: run `make bench-deps`")
+    cmd = [python, "-m", "bench.per_request", "--worker", peer, "--workload", args.workload,
+           "--model-dir", str(model_dir), "--count", str(args.count), "--seed", str(args.seed),
+           "--shapes", args.shapes]
+    proc = subprocess.Popen(cmd, env=driver.peer_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        if line.strip() == "@ready":
+            return proc
+    raise SystemExit(f"{peer} worker exited before it was ready")
+
+
+def _pass(proc: subprocess.Popen) -> list[float]:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def report(peers: list[str], shapes: list[tuple[int, ...]], times: dict[str, list[list[float]]]
+           ) -> str:
+    """Markdown: per request (by size), each peer's median time over the passes and the
+    ratio second / first; then the totals of the medians and each pass's total."""
+    a, b = peers
+    med = {p: [statistics.median(run[i] for run in times[p]) for i in range(len(shapes))]
+           for p in peers}
+    rows = sorted(range(len(shapes)), key=lambda i: (int(np.prod(shapes[i])), i))
+    lines = [f"| request | input | {a} ms | {b} ms | {b} / {a} |", "|---:|---|---:|---:|---:|"]
+    for i in rows:
+        lines.append(f"| {i} | {'x'.join(map(str, shapes[i]))} | {med[a][i] * 1e3:.2f} | "
+                     f"{med[b][i] * 1e3:.2f} | {med[b][i] / med[a][i]:.2f} |")
+    total = {p: sum(med[p]) for p in peers}
+    ratios = sorted(med[b][i] / med[a][i] for i in range(len(shapes)))
+    lines += ["", f"Sum of per-request medians: {a} {total[a]:.3f} s, {b} {total[b]:.3f} s; "
+              f"{b} / {a} = {total[b] / total[a]:.3f} (per request {ratios[0]:.2f}-"
+              f"{ratios[-1]:.2f}, median {statistics.median(ratios):.2f})."]
+    for p in peers:
+        lines.append(f"Pass totals, {p}: " + ", ".join(f"{sum(r):.3f}" for r in times[p]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the comparison (or, with ``--worker``, one peer's worker)."""
+    p = argparse.ArgumentParser(prog="python -m bench.per_request",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="bert_base")
+    p.add_argument("--peers", default="disc,ort", help="two of tf, disc, ort")
+    p.add_argument("--passes", type=int, default=16)
+    p.add_argument("--count", type=int, default=48, help="requests of the stream")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shapes", default="", help='inputs instead of the stream: "2,64,768;..."')
+    p.add_argument("--hide-avx512", action="store_true",
+                   help="every peer's AVX2 path, as bench.run --hide-avx512")
+    p.add_argument("--out", type=pathlib.Path, help="also write the raw times (JSON)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    peers = [x for x in args.peers.split(",") if x]
+    if len(peers) != 2:
+        p.error("--peers takes two peers")
+    if args.hide_avx512:
+        from bench import hide_avx512
+        from bench.run import cap_isa
+
+        cap_isa("x86-64-v3")
+        hide_avx512.enable()
+    from bench.workloads import WORKLOADS
+
+    model_dir = pathlib.Path(tempfile.mkdtemp(prefix="per_request_")) / "model"
+    WORKLOADS[args.workload].save(model_dir)
+    procs = {peer: _start(peer, args, model_dir) for peer in peers}
+    times: dict[str, list[list[float]]] = {peer: [] for peer in peers}
+    try:
+        for n in range(args.passes):
+            for peer in (peers if n % 2 == 0 else peers[::-1]):
+                times[peer].append(_pass(procs[peer]))
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait(timeout=60)
+    shapes = [tuple(x.shape) for x in _inputs(args.workload, args.count, args.seed, args.shapes)]
+    print(f"{args.workload}: {args.passes} passes of {len(shapes)} requests, peers in "
+          f"alternating order{' (AVX-512 hidden)' if args.hide_avx512 else ''}\n")
+    print(report(peers, shapes, times))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"workload": args.workload, "peers": peers,
+                                        "shapes": shapes, "times": times}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
