@@ -346,7 +346,7 @@ class StitchEmitter:
                 out.append(f"{indent}}}")
                 return out
 
-            c0 = f"c{p}"  # groups of 8 lanes, then the tail
+            c0 = f"c{p}"  # groups of 16 and 8 lanes (groups()), then the tail
             lines.append(f"  int64_t {c0} = 0;")
             # sums and products over long rows: blocks of columns combined pairwise
             cascaded = [names[op.value] for op in reduces
