@@ -1069,8 +1069,11 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
   // only its part of B (a 3x3 512 -> 512 conv at 7 x 7: rows took 1.3x as long).
   GemmSplit split = ProductSplit(isa, packed_b != nullptr, 1, m, n, k, pool.NumThreads(),
                                  /*full_rows=*/true);
-  if (full_rows == 0 && isa.block != nullptr && split.row_blocks > 1 && m < n &&
-      m * k <= kGatheredBlockFloats) {
+  // Also where the rows make one block alone (fewer than 16: MobileNetV2's last stage
+  // at a 96 x 96 input is 3 x 3 pixels, 9 rows of 960 channels into 320 columns), which
+  // left the other threads idle.
+  if (full_rows == 0 && isa.block != nullptr && (split.row_blocks > 1 || work >= kSmallGemm) &&
+      m < n && m * k <= kGatheredBlockFloats) {
     GemmSplit by_cols;
     by_cols.col_blocks = std::max<int64_t>(1, std::min<int64_t>(pool.NumThreads(), n / 64));
     // Only where every thread gets columns (whole 64-column panels): 96 columns were one

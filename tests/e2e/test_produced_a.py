@@ -164,3 +164,42 @@ def test_a_conv_the_gemm_cannot_take_keeps_its_launch(fn):
     for shape in [(2, 9, 10, 8), (1, 4, 3, 8)]:
         assert_matches_tf(tf_fn, jitted, [RNG.normal(size=shape).astype(np.float32)], 1e-4, 1e-4)
     assert disc_tf.stats()["fallbacks"] == 0
+
+
+_FEW_ROWS_SCRIPT = """
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(2)  # a caller and one worker
+import disc_tf
+from tests.e2e.test_produced_a import Block, _spec
+
+block = Block(160, 6, 320)  # MobileNetV2's last block: 960 channels into 320
+tf_fn = tf.function(block, input_signature=[_spec(160)])
+jitted = disc_tf.jit(tf_fn, strict=True)
+rng = np.random.default_rng(7)
+for shape in ((1, 3, 3, 160), (1, 2, 5, 160), (2, 2, 3, 160), (1, 1, 1, 160)):
+    x = rng.normal(size=shape).astype(np.float32)
+    np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+assert disc_tf.stats()["fallbacks"] == 0
+print("OK")
+"""
+
+
+def test_a_projection_of_few_pixels_shares_its_columns_between_threads(tmp_path):
+    """Fewer pixels than make two row blocks (3 x 3: 9 rows of 960 channels into 320)
+    still give every thread a share: columns, each task making the 9 rows itself (the
+    launch profile's blocks=1x2); one block left the second thread idle. Matches TF at
+    few-pixel shapes."""
+    import os
+    import pathlib
+
+    from tests import fresh_python
+
+    profile = tmp_path / "profile.txt"
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DISC_TF_PROFILE=str(profile), PYTHONPATH=str(repo),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    proc = fresh_python.run(["-c", _FEW_ROWS_SCRIPT], env=env, timeout=300, cwd=repo)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    rows = [line for line in profile.read_text().splitlines() if " gathered " in line]
+    assert len(rows) == 1 and "m=9 n=320 k=960" in rows[0], profile.read_text()
+    assert rows[0].rstrip().endswith("blocks=1x2"), rows[0]
