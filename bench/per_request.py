@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,8 +43,10 @@ def _inputs(workload: str, count: int, seed: int, shapes: str) -> list[np.ndarra
 
 
 def worker(args: argparse.Namespace) -> int:
-    """One peer: set up, one untimed pass, then a timed pass per ``go`` line on stdin
-    (a JSON list of per-request seconds on stdout)."""
+    """One peer: set up, one untimed pass, then per ``go`` line on stdin an untimed call
+    of the first request and a timed pass (a JSON list of per-request seconds on stdout).
+    The untimed call is for the pause before each pass: after it, ONNX Runtime's first
+    two requests of a pass (MobileNetV2) took up to 1.8x their median time."""
     from bench import peer as peer_mod
 
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"per_request_{args.worker}_"))
@@ -67,6 +71,7 @@ def worker(args: argparse.Namespace) -> int:
     for line in sys.stdin:
         if line.strip() != "go":
             break
+        call(to_tensor(inputs[0]))  # untimed: wakes the pool threads after the settle
         latencies, _ = peer_mod.run_pass(call, inputs, to_tensor)
         print(json.dumps(latencies), flush=True)
     return 0
@@ -93,6 +98,21 @@ def _pass(proc: subprocess.Popen) -> list[float]:
     proc.stdin.write("go\n")
     proc.stdin.flush()
     return json.loads(proc.stdout.readline())
+
+
+def alternate(peers: list[str], passes: int, run_pass: Callable[[str], list[float]],
+              settle_s: float, sleep: Callable[[float], None] = time.sleep
+              ) -> dict[str, list[list[float]]]:
+    """``passes`` passes of each peer in alternating order (A B, B A, ...), each after
+    ``settle_s`` of quiet: the previous peer's pool threads keep polling for a while after
+    its pass (ONNX Runtime's for tens of ms), which would slow the next pass's first
+    requests (``bench.driver.SETTLE_S``)."""
+    times: dict[str, list[list[float]]] = {peer: [] for peer in peers}
+    for n in range(passes):
+        for peer in (peers if n % 2 == 0 else peers[::-1]):
+            sleep(settle_s)
+            times[peer].append(run_pass(peer))
+    return times
 
 
 def report(peers: list[str], shapes: list[tuple[int, ...]], times: dict[str, list[list[float]]]
@@ -148,12 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = pathlib.Path(tempfile.mkdtemp(prefix="per_request_")) / "model"
     WORKLOADS[args.workload].save(model_dir)
+    from bench.driver import SETTLE_S
+
     procs = {peer: _start(peer, args, model_dir) for peer in peers}
-    times: dict[str, list[list[float]]] = {peer: [] for peer in peers}
     try:
-        for n in range(args.passes):
-            for peer in (peers if n % 2 == 0 else peers[::-1]):
-                times[peer].append(_pass(procs[peer]))
+        times = alternate(peers, args.passes, lambda peer: _pass(procs[peer]), SETTLE_S)
     finally:
         for proc in procs.values():
             proc.stdin.close()

@@ -350,3 +350,44 @@ def test_per_request_report_takes_medians_per_request() -> None:
     assert rows[2].split("|")[3:6] == [" 2000.00 ", " 2000.00 ", " 1.00 "]
     assert "disc 2.400 s, ort 2.500 s; ort / disc = 1.042 (per request 0.50-2.00" in text
     assert "Pass totals, ort: 2.500, 2.500, 9.500" in text
+
+
+def test_per_request_passes_alternate_and_each_follows_a_pause() -> None:
+    """A B, B A, ...: and before every pass the settle pause, so that the other peer's
+    polling pool threads are quiet when a pass starts."""
+    from bench.per_request import alternate
+
+    events: list[str] = []
+
+    def run_pass(peer: str) -> list[float]:
+        events.append(peer)
+        return [len(events) / 10]
+
+    times = alternate(["disc", "ort"], 3, run_pass, 0.25,
+                      sleep=lambda s: events.append(f"sleep {s}"))
+    assert events == ["sleep 0.25", "disc", "sleep 0.25", "ort", "sleep 0.25", "ort",
+                      "sleep 0.25", "disc", "sleep 0.25", "disc", "sleep 0.25", "ort"]
+    assert times == {"disc": [[0.2], [0.8], [1.0]], "ort": [[0.4], [0.6], [1.2]]}
+
+
+def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: pathlib.Path) -> None:
+    """The worker's first pass is untimed; each ``go`` then calls the first request once,
+    untimed, before the timed pass, whose times alone it prints."""
+    import argparse
+    import tempfile
+
+    from bench import per_request
+
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the worker's work dir
+    monkeypatch.setattr(peer, "setup_tf", lambda model_dir, result: (
+        lambda x: calls.append(tuple(x.shape))))
+    monkeypatch.setattr("sys.stdin", io.StringIO("go\ngo\nstop\n"))
+    args = argparse.Namespace(worker="tf", model_dir="unused", workload="bert_small",
+                              count=2, seed=0, shapes="1,2;3,4")
+    assert per_request.worker(args) == 0
+    assert calls == [(1, 2), (3, 4)] + [(1, 2), (1, 2), (3, 4)] * 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [2, 2]
