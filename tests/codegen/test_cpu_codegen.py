@@ -127,6 +127,16 @@ def _vectorizer_report(unit_text: str, tmp_path, march: str = "x86-64-v3") -> st
     return proc.stderr
 
 
+def _loop_vectorized(report: str, lines: list[str], loop: int) -> list[str]:
+    """GCC's notes that the loop whose ``for`` is ``lines[loop]`` was vectorized 8 float
+    lanes at a time (under ``omp simd`` GCC names a line of the loop's body): empty if
+    none says so."""
+    end = next(i for i in range(loop, len(lines)) if lines[i] == "  }")
+    return [x for x in report.splitlines()
+            if re.search(r"unit\.cc:(\d+):\d+: optimized: loop vectorized using 32 byte", x)
+            and loop < int(re.search(r"unit\.cc:(\d+):", x).group(1)) <= end + 1]
+
+
 def test_fused_selects_and_clamps_vectorize(tmp_path):
     """A Select whose arm computes (and Maximum/Minimum around a log) is no control flow
     to the vectorizer: the fused loop runs 8 lanes at a time, not one element."""
@@ -140,10 +150,31 @@ def test_fused_selects_and_clamps_vectorize(tmp_path):
     flat = next(i for i, line in enumerate(lines) if "DISC_ENTRY void" in line and "_flat(" in line)
     loop = next(i for i in range(flat, len(lines))
                 if "for (int64_t i = begin; i < end; ++i)" in lines[i])
-    report = _vectorizer_report(unit.text, tmp_path)
-    assert re.search(rf"unit\.cc:{loop + 1}:\d+: optimized: loop vectorized using 32 byte", report), \
-        [x for x in report.splitlines() if f"unit.cc:{loop + 1}:" in x]
+    assert _loop_vectorized(_vectorizer_report(unit.text, tmp_path), lines, loop)
 
+
+
+def test_flat_loop_of_many_inputs_vectorizes(tmp_path):
+    """Inference batch norms' parameters from their variables (Keras' rsqrt(var + eps) *
+    gamma and beta - mean * that), six of them in one loop of 24 inputs and 12 outputs,
+    as MobileNetV2's last stage fuses them: the flat version runs 8 lanes at a time.
+    Left to GCC's cost model it stayed scalar, one sqrt and division per element."""
+    def bn_params(eps, *vs):  # one epsilon op joins the six into one cluster
+        eps = tf.abs(eps) + 1e-3
+        outs = []
+        for g, b, mu, var in zip(vs[0::4], vs[1::4], vs[2::4], vs[3::4]):
+            scale = tf.math.rsqrt(var + eps) * g
+            outs += [scale, b - mu * scale]
+        return outs
+
+    fe = pipeline.front_end(cluster_of(bn_params, *[tf.TensorSpec([960], tf.float32)] * 25))
+    (unit,) = [u for u in fe.sources.units if "Rsqrt" in u.text]
+    lines = unit.text.splitlines()
+    flat = next(i for i, line in enumerate(lines) if "DISC_ENTRY void" in line and "_flat(" in line)
+    loop = next(i for i in range(flat, len(lines))
+                if "for (int64_t i = begin; i < end; ++i)" in lines[i])
+    assert unit.text.count("/ sqrtf(") == 6, unit.text  # one loop of the six
+    assert _loop_vectorized(_vectorizer_report(unit.text, tmp_path), lines, loop)
 
 
 def test_masked_softmax_exp_loop_vectorizes_whole(tmp_path):
