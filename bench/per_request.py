@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> int:
     for line in sys.stdin:
         if line.strip() != "go":
             break
-        call(to_tensor(inputs[0]))  # untimed: wakes the pool threads after the settle
+        call(to_tensor(inputs[0]))  # untimed: after the pause, warms caches and pool threads
         latencies, _ = peer_mod.run_pass(call, inputs, to_tensor)
         print(json.dumps(latencies), flush=True)
     return 0
