@@ -127,6 +127,13 @@ def _vectorizer_report(unit_text: str, tmp_path, march: str = "x86-64-v3") -> st
     return proc.stderr
 
 
+def _flat_loop(lines: list[str]) -> int:
+    """The index of the ``for`` line of a loop unit's flat version."""
+    flat = next(i for i, line in enumerate(lines) if "DISC_ENTRY void" in line and "_flat(" in line)
+    return next(i for i in range(flat, len(lines))
+                if "for (int64_t i = begin; i < end; ++i)" in lines[i])
+
+
 def _loop_vectorized(report: str, lines: list[str], loop: int) -> list[str]:
     """GCC's notes that the loop whose ``for`` is ``lines[loop]`` was vectorized 8 float
     lanes at a time (under ``omp simd`` GCC names a line of the loop's body): empty if
@@ -147,11 +154,8 @@ def test_fused_selects_and_clamps_vectorize(tmp_path):
         dyn(2), dyn(1), dyn(1)))
     (unit,) = [u for u in fe.sources.units if "SelectV2" in u.text and "Log" in u.text]
     lines = unit.text.splitlines()
-    flat = next(i for i, line in enumerate(lines) if "DISC_ENTRY void" in line and "_flat(" in line)
-    loop = next(i for i in range(flat, len(lines))
-                if "for (int64_t i = begin; i < end; ++i)" in lines[i])
+    loop = _flat_loop(lines)
     assert _loop_vectorized(_vectorizer_report(unit.text, tmp_path), lines, loop)
-
 
 
 def test_flat_loop_of_many_inputs_vectorizes(tmp_path):
@@ -170,9 +174,7 @@ def test_flat_loop_of_many_inputs_vectorizes(tmp_path):
     fe = pipeline.front_end(cluster_of(bn_params, *[tf.TensorSpec([960], tf.float32)] * 25))
     (unit,) = [u for u in fe.sources.units if "Rsqrt" in u.text]
     lines = unit.text.splitlines()
-    flat = next(i for i, line in enumerate(lines) if "DISC_ENTRY void" in line and "_flat(" in line)
-    loop = next(i for i in range(flat, len(lines))
-                if "for (int64_t i = begin; i < end; ++i)" in lines[i])
+    loop = _flat_loop(lines)
     assert unit.text.count("/ sqrtf(") == 6, unit.text  # one loop of the six
     assert _loop_vectorized(_vectorizer_report(unit.text, tmp_path), lines, loop)
 
