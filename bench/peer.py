@@ -302,12 +302,15 @@ def activation_summary(samples: list[tuple[tuple[int, ...], int, int]]) -> Resul
 
 
 def measure_activations(call: CallFn, inputs: list[np.ndarray],
-                        to_tensor: Callable[[np.ndarray], Any]) -> Result:
+                        to_tensor: Callable[[np.ndarray], Any],
+                        kept: Callable[[], int] | None = None) -> Result:
     """Peak allocator bytes per call over the stream, after an untimed warm-up pass.
 
     Before each call the input tensor exists and the allocator's peak is reset to
     what it holds; the call's activation memory is the peak during the call (the
-    output included) minus that. Only meaningful with ``BFC_ENV`` set before TF
+    output included) minus that. ``kept`` gives the bytes the peer holds between
+    calls for its calls' temporaries (disc's kept scratch): they count as the call's,
+    not as what it held before. Only meaningful with ``BFC_ENV`` set before TF
     creates its devices (``main`` does that).
     """
     import tensorflow as tf
@@ -320,7 +323,7 @@ def measure_activations(call: CallFn, inputs: list[np.ndarray],
     for x in inputs:
         t = to_tensor(x)
         memory.reset_memory_stats("CPU:0")
-        before = int(memory.get_memory_info("CPU:0")["current"])
+        before = int(memory.get_memory_info("CPU:0")["current"]) - (kept() if kept else 0)
         call(t)
         samples.append((tuple(x.shape), before, int(memory.get_memory_info("CPU:0")["peak"])))
     return activation_summary(samples)
@@ -366,10 +369,15 @@ def run_peer(args: argparse.Namespace) -> Result:
             to_tensor = tf.constant
 
         if args.measure_memory:
-            result.update(measure_activations(call, inputs, to_tensor))
+            kept = None
             if args.peer == "disc":
                 import disc_tf
 
+                def kept() -> int:
+                    return int(disc_tf.stats()["temp_kept_bytes"])
+
+            result.update(measure_activations(call, inputs, to_tensor, kept))
+            if args.peer == "disc":
                 result["disc_stats"] = disc_tf.stats()
             return result
         ref = np.load(args.ref) if args.ref and not args.write_ref else None

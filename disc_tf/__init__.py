@@ -77,8 +77,11 @@ def stats() -> dict[str, int]:
     GEMM worker threads a call woke as it started, so that they were polling by its
     first launch), resident_weight_gemms (GEMM launches of calls whose packed
     weights fit in half of a core's L2, so that they read them without prefetching)
-    and masked_elements (attention scores not computed because the mask's select
-    discards them: a causal or padding mask)."""
+    masked_elements (attention scores not computed because the mask's select
+    discards them: a causal or padding mask), temp_reuses (temporary buffers a call
+    took from those its kernel kept from earlier calls instead of allocating them) and
+    temp_kept_bytes (the bytes of such buffers all kernels keep now: a level, which
+    ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``)."""
     return dict(_native.load().py.stats())
 
 

@@ -507,6 +507,7 @@ class DiscClusterOp : public AsyncOpKernel {
                 profile::Enabled()
                     ? absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8))
                     : std::string());
+      if (!on_gpu_) ral.temp_cache = &temp_cache_;
       if (!constants.empty() && !on_gpu_) {
         ral.SetConstantInputs(&packed_weights_, constants);
         // Weights that fit in half of a core's L2 stay there between calls (the
@@ -705,6 +706,8 @@ class DiscClusterOp : public AsyncOpKernel {
   std::vector<int> bundled_inputs_;
   int num_cluster_inputs_ = 0;
   PackedWeights packed_weights_;
+  // Temporaries freed by one call, kept for the next ones (cc/ral/temp_cache.h).
+  TempCache temp_cache_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
   // A call ran tasks on the RAL's workers: the next wakes them first (WakeTaskPool).

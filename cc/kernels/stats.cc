@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
     "packed_weights", "untrusted", "rebuilds", "pool_wakes",
-    "resident_weight_gemms", "masked_elements"};
+    "resident_weight_gemms", "masked_elements", "temp_reuses", "temp_kept_bytes"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 
@@ -82,6 +82,7 @@ void Reset() {
   std::lock_guard<std::mutex> lock(SeenMu());
   Seen().clear();
   for (int i = 0; i < kNumCounters; ++i) {
+    if (i == kTempKeptBytes) continue;  // a level: the kept buffers stay kept
     g_counters[i].store(0, std::memory_order_relaxed);
   }
 }

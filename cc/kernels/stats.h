@@ -8,7 +8,10 @@
 // resident_weight_gemms (GEMM launches of calls whose kernel's packed weights fit in
 // half of a core's L2, which read them without prefetching, gemm_kernels.h) and
 // masked_elements (elements of attention scores not computed, since the mask's select
-// takes its other arm there: sgemm_scratch_c_cols in disc_ral.h). `clusters`
+// takes its other arm there: sgemm_scratch_c_cols in disc_ral.h), temp_reuses
+// (temporaries a call took from its kernel's kept scratch instead of the
+// allocator) and temp_kept_bytes (the bytes of scratch all kernels keep between
+// calls now, temp_cache.h; a level, which Reset() leaves as it is). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -35,7 +38,9 @@ enum Counter : int {
   kPoolWakes = 9,      // sleeping RAL workers woken at a call's start (WakeTaskPool)
   kResidentWeightGemms = 10,  // GEMM launches reading packed weights kept in L2 (no prefetch)
   kMaskedElements = 11,  // elements of C not computed: a mask selects them away (ABI 9)
-  kNumCounters = 12,
+  kTempReuses = 12,      // temporaries taken from a kernel's kept scratch (temp_cache.h)
+  kTempKeptBytes = 13,   // bytes of scratch kept between calls now: a level Reset() keeps
+  kNumCounters = 14,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

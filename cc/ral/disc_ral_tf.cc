@@ -240,8 +240,10 @@ void* RalAllocTemp(disc_ral* ral, int64_t bytes) {
   const int64_t n = std::max<int64_t>(bytes, 1);
   std::lock_guard<std::mutex> lock(r->mu);
   Tensor t;
-  absl::Status s = r->ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({n}),
-                                         &t);
+  absl::Status s;
+  if (r->temp_cache == nullptr || !r->temp_cache->Take(n, &t)) {
+    s = r->ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({n}), &t);
+  }
   char* p = s.ok() ? const_cast<char*>(t.tensor_data().data()) : nullptr;
   if (p == nullptr) {
     if (r->error_code == DISC_OK) {
@@ -260,6 +262,8 @@ void* RalAllocTemp(disc_ral* ral, int64_t bytes) {
     }
     return nullptr;
   }
+  r->temp_bytes += t.TotalBytes();
+  if (r->temp_cache != nullptr) r->temp_cache->NoteHeld(r->temp_bytes);
   r->temps.push_back(std::move(t));
   return p;
 }
@@ -270,6 +274,9 @@ void RalFreeTemp(disc_ral* ral, void* ptr) {
   std::lock_guard<std::mutex> lock(r->mu);
   for (auto it = r->temps.rbegin(); it != r->temps.rend(); ++it) {
     if (it->tensor_data().data() == ptr) {
+      const int64_t size = it->TotalBytes();
+      r->temp_bytes -= size;
+      if (r->temp_cache != nullptr) r->temp_cache->Keep(std::move(*it), size);
       r->temps.erase(std::next(it).base());
       return;
     }
@@ -1349,7 +1356,14 @@ void TfRal::SetError(int32_t code, const std::string& message) {
 
 void TfRal::ReleaseTemps() {
   std::lock_guard<std::mutex> lock(mu);
+  if (temp_cache != nullptr) {
+    for (Tensor& t : temps) {
+      const int64_t size = t.TotalBytes();
+      temp_cache->Keep(std::move(t), size);
+    }
+  }
   temps.clear();
+  temp_bytes = 0;
 }
 
 }  // namespace disc_tf

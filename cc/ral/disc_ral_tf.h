@@ -5,7 +5,8 @@
 // to the artifact's `disc_entry`. Everything the artifact allocates through it
 // (outputs via allocate_output, scratch via allocate_temp) comes from TF's
 // allocators; scratch tensors are kept alive until the TfRal is destroyed or
-// free_temp is called.
+// free_temp is called, and then go to the kernel's TempCache (temp_cache.h)
+// where it has one.
 #ifndef DISC_TF_CC_RAL_DISC_RAL_TF_H_
 #define DISC_TF_CC_RAL_DISC_RAL_TF_H_
 
@@ -18,6 +19,7 @@
 #include "absl/status/status.h"
 #include "cc/ral/disc_ral.h"
 #include "cc/ral/packed_weights.h"
+#include "cc/ral/temp_cache.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -61,7 +63,8 @@ struct TfRal : public disc_ral {
   // Records an error; the first error wins. Thread-safe.
   void SetError(int32_t code, const std::string& message);
 
-  // Releases all scratch tensors now (also done by the destructor).
+  // Releases all scratch tensors now (also done by the destructor): to
+  // `temp_cache` where there is one.
   void ReleaseTemps();
 
   tensorflow::OpKernelContext* ctx;
@@ -74,6 +77,10 @@ struct TfRal : public disc_ral {
   std::vector<int32_t> dim_begin;
   // Scratch tensors alive until the end of the call or free_temp.
   std::vector<tensorflow::Tensor> temps;
+  // The calling kernel's kept scratch (CPU kernels); null: every temp comes from
+  // and goes back to TF's allocator. `temp_bytes` is what `temps` hold now.
+  TempCache* temp_cache = nullptr;
+  int64_t temp_bytes = 0;
   // Which outputs were allocated through alloc_output.
   std::vector<bool> output_allocated;
 

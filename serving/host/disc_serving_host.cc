@@ -234,7 +234,8 @@ std::string StatsJson(const std::string& op_lib) {
   static const char* kNames[] = {"clusters", "compilations", "cache_hits", "fallbacks",
                                  "kernels",  "peak_temp_bytes", "packed_weights",
                                  "untrusted", "rebuilds", "pool_wakes",
-                                 "resident_weight_gemms", "masked_elements"};
+                                 "resident_weight_gemms", "masked_elements",
+                                 "temp_reuses", "temp_kept_bytes"};
   void* handle = dlopen(op_lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
   auto get = handle ? reinterpret_cast<void (*)(int64_t*)>(dlsym(handle, "disc_stats_get"))
                     : nullptr;

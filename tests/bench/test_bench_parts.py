@@ -187,6 +187,26 @@ def test_activation_summary_takes_the_largest_increase() -> None:
     assert peer.activation_summary([])["peak_act_mb"] is None
 
 
+def test_measure_activations_counts_kept_scratch_as_the_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    mib = 2**20
+    held = {"current": 30 * mib, "peak": 30 * mib}
+    kept = {"bytes": 0}
+
+    def call(x: object) -> None:  # reuses 4 MiB kept by the last call, allocates 1 MiB more
+        held["peak"] = max(held["peak"], held["current"] + 1 * mib)
+        kept["bytes"] = 4 * mib
+
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats",
+                        lambda device: held.update(peak=held["current"]))
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", lambda device: dict(held))
+    got = peer.measure_activations(call, [np.zeros((2, 3), np.float32)], lambda x: x,
+                                   kept=lambda: kept["bytes"])
+    assert got["peak_act_mb"] == 5.0
+    assert peer.measure_activations(call, [np.zeros((2, 3), np.float32)],
+                                    lambda x: x)["peak_act_mb"] == 1.0
+
+
 def test_measure_memory_runs_a_separate_bfc_process(tmp_path: pathlib.Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []

@@ -1,0 +1,80 @@
+"""Temporaries a kernel keeps between calls (cc/ral/temp_cache.h): a freed temporary
+goes to the kernel's cache and a later alloc_temp of about its size takes it, in the
+same call or a later one. Each case runs in its own process (the bound is read once):
+a MobileNetV2 block and an attention-like chain (GEMMs, softmax, a row reduction, a
+layer norm) against TF at shapes that shrink and grow, so that buffers come back with
+another call's contents; with DISC_TF_TEMP_POISON=1 every kept buffer is filled with NaN
+first, so a kernel reading a temporary before writing it would show in its results."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from tests import fresh_python
+
+#: The CPU backend's RAL keeps temporaries (the GPU kernel leaves them to TF's allocator).
+pytestmark = pytest.mark.cpu_backend
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import json, os
+import numpy as np, tensorflow as tf
+import disc_tf
+from tests.e2e.test_produced_a import Block, _spec
+
+rng = np.random.default_rng(11)
+block = Block(8, 6, 16, stride=2)
+w1 = tf.constant(rng.normal(size=(32, 48)).astype(np.float32) * 0.2)
+w2 = tf.constant(rng.normal(size=(48, 32)).astype(np.float32) * 0.2)
+
+def chain(x):
+    h = tf.nn.softmax(tf.matmul(x, w1), axis=-1)
+    y = tf.matmul(h, w2) + x
+    mean, var = tf.nn.moments(y, axes=[-1], keepdims=True)
+    return (y - mean) * tf.math.rsqrt(var + 1e-5) + tf.reduce_max(h, -1, keepdims=True)
+
+cases = [
+    (tf.function(block, input_signature=[_spec(8)]),
+     [(2, 24, 22, 8), (2, 23, 21, 8), (1, 9, 11, 8), (2, 24, 22, 8), (2, 22, 21, 8)]),
+    (tf.function(chain, input_signature=[tf.TensorSpec([None, 32], tf.float32)]),
+     [(300, 32), (280, 32), (7, 32), (300, 32), (250, 32)]),
+]
+disc_tf.reset_stats()
+for tf_fn, shapes in cases:
+    jitted = disc_tf.jit(tf_fn, strict=True)
+    for shape in shapes:
+        x = rng.normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
+print("STATS", json.dumps(disc_tf.stats()))
+"""
+
+
+def _run(**env_vars: str) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISC_TF_TEMP_")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env_vars)
+    proc = fresh_python.run(["-c", _SCRIPT], env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS "))
+    return json.loads(line[len("STATS "):])
+
+
+def test_kept_temporaries_are_reused_and_results_match_tf() -> None:
+    """Calls take kept buffers (temp_reuses), stale and NaN-poisoned ones included, and
+    still match TF; what stays kept is counted."""
+    stats = _run(DISC_TF_TEMP_POISON="1")
+    assert stats["fallbacks"] == 0
+    assert stats["temp_reuses"] > 0, stats
+    assert stats["temp_kept_bytes"] > 0, stats
+
+
+def test_a_zero_bound_keeps_nothing() -> None:
+    """DISC_TF_TEMP_KEEP_MB=0: every temporary comes from TF's allocator, as before."""
+    stats = _run(DISC_TF_TEMP_KEEP_MB="0")
+    assert stats["fallbacks"] == 0
+    assert stats["temp_reuses"] == 0 and stats["temp_kept_bytes"] == 0, stats
