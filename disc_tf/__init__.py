@@ -78,8 +78,8 @@ def stats() -> dict[str, int]:
     first launch), resident_weight_gemms (GEMM launches of calls whose packed
     weights fit in half of a core's L2, so that they read them without prefetching)
     masked_elements (attention scores not computed because the mask's select
-    discards them: a causal or padding mask), temp_reuses (temporary buffers a call
-    took from those its kernel kept from earlier calls instead of allocating them) and
+    discards them: a causal or padding mask), temp_reuses (temporary buffers of at most
+    64 KiB a call took from those its kernel kept, instead of allocating them) and
     temp_kept_bytes (the bytes of such buffers all kernels keep now: a level, which
     ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``)."""
     return dict(_native.load().py.stats())

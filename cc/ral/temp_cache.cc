@@ -50,6 +50,7 @@ int64_t TempCache::ProcessLimit() {
 TempCache::~TempCache() { Clear(); }
 
 bool TempCache::Take(int64_t bytes, tensorflow::Tensor* out) {
+  if (ProcessLimit() == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t most = MostFor(bytes);
   size_t best = kept_.size();
@@ -77,8 +78,9 @@ void TempCache::NoteHeld(int64_t bytes) {
 }
 
 void TempCache::Keep(tensorflow::Tensor t, int64_t bytes) {
+  if (bytes > kLargestKept) return;  // `t` is released as it goes
   std::lock_guard<std::mutex> lock(mu_);
-  if (kept_bytes_ + bytes > most_held_) return;  // `t` is released as it goes
+  if (kept_bytes_ + bytes > most_held_) return;
   const int64_t total = g_kept_total.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   if (total > ProcessLimit()) {
     g_kept_total.fetch_sub(bytes, std::memory_order_relaxed);

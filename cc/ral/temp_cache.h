@@ -7,12 +7,12 @@
 // and glibc's malloc consolidates its fast bins on most large requests and
 // frees, which took about 9% of the calling thread's time.
 //
-// A freed temporary therefore goes back to its kernel's TempCache instead of
-// the allocator, and a later alloc_temp of about its size (this call's or a
-// later one's) takes it. The buffers stay TF tensors from the kernel's
-// allocator, so TF's memory accounting sees them. What is kept is bounded:
-//   - per kernel, by the most temporary bytes one of its calls held at once
-//     (a stream of shapes keeps at most its largest call's worth);
+// A freed temporary of at most kLargestKept bytes therefore goes back to its
+// kernel's TempCache instead of the allocator, and a later alloc_temp of about
+// its size, in the same call or a later one, takes it. The buffers stay TF
+// tensors from the kernel's allocator, so TF's memory accounting sees them.
+// What is kept is bounded:
+//   - per kernel, by the most temporary bytes one of its calls held at once;
 //   - process-wide, by DISC_TF_TEMP_KEEP_MB (default 256; 0 keeps nothing).
 // The counters temp_reuses and temp_kept_bytes (stats.h) report the reuse and
 // the bytes kept now. DISC_TF_TEMP_POISON=1 fills each buffer kept with 0xff
@@ -42,13 +42,22 @@ class TempCache {
   // most a quarter more, or 4 KiB more for small ones); false when none fits.
   bool Take(int64_t bytes, tensorflow::Tensor* out);
 
-  // Keeps `t`, a buffer of `bytes` a call no longer uses, unless that would hold
-  // more than the most temporary bytes one call held (NoteHeld) or pass the
-  // process-wide bound; it is then released.
+  // Keeps `t`, a buffer of `bytes` a call no longer uses, unless it is over
+  // kLargestKept bytes, or keeping it would hold more than the most temporary
+  // bytes one call held (NoteHeld) or pass the process-wide bound; it is then
+  // released.
   void Keep(tensorflow::Tensor t, int64_t bytes);
 
   // Records that a call holds `bytes` of temporaries at once now.
   void NoteHeld(int64_t bytes);
+
+  // The largest buffer kept: the per-channel vectors and small activations that
+  // make most of a call's allocations. Larger ones go back to the allocator: a
+  // later call of another shape would seldom take them, and kept through it they
+  // would add to its peak (the bench's MobileNetV2 stream: 1.46x TF's activation
+  // memory with every buffer kept, 0.81x with large ones kept within a call only,
+  // 0.66x with none).
+  static constexpr int64_t kLargestKept = 64 << 10;
 
   // Releases everything kept.
   void Clear();

@@ -1,6 +1,6 @@
-"""Temporaries a kernel keeps between calls (cc/ral/temp_cache.h): a freed temporary
-goes to the kernel's cache and a later alloc_temp of about its size takes it, in the
-same call or a later one. Each case runs in its own process (the bound is read once):
+"""Temporaries a kernel keeps (cc/ral/temp_cache.h): a freed temporary goes to the
+kernel's cache and a later alloc_temp of about its size takes it, in the same call or,
+for buffers of at most 64 KiB, a later one. Each case runs in its own process (the bound is read once):
 a MobileNetV2 block and an attention-like chain (GEMMs, softmax, a row reduction, a
 layer norm) against TF at shapes that shrink and grow, so that buffers come back with
 another call's contents; with DISC_TF_TEMP_POISON=1 every kept buffer is filled with NaN
@@ -49,7 +49,14 @@ for tf_fn, shapes in cases:
     for shape in shapes:
         x = rng.normal(size=shape).astype(np.float32)
         np.testing.assert_allclose(jitted(x).numpy(), tf_fn(x).numpy(), rtol=1e-4, atol=1e-4)
-print("STATS", json.dumps(disc_tf.stats()))
+stats = disc_tf.stats()
+# one call whose activations are large: 2 x 48 x 44 pixels of 48 channels (811 KiB)
+jitted = disc_tf.jit(cases[0][0], strict=True)
+x = rng.normal(size=(2, 48, 44, 8)).astype(np.float32)
+np.testing.assert_allclose(jitted(x).numpy(), cases[0][0](x).numpy(), rtol=1e-4, atol=1e-4)
+stats["kept_after_large_call"] = disc_tf.stats()["temp_kept_bytes"]
+stats["peak_temp_bytes"] = disc_tf.stats()["peak_temp_bytes"]
+print("STATS", json.dumps(stats))
 """
 
 
@@ -71,6 +78,10 @@ def test_kept_temporaries_are_reused_and_results_match_tf() -> None:
     assert stats["fallbacks"] == 0
     assert stats["temp_reuses"] > 0, stats
     assert stats["temp_kept_bytes"] > 0, stats
+    # between calls only buffers of at most 64 KiB stay: the large call's activations
+    # (its peak is over 512 KiB) went back to the allocator when it ended
+    assert stats["peak_temp_bytes"] > 2**19, stats
+    assert 0 < stats["kept_after_large_call"] < 2**18, stats
 
 
 def test_a_zero_bound_keeps_nothing() -> None:
