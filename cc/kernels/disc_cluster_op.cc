@@ -706,7 +706,7 @@ class DiscClusterOp : public AsyncOpKernel {
   std::vector<int> bundled_inputs_;
   int num_cluster_inputs_ = 0;
   PackedWeights packed_weights_;
-  // Temporaries freed by one call, kept for the next ones (cc/ral/temp_cache.h).
+  // Small temporaries its calls freed, kept for later allocations (cc/ral/temp_cache.h).
   TempCache temp_cache_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};

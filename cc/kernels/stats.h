@@ -10,8 +10,8 @@
 // masked_elements (elements of attention scores not computed, since the mask's select
 // takes its other arm there: sgemm_scratch_c_cols in disc_ral.h), temp_reuses
 // (temporaries a call took from its kernel's kept scratch instead of the
-// allocator) and temp_kept_bytes (the bytes of scratch all kernels keep between
-// calls now, temp_cache.h; a level, which Reset() leaves as it is). `clusters`
+// allocator) and temp_kept_bytes (the bytes of scratch all kernels keep now,
+// temp_cache.h; a level, which Reset() leaves as it is). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -39,7 +39,7 @@ enum Counter : int {
   kResidentWeightGemms = 10,  // GEMM launches reading packed weights kept in L2 (no prefetch)
   kMaskedElements = 11,  // elements of C not computed: a mask selects them away (ABI 9)
   kTempReuses = 12,      // temporaries taken from a kernel's kept scratch (temp_cache.h)
-  kTempKeptBytes = 13,   // bytes of scratch kept between calls now: a level Reset() keeps
+  kTempKeptBytes = 13,   // bytes of scratch kept now: a level, which Reset() keeps
   kNumCounters = 14,
 };
 

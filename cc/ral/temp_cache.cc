@@ -1,4 +1,4 @@
-// temp_cache.cc -- scratch buffers a DiscCluster kernel keeps between its calls.
+// temp_cache.cc -- small scratch buffers a DiscCluster kernel keeps for reuse.
 #include "cc/ral/temp_cache.h"
 
 #include <atomic>

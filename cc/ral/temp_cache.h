@@ -1,4 +1,4 @@
-// temp_cache.h -- scratch buffers a DiscCluster kernel keeps between its calls.
+// temp_cache.h -- small scratch buffers a DiscCluster kernel keeps for reuse.
 //
 // A call's host runner allocates every temporary it needs through the RAL's
 // alloc_temp and frees it after its last reader. On a small call those
