@@ -263,7 +263,7 @@ void* RalAllocTemp(disc_ral* ral, int64_t bytes) {
     return nullptr;
   }
   r->temp_bytes += t.TotalBytes();
-  if (r->temp_cache != nullptr) r->temp_cache->NoteHeld(r->temp_bytes);
+  r->temp_peak = std::max(r->temp_peak, r->temp_bytes);
   r->temps.push_back(std::move(t));
   return p;
 }
@@ -276,7 +276,7 @@ void RalFreeTemp(disc_ral* ral, void* ptr) {
     if (it->tensor_data().data() == ptr) {
       const int64_t size = it->TotalBytes();
       r->temp_bytes -= size;
-      if (r->temp_cache != nullptr) r->temp_cache->Keep(std::move(*it), size);
+      if (r->temp_cache != nullptr) r->temp_cache->Keep(std::move(*it), size, r->temp_peak);
       r->temps.erase(std::next(it).base());
       return;
     }
@@ -1359,7 +1359,7 @@ void TfRal::ReleaseTemps() {
   if (temp_cache != nullptr) {
     for (Tensor& t : temps) {
       const int64_t size = t.TotalBytes();
-      temp_cache->Keep(std::move(t), size);
+      temp_cache->Keep(std::move(t), size, temp_peak);
     }
   }
   temps.clear();

@@ -78,9 +78,11 @@ struct TfRal : public disc_ral {
   // Scratch tensors alive until the end of the call or free_temp.
   std::vector<tensorflow::Tensor> temps;
   // The calling kernel's kept scratch (CPU kernels); null: every temp comes from
-  // and goes back to TF's allocator. `temp_bytes` is what `temps` hold now.
+  // and goes back to TF's allocator. `temp_bytes` is what `temps` hold now,
+  // `temp_peak` the most they held in this call (it bounds what the cache keeps).
   TempCache* temp_cache = nullptr;
   int64_t temp_bytes = 0;
+  int64_t temp_peak = 0;
   // Which outputs were allocated through alloc_output.
   std::vector<bool> output_allocated;
 

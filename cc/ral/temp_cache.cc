@@ -33,9 +33,8 @@ bool Poison() {
   return poison;
 }
 
-}  // namespace
-
-int64_t TempCache::ProcessLimit() {
+// The process-wide bound in bytes (DISC_TF_TEMP_KEEP_MB, read once).
+int64_t ProcessLimit() {
   static const int64_t limit = [] {
     const char* v = std::getenv("DISC_TF_TEMP_KEEP_MB");
     if (v == nullptr || *v == '\0') return int64_t{256} << 20;
@@ -47,10 +46,11 @@ int64_t TempCache::ProcessLimit() {
   return limit;
 }
 
+}  // namespace
+
 TempCache::~TempCache() { Clear(); }
 
 bool TempCache::Take(int64_t bytes, tensorflow::Tensor* out) {
-  if (ProcessLimit() == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t most = MostFor(bytes);
   size_t best = kept_.size();
@@ -72,14 +72,10 @@ bool TempCache::Take(int64_t bytes, tensorflow::Tensor* out) {
   return true;
 }
 
-void TempCache::NoteHeld(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > most_held_) most_held_ = bytes;
-}
-
-void TempCache::Keep(tensorflow::Tensor t, int64_t bytes) {
+void TempCache::Keep(tensorflow::Tensor t, int64_t bytes, int64_t call_peak) {
   if (bytes > kLargestKept) return;  // `t` is released as it goes
   std::lock_guard<std::mutex> lock(mu_);
+  if (call_peak > most_held_) most_held_ = call_peak;
   if (kept_bytes_ + bytes > most_held_) return;
   const int64_t total = g_kept_total.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   if (total > ProcessLimit()) {
@@ -98,11 +94,6 @@ void TempCache::Clear() {
   g_kept_total.fetch_sub(kept_bytes_, std::memory_order_relaxed);
   stats::Add(stats::kTempKeptBytes, -kept_bytes_);
   kept_bytes_ = 0;
-}
-
-int64_t TempCache::kept_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return kept_bytes_;
 }
 
 }  // namespace disc_tf

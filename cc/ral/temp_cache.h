@@ -44,12 +44,10 @@ class TempCache {
 
   // Keeps `t`, a buffer of `bytes` a call no longer uses, unless it is over
   // kLargestKept bytes, or keeping it would hold more than the most temporary
-  // bytes one call held (NoteHeld) or pass the process-wide bound; it is then
+  // bytes one call held at once (the largest `call_peak` given so far: the
+  // calling call's most so far) or pass the process-wide bound; it is then
   // released.
-  void Keep(tensorflow::Tensor t, int64_t bytes);
-
-  // Records that a call holds `bytes` of temporaries at once now.
-  void NoteHeld(int64_t bytes);
+  void Keep(tensorflow::Tensor t, int64_t bytes, int64_t call_peak);
 
   // The largest buffer kept: the per-channel vectors and small activations that
   // make most of a call's allocations. Larger ones go back to the allocator: a
@@ -62,14 +60,8 @@ class TempCache {
   // Releases everything kept.
   void Clear();
 
-  // Bytes kept by this kernel now.
-  int64_t kept_bytes() const;
-
-  // The process-wide bound in bytes (DISC_TF_TEMP_KEEP_MB, read once).
-  static int64_t ProcessLimit();
-
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   // (size in bytes, buffer), unordered: a call's temps number in the hundreds at
   // most, and a vector keeps Take and Keep free of allocations once it has grown.
   std::vector<std::pair<int64_t, tensorflow::Tensor>> kept_;

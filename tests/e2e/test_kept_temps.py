@@ -1,6 +1,6 @@
-"""Temporaries a kernel keeps (cc/ral/temp_cache.h): a freed temporary goes to the
-kernel's cache and a later alloc_temp of about its size takes it, in the same call or,
-for buffers of at most 64 KiB, a later one. Each case runs in its own process (the bound is read once):
+"""Temporaries a kernel keeps (cc/ral/temp_cache.h): a freed temporary of at most 64 KiB
+goes to the kernel's cache and a later alloc_temp of about its size takes it, in the
+same call or a later one. Each case runs in its own process (the bound is read once):
 a MobileNetV2 block and an attention-like chain (GEMMs, softmax, a row reduction, a
 layer norm) against TF at shapes that shrink and grow, so that buffers come back with
 another call's contents; with DISC_TF_TEMP_POISON=1 every kept buffer is filled with NaN
@@ -8,6 +8,7 @@ first, so a kernel reading a temporary before writing it would show in its resul
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -61,8 +62,6 @@ print("STATS", json.dumps(stats))
 
 
 def _run(**env_vars: str) -> dict:
-    import json
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISC_TF_TEMP_")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env_vars)
     proc = fresh_python.run(["-c", _SCRIPT], env=env, timeout=300, cwd=REPO)
@@ -78,8 +77,8 @@ def test_kept_temporaries_are_reused_and_results_match_tf() -> None:
     assert stats["fallbacks"] == 0
     assert stats["temp_reuses"] > 0, stats
     assert stats["temp_kept_bytes"] > 0, stats
-    # between calls only buffers of at most 64 KiB stay: the large call's activations
-    # (its peak is over 512 KiB) went back to the allocator when it ended
+    # only buffers of at most 64 KiB are kept: the large call's activations (its peak
+    # is over 512 KiB) went back to the allocator
     assert stats["peak_temp_bytes"] > 2**19, stats
     assert 0 < stats["kept_after_large_call"] < 2**18, stats
 
