@@ -79,9 +79,12 @@ def stats() -> dict[str, int]:
     weights fit in half of a core's L2, so that they read them without prefetching)
     masked_elements (attention scores not computed because the mask's select
     discards them: a causal or padding mask), temp_reuses (temporary buffers of at most
-    64 KiB a call took from those its kernel kept, instead of allocating them) and
+    64 KiB a call took from those its kernel kept, instead of allocating them),
     temp_kept_bytes (the bytes of such buffers all kernels keep now: a level, which
-    ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``)."""
+    ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``) and
+    folded_reuses (launches of kernels that read only weights, such as batch norm's
+    scale and offset, skipped because an earlier call computed their results from the
+    same weight buffers; ``DISC_TF_FOLD=0`` turns that off)."""
     return dict(_native.load().py.stats())
 
 

@@ -330,6 +330,19 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.Pat
     return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
+def stats_of(script: str, drop: tuple[str, ...] = (), **env_vars: str) -> dict:
+    """Runs ``python -c SCRIPT`` in the repository root (on its ``PYTHONPATH``), without
+    the variables starting with one of ``drop`` and with ``env_vars``; asserts it exits
+    0 and returns the JSON of the last line it prints that starts ``STATS ``."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop))}
+    env.update(PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2", **env_vars)
+    proc = run(["-c", script], env=env, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATS ")][-1]
+    return json.loads(line[len("STATS "):])
+
+
 def _exit(code: object) -> None:
     """Ends the child as the interpreter would (non-daemon threads joined, atexit
     handlers, streams flushed, then C's ``exit``: its atexit hooks and static

@@ -507,7 +507,10 @@ class DiscClusterOp : public AsyncOpKernel {
                 profile::Enabled()
                     ? absl::StrCat(cluster_name_, "@", artifact->sha256.substr(0, 8))
                     : std::string());
-      if (!on_gpu_) ral.temp_cache = &temp_cache_;
+      if (!on_gpu_) {
+        ral.temp_cache = &temp_cache_;
+        ral.folded = &folded_;
+      }
       if (!constants.empty() && !on_gpu_) {
         ral.SetConstantInputs(&packed_weights_, constants);
         // Weights that fit in half of a core's L2 stay there between calls (the
@@ -708,6 +711,8 @@ class DiscClusterOp : public AsyncOpKernel {
   PackedWeights packed_weights_;
   // Small temporaries its calls freed, kept for later allocations (cc/ral/temp_cache.h).
   TempCache temp_cache_;
+  // Results of its weight-only kernels, kept across calls (cc/ral/folded_values.h).
+  FoldedValues folded_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
   // A call ran tasks on the RAL's workers: the next wakes them first (WakeTaskPool).

@@ -11,7 +11,9 @@
 // takes its other arm there: sgemm_scratch_c_cols in disc_ral.h), temp_reuses
 // (temporaries a call took from its kernel's kept scratch instead of the
 // allocator) and temp_kept_bytes (the bytes of scratch all kernels keep now,
-// temp_cache.h; a level, which Reset() leaves as it is). `clusters`
+// temp_cache.h; a level, which Reset() leaves as it is), folded_reuses (launches
+// of weight-only kernels a call skipped, their results kept from an earlier call:
+// folded_values.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -40,7 +42,8 @@ enum Counter : int {
   kMaskedElements = 11,  // elements of C not computed: a mask selects them away (ABI 9)
   kTempReuses = 12,      // temporaries taken from a kernel's kept scratch (temp_cache.h)
   kTempKeptBytes = 13,   // bytes of scratch kept now: a level, which Reset() keeps
-  kNumCounters = 14,
+  kFoldedReuses = 14,    // launches skipped: their results kept from an earlier call
+  kNumCounters = 15,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

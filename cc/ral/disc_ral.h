@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 9
+#define DISC_RAL_ABI_VERSION 10
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -214,6 +214,21 @@ struct disc_ral {
                                int64_t stride_b_outer, int64_t stride_b_inner,
                                int transpose_b, disc_gemm_scratch_fn fn, void* closure,
                                disc_gemm_cols_fn cols);
+
+  /* ABI 10. Results kept across calls for a kernel that reads cluster inputs only
+   * (`inputs`: n_inputs input numbers; `site`: the kernel in this artifact; `key`:
+   * n_key values that, with those inputs, fix its results, such as its dims). When
+   * every one of them is a constant input of this call (a variable's or a constant's
+   * value), returns 1 with outs[i] holding output i (bytes[i]) as an earlier call
+   * computed it from the same input buffers and key, valid until this call ends; or 0
+   * with outs[i] fresh memory for the caller to compute them into, then call
+   * fold_done(site). Otherwise (a non-constant input, folding off, no memory) -1: the
+   * caller computes them into temporaries, as without folding. A host may leave both
+   * NULL: every kernel then runs on every call. */
+  int32_t (*fold_begin)(disc_ral* ral, int32_t site, const int32_t* inputs,
+                        int32_t n_inputs, const int64_t* key, int32_t n_key,
+                        const int64_t* bytes, int32_t n_outputs, void** outs);
+  void (*fold_done)(disc_ral* ral, int32_t site);
 };
 
 #ifdef __cplusplus

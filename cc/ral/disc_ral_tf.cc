@@ -1277,6 +1277,9 @@ absl::Status DiscErrorToStatus(int32_t code, const std::string& message) {
 void TfRal::SetConstantInputs(PackedWeights* weights, const std::vector<int>& constants) {
   packed_weights = weights;
   constant_spans.clear();
+  constant_input.assign(inputs.size(), 0);
+  for (int i : constants)
+    if (i >= 0 && i < static_cast<int>(inputs.size())) constant_input[i] = 1;
   for (int rank = 0; rank < static_cast<int>(constants.size()); ++rank) {
     const int i = constants[rank];
     const tensorflow::Tensor& t = inputs[i];
@@ -1319,6 +1322,8 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_scratch_c = &RalSgemmScratchC;
   sgemm_gathered_a = &RalSgemmGatheredA;
   sgemm_scratch_c_cols = &RalSgemmScratchCCols;
+  fold_begin = &RalFoldBegin;
+  fold_done = &RalFoldDone;
 
   dim_begin.resize(num_inputs + 1);
   int32_t total = 0;

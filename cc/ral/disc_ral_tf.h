@@ -12,12 +12,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "cc/ral/disc_ral.h"
+#include "cc/ral/folded_values.h"
 #include "cc/ral/packed_weights.h"
 #include "cc/ral/temp_cache.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -107,6 +110,14 @@ struct TfRal : public disc_ral {
     int rank;
   };
   std::vector<ConstantSpan> constant_spans;
+  // constant_input[i]: input i is one of SetConstantInputs' constants.
+  std::vector<char> constant_input;
+  // The calling kernel's kept results of weight-only kernels (folded_values.h); null:
+  // every kernel runs on every call. `folds_held` keeps the entries this call reads
+  // alive until it ends; `folds_pending` holds the entries it is computing (by site).
+  FoldedValues* folded = nullptr;
+  std::vector<std::shared_ptr<const FoldedEntry>> folds_held;
+  std::vector<std::pair<int32_t, std::shared_ptr<FoldedEntry>>> folds_pending;
   // The kernel's packed weights fit in half of a core's L2, so they stay there
   // between calls: GEMMs then read B without prefetching it (gemm_kernels.h).
   bool weights_resident = false;

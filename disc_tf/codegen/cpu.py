@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 
 from disc_tf.codegen.cpu_conv import CONV_WINDOWS_SUPPORT
+from disc_tf.codegen.cpu_fold import begin_lines, plan_folds, temp_bytes
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (
@@ -230,8 +231,12 @@ def size_checks(plans: list[FusionPlan], lines: list[str]) -> None:
                          f'{comment(p.cluster_name)}: {b.name} would exceed the address space"); }}')
 
 
-def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[str]:
-    """Temp allocation, kernel launches and early frees of one plan, in order."""
+def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
+                     fold_base: int | None = None) -> list[str]:
+    """Temp allocation, kernel launches and early frees of one plan, in order. With
+    ``fold_base`` (the top-level runner), kernels reading only cluster inputs ask the
+    RAL for results kept from an earlier call first (``cpu_fold``; sites from
+    ``fold_base``)."""
     out: list[str] = []
     # A view (reshape) is its root buffer's memory, which lives until the
     # view's last reader too.
@@ -269,9 +274,30 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
     scratch_c = {k.outputs[0][1] for k in plan.kernels if k.c_in_scratch}
     scratch_c |= {b for names in made_by.values() for name in names
                   for _, b in plan.kernels[index[name]].outputs}
+    alone = [n for n, k in enumerate(plan.kernels) if n not in inside_a_gemm and
+             n not in producers and not (k.a_producer or k.shares_a or k.epilogue)]
+    folds = plan_folds(plan, alone, fold_base) if fold_base is not None else {}
+    fold_of = {b: f for f in folds.values() for b in f.outputs}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
         writers += [plan.kernels[index[name]] for name in inside(k)]
+        if n in folds:  # its outputs: kept ones, or temps allocated as usual
+            fold = folds[n]
+            size_of.update({b: temp_bytes(plan, b) for b in fold.outputs})
+            out.extend(begin_lines(plan, fold, size_of))
+            out.append(f"  if ({fold.var} < 0) {{")
+            for b in fold.outputs:
+                out.append(f"    {b} = static_cast<{STORAGE[plan.buffers[b].elem]}*>("
+                           f"ral->alloc_temp(ral, {size_of[b]}));")
+                out.append(f"    if (!{b} && {size_of[b]} != 0) return 1;")
+                out.append(f"    temp_bytes += {size_of[b]};")
+                out.append("    if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
+            out.append("  }")
+            out.append(f"  if ({fold.var} <= 0) {{")
+            out.extend("  " + line for line in e.launch(ptr))
+            out.append(f"    if ({fold.var} == 0) ral->fold_done(ral, {fold.site});")
+            out.append("  }")
+            writers = []
         for _, bname in [o for w in writers for o in w.outputs]:
             b = plan.buffers[bname]
             if b.role == "output":  # as late as TF would: no output held while others compute
@@ -296,8 +322,8 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
             out.append(f"  temp_bytes += {nbytes};")
             out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
-        if n in producers:
-            pass  # runs in the launch of the GEMM whose A it makes
+        if n in producers or n in folds:
+            pass  # runs in the launch of the GEMM whose A it makes, or above
         elif k.a_producer:
             conv = plan.kernels[index[k.a_producer]]
             out.extend(e.library_launch(
@@ -316,6 +342,10 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter]) -> list[st
             out.extend(e.launch(ptr))
         for bname, last in last_use.items():
             if last == n and plan.buffers[bname].role == "temp" and bname in size_of:
+                if bname in fold_of:  # a kept result stays with the RAL
+                    out.append(f"  if ({fold_of[bname].var} < 0) {{ ral->free_temp(ral, {bname}); "
+                               f"temp_bytes -= {size_of[bname]}; }}")
+                    continue
                 out.append(f"  ral->free_temp(ral, {bname});")
                 out.append(f"  temp_bytes -= {size_of[bname]};")
     out.append("  disc_last_peak_temp_bytes = peak_temp_bytes;")
@@ -446,8 +476,11 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
             dims = ", ".join(sym(s, plan) for s in b.dims) or "0"
             out.append(f"  const int64_t {b.name}_dims[] = {{{dims}}};")
             out.append(f"  {st}* {b.name} = nullptr;")
+    # Folding sites: the general plan's kernel positions, then the speculative plan's.
+    top = 0 if entry == ENTRY else None
+    spec_top = len(plan.kernels) if entry == ENTRY else None
     if plan.speculative is None:
-        out.extend(_launch_sequence(plan, emitters))
+        out.extend(_launch_sequence(plan, emitters, top))
     else:
         conds = [
             f"{sym(c, plan)} == s{s}"
@@ -457,9 +490,10 @@ def emit_cpu(plan: FusionPlan, input_names: list[str], output_names: list[str],
         out.append(f"  if ({' && '.join(conds)}) {{")
         out.append(f"    // speculation: no unknown dim is broadcast in this call -> "
                    f"{len(plan.speculative.kernels)} kernel(s)")
-        out.extend("  " + line for line in _launch_sequence(plan.speculative, spec_emitters))
+        out.extend("  " + line for line in _launch_sequence(plan.speculative, spec_emitters,
+                                                            spec_top))
         out.append(f"  }} else {{  // general case -> {len(plan.kernels)} kernel(s)")
-        out.extend("  " + line for line in _launch_sequence(plan, emitters))
+        out.extend("  " + line for line in _launch_sequence(plan, emitters, top))
         out.append("  }")
     out.append("  return 0;")
     out.append("}")

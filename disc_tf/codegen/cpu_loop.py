@@ -286,6 +286,13 @@ void sub_sgemm_gathered_a(disc_ral* r, int64_t m, int64_t n, int64_t k, disc_gem
                                  epilogue, closure, full_rows);
 }
 
+// A step's inputs are not the cluster's: nothing of a step is kept across calls.
+int32_t sub_fold_begin(disc_ral*, int32_t, const int32_t*, int32_t, const int64_t*, int32_t,
+                       const int64_t*, int32_t, void**) {
+  return -1;
+}
+void sub_fold_done(disc_ral*, int32_t) {}
+
 // Runs one step's runner on `inputs`; its outputs are new temporaries in `outputs`.
 int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, int32_t n_in,
                  const Value* inputs, int32_t n_out, Value* outputs, const int32_t* dtypes) {
@@ -311,6 +318,8 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.sgemm_scratch_c = &sub_sgemm_scratch_c;
   call.ral.sgemm_gathered_a = &sub_sgemm_gathered_a;
   call.ral.sgemm_scratch_c_cols = &sub_sgemm_scratch_c_cols;
+  call.ral.fold_begin = &sub_fold_begin;
+  call.ral.fold_done = &sub_fold_done;
   call.parent = ral;
   call.inputs = inputs;
   call.outputs = outputs;

@@ -8,18 +8,12 @@ first, so a kernel reading a temporary before writing it would show in its resul
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-
 import pytest
 
 from tests import fresh_python
 
 #: The CPU backend's RAL keeps temporaries (the GPU kernel leaves them to TF's allocator).
 pytestmark = pytest.mark.cpu_backend
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
 import json, os
@@ -62,12 +56,7 @@ print("STATS", json.dumps(stats))
 
 
 def _run(**env_vars: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISC_TF_TEMP_")}
-    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env_vars)
-    proc = fresh_python.run(["-c", _SCRIPT], env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS "))
-    return json.loads(line[len("STATS "):])
+    return fresh_python.stats_of(_SCRIPT, drop=("DISC_TF_TEMP_",), **env_vars)
 
 
 def test_kept_temporaries_are_reused_and_results_match_tf() -> None:
