@@ -53,6 +53,20 @@ check("after two more", [(1, c), (2, c)])
 for step in range(6):
     gamma.assign_add(np.full([c], 0.01, np.float32))
     check(f"step {step}", [(4, c), (4, c)])
+
+# a weight norm: a reduction over v, then g * v / norm, both from weights only
+g2, vv = v([16]), v([c, 16])
+@tf.function(input_signature=[tf.TensorSpec([None, c], tf.float32)])
+def wn_dense(x):
+    return tf.matmul(x, g2 * vv / tf.norm(vv, axis=0))
+
+jitted = disc_tf.jit(wn_dense, strict=True)
+bn_dense = wn_dense
+check("wn first", [(6, c)])
+check("wn again", [(2, c), (7, c)])
+vv.assign_add(rng.uniform(0, 1, size=[c, 16]).astype(np.float32))
+check("wn after assign_add", [(5, c)])
+check("wn then", [(5, c)])
 stats["fallbacks"] = disc_tf.stats()["fallbacks"]
 print("STATS", json.dumps(stats))
 """
@@ -78,6 +92,16 @@ def test_weight_only_kernels_are_kept_until_a_variable_changes() -> None:
     # 4's is the 8th: from then on the kernel runs on every call
     assert stats["step 3"] - stats["after two more"] == 4, stats
     assert stats["step 5"] == stats["step 4"] == stats["step 3"], stats
+
+
+def test_kernels_reading_folded_results_fold_too() -> None:
+    """A weight norm's reduction and the quotient reading it are both skipped on later
+    calls, and computed again once v changes."""
+    stats = _run()
+    per_call = (stats["wn again"] - stats["wn first"]) / 2
+    assert per_call >= 2, stats  # the norm and g * v / norm
+    assert stats["wn after assign_add"] == stats["wn again"], stats
+    assert stats["wn then"] - stats["wn after assign_add"] == per_call, stats
 
 
 def test_fold_off_computes_every_call() -> None:
