@@ -110,6 +110,9 @@ def front_end(spec: ClusterSpec, target: str = "cpu", entry: str | None = None) 
     target_backend = backend(target)
     dhlo = lower_cluster(spec)
     plan, analysis = plan_fusion(read_module(dhlo.text), spec.name, target_backend.plan_options)
+    plan.constant_args = frozenset(spec.constant_inputs)
+    if plan.speculative is not None:
+        plan.speculative.constant_args = plan.constant_args
     named = {"entry": entry} if entry is not None else {}
     sources = target_backend.emit(plan, dhlo.input_names, dhlo.output_names, **named)
     return FrontEnd(dhlo, analysis.describe(), plan, sources, time.perf_counter() - start)

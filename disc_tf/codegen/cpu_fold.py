@@ -46,8 +46,9 @@ FOLDABLE_KINDS = ("loop", "stitch", "reduce")
 
 
 def _sources(plan: FusionPlan, k: Kernel, made: dict[str, Fold]) -> list[Fold | int] | None:
-    """What ``k`` reads: a cluster input's index, or the fold making a buffer; None if it
-    reads anything else or reads it in a way the key would not cover."""
+    """What ``k`` reads: a weight's input index (any input's where the plan does not know
+    its weights), or the fold making a buffer; None if it reads anything else or reads
+    it in a way the key would not cover."""
     if k.kind not in FOLDABLE_KINDS or not k.inputs or k.host_scalars:
         return None
     sources: list[Fold | int] = []
@@ -56,8 +57,10 @@ def _sources(plan: FusionPlan, k: Kernel, made: dict[str, Fold]) -> list[Fold | 
                 acc.ids_for is not None:
             return None
         root = plan.root(acc.buffer)
-        if plan.buffers[root].role == "input":
-            sources.append(plan.buffers[root].index)
+        index = plan.buffers[root].index
+        if plan.buffers[root].role == "input" and (plan.constant_args is None or
+                                                   index in plan.constant_args):
+            sources.append(index)
         elif root in made:
             sources.append(made[root])
         else:

@@ -350,6 +350,10 @@ class FusionPlan:
     #: ``speculated_symbols`` equals all its components in this call.
     speculative: FusionPlan | None = None
     speculated_symbols: list[int] = dataclasses.field(default_factory=list)
+    #: The arguments that hold weights (a Const's or a variable's value: the cluster's
+    #: ``constant_inputs``), whose derived values the runner may keep across calls
+    #: (``codegen/cpu_fold.py``); None: not known, any argument may be one.
+    constant_args: frozenset[int] | None = None
 
     @property
     def num_kernels(self) -> int:

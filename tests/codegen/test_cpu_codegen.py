@@ -225,22 +225,26 @@ def test_softmax_exp_runs_sixteen_lanes_on_avx512(tmp_path):
         assert symbol in undefined, (march, undefined)
 
 
-def test_kernels_reading_only_cluster_inputs_ask_the_ral_for_kept_results():
-    """Batch norm's scale and offset (from gamma, beta, mean and var) are kernels of
-    their own that ask fold_begin first; the kernel reading x runs on every call. A
-    kept result is never freed by the runner."""
-    def bn(x, gamma, beta, mean, var):
-        return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-3)
+def test_kernels_reading_only_weights_ask_the_ral_for_kept_results():
+    """Batch norm's scale and offset (from the variables gamma, beta, mean and var) are
+    kernels of their own that ask fold_begin first; the kernel reading x runs on every
+    call, and so does one reading a placeholder that is not a weight (shift). A kept
+    result is never freed by the runner."""
+    gamma, beta, mean, var = (tf.Variable(tf.ones([8]) * v) for v in (1.5, 0.5, 0.1, 2.0))
 
-    src = _source(bn, dyn(2), dyn(1), dyn(1), dyn(1), dyn(1))
-    inputs = dict(re.findall(r"arg(\d+)=(\w+):0", src.split("// Inputs:")[1].splitlines()[0]))
-    weights = {i for i, name in inputs.items() if name != "x"}
+    def bn(x, shift):
+        return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-3) + tf.exp(shift)
+
+    src = _source(bn, dyn(2), dyn(1))
+    inputs = dict(re.findall(r"arg(\d+)=([\w/]+):0", src.split("// Inputs:")[1].splitlines()[0]))
+    weights = {i for i, name in inputs.items() if name not in ("x", "shift")}
     assert len(weights) == 4, inputs
     folds = re.findall(r"static const int32_t fold_inputs\[\] = \{([0-9, ]+)\};", src)
     assert folds, src
     for args in folds:
         assert set(args.split(", ")) <= weights, (args, inputs)
-    sites = re.findall(r"(fold\d+) = ral->fold_begin == nullptr \? -1 : ral->fold_begin\(ral, (\d+),", src)
+    sites = re.findall(r"(fold\d+) = ral->fold_begin == nullptr \? -1 : ral->fold_begin\(ral, (\d+),",
+                       src)
     assert len(sites) == len(folds)
     for var, site in sites:
         assert f"if ({var} == 0) ral->fold_done(ral, {site});" in src
