@@ -469,7 +469,10 @@ int ConstantInputHolding(TfRal* r, const float* b, int64_t extent) {
     const TfRal::ConstantSpan& s = *(j - 1);
     if (s.end >= last && (found == nullptr || s.rank < found->rank)) found = &s;
   }
-  return found != nullptr ? found->input : -1;
+  if (found != nullptr) return found->input;
+  for (const TfRal::FoldedSpan& s : r->folded_spans)  // results kept from weights
+    if (s.begin <= b && last <= s.end) return s.index;
+  return -1;
 }
 
 // Runs packing tasks on the call's pool.
@@ -487,7 +490,7 @@ std::shared_ptr<const PackedOperand> PrepackedB(TfRal* r, const GemmIsa& isa, co
   const int64_t extent = tb ? (n - 1) * ldb + k : (k - 1) * ldb + n;  // floats B spans
   const int i = ConstantInputHolding(r, b, extent);
   if (i < 0) return nullptr;
-  return r->packed_weights->Get(i, r->inputs[i], b, k, n, ldb, tb, isa.packer,
+  return r->packed_weights->Get(i, r->ConstantTensor(i), b, k, n, ldb, tb, isa.packer,
                                 PackingRunner(r));
 }
 
@@ -1178,7 +1181,7 @@ bool WinogradPackedParts(TfRal* r, const GemmIsa& isa, int input, const float* w
   const TaskRunner run = PackingRunner(r);
   for (int u = 0; u < shape.parts(); ++u) {
     parts[u] = r->packed_weights->GetDerived(
-        input, r->inputs[input], w, WinogradVariant(m, u), shape.depth(), co,
+        input, r->ConstantTensor(input), w, WinogradVariant(m, u), shape.depth(), co,
         [&](float* g) {  // in ranges of 64 K elements of each tap on the pool
           constexpr int64_t kChunk = 1 << 16;
           const int64_t tap = ci * co;
@@ -1341,6 +1344,13 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
 }
 
 TfRal::~TfRal() { ReleaseTemps(); }
+
+const Tensor& TfRal::ConstantTensor(int i) const {
+  if (i < static_cast<int>(inputs.size())) return inputs[i];
+  for (const FoldedSpan& s : folded_spans)
+    if (s.index == i) return *s.tensor;
+  return inputs.at(i);  // never: ConstantInputHolding only names these
+}
 
 bool TfRal::has_error() const {
   std::lock_guard<std::mutex> lock(mu);

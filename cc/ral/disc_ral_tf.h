@@ -118,6 +118,18 @@ struct TfRal : public disc_ral {
   FoldedValues* folded = nullptr;
   std::vector<std::shared_ptr<const FoldedEntry>> folds_held;
   std::vector<std::pair<int32_t, std::shared_ptr<FoldedEntry>>> folds_pending;
+  // The kept results this call reads, as GEMM weights too (a weight norm's g * v / |v|):
+  // ConstantInputHolding looks here after the constant inputs, and PackedWeights keys
+  // them by `index`, past the inputs' (folded_values.h, FoldedIndex).
+  struct FoldedSpan {
+    const float* begin;
+    const float* end;
+    int index;
+    const tensorflow::Tensor* tensor;  // in an entry of folds_held
+  };
+  std::vector<FoldedSpan> folded_spans;
+  // Input i's tensor, or the kept result a FoldedSpan's index names.
+  const tensorflow::Tensor& ConstantTensor(int i) const;
   // The kernel's packed weights fit in half of a core's L2, so they stay there
   // between calls: GEMMs then read B without prefetching it (gemm_kernels.h).
   bool weights_resident = false;

@@ -27,6 +27,17 @@ bool SameBuffer(const tensorflow::Tensor& held, const tensorflow::Tensor& now) {
          held.tensor_data().data() == now.tensor_data().data();
 }
 
+// Lets this call's GEMMs find `e`'s outputs as weights they may pack once.
+void ShowAsWeights(TfRal* r, int32_t site, const FoldedEntry& e) {
+  if (r->packed_weights == nullptr || e.outputs.size() > 1024) return;
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const tensorflow::Tensor& t = e.outputs[i];
+    const float* begin = reinterpret_cast<const float*>(t.tensor_data().data());
+    r->folded_spans.push_back({begin, begin + t.NumElements() / 4,
+                               FoldedIndex(r->num_inputs, site, static_cast<int>(i)), &t});
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const FoldedEntry> FoldedValues::Find(
@@ -84,6 +95,7 @@ int32_t RalFoldBegin(disc_ral* ral, int32_t site, const int32_t* inputs, int32_t
           r->folded->Find(site, held, key, n_key, bytes, n_outputs, &off)) {
     for (int32_t i = 0; i < n_outputs; ++i)
       outs[i] = const_cast<char*>(e->outputs[i].tensor_data().data());
+    ShowAsWeights(r, site, *e);
     r->folds_held.push_back(std::move(e));
     stats::Add(stats::kFoldedReuses, 1);
     // The launch profile numbers launches in call order: the skipped one keeps its
@@ -119,6 +131,7 @@ void RalFoldDone(disc_ral* ral, int32_t site) {
   std::shared_ptr<const FoldedEntry> e = std::move(it->second);
   pending.erase(it);
   r->folded->Publish(site, e);
+  ShowAsWeights(r, site, *e);
   r->folds_held.push_back(std::move(e));  // this call reads it even if replaced meanwhile
 }
 

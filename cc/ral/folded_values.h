@@ -79,6 +79,12 @@ class FoldedValues {
   std::unordered_map<int32_t, Site> sites_;
 };
 
+// The index PackedWeights keys output `output` of `site` by when a GEMM reads it as
+// its weights: past the cluster's `num_inputs` inputs, distinct per site and output.
+inline int FoldedIndex(int num_inputs, int32_t site, int output) {
+  return num_inputs + 1 + site * 1024 + output;
+}
+
 // The RAL's fold_begin and fold_done for a TfRal (disc_ral.h, ABI 10).
 int32_t RalFoldBegin(disc_ral* ral, int32_t site, const int32_t* inputs, int32_t n_inputs,
                      const int64_t* key, int32_t n_key, const int64_t* bytes,

@@ -62,11 +62,20 @@ def wn_dense(x):
 
 jitted = disc_tf.jit(wn_dense, strict=True)
 bn_dense = wn_dense
+packs = {}
+def packed(tag):
+    packs[tag] = disc_tf.stats()["packed_weights"]
+packed("wn before")
 check("wn first", [(6, c)])
+packed("wn first")
 check("wn again", [(2, c), (7, c)])
+packed("wn again")
 vv.assign_add(rng.uniform(0, 1, size=[c, 16]).astype(np.float32))
 check("wn after assign_add", [(5, c)])
+packed("wn after assign_add")
 check("wn then", [(5, c)])
+packed("wn then")
+stats["packs"] = packs
 stats["fallbacks"] = disc_tf.stats()["fallbacks"]
 print("STATS", json.dumps(stats))
 """
@@ -96,12 +105,19 @@ def test_weight_only_kernels_are_kept_until_a_variable_changes() -> None:
 
 def test_kernels_reading_folded_results_fold_too() -> None:
     """A weight norm's reduction and the quotient reading it are both skipped on later
-    calls, and computed again once v changes."""
+    calls, and computed again once v changes; the GEMM packs the kept quotient as its
+    weights once per value."""
     stats = _run()
     per_call = (stats["wn again"] - stats["wn first"]) / 2
     assert per_call >= 2, stats  # the norm and g * v / norm
     assert stats["wn after assign_add"] == stats["wn again"], stats
     assert stats["wn then"] - stats["wn after assign_add"] == per_call, stats
+    # the GEMM's weights are the kept g * v / norm: packed once per value of v
+    packs = stats["packs"]
+    assert packs["wn first"] - packs["wn before"] >= 1, packs
+    assert packs["wn again"] == packs["wn first"], packs
+    assert packs["wn after assign_add"] == packs["wn again"] + 1, packs
+    assert packs["wn then"] == packs["wn after assign_add"], packs
 
 
 def test_fold_off_computes_every_call() -> None:
