@@ -41,17 +41,19 @@ void ShowAsWeights(TfRal* r, int32_t site, const FoldedEntry& e) {
 }  // namespace
 
 std::shared_ptr<const FoldedEntry> FoldedValues::Find(
-    int32_t site, const std::vector<const tensorflow::Tensor*>& inputs, const int64_t* key,
-    int32_t n_key, const int64_t* bytes, int32_t n_outputs, bool* off) {
+    int32_t site, const std::vector<tensorflow::Tensor>& values, const int32_t* inputs,
+    int32_t n_inputs, const int64_t* key, int32_t n_key, const int64_t* bytes, int32_t n_outputs,
+    bool* off) {
   std::lock_guard<std::mutex> lock(mu_);
   Site& s = sites_[site];
   *off = s.moves >= kMaxMoves;
   if (s.entry == nullptr || *off) return nullptr;
   const FoldedEntry& e = *s.entry;
-  bool same = e.inputs.size() == inputs.size() && e.key.size() == static_cast<size_t>(n_key) &&
+  bool same = e.inputs.size() == static_cast<size_t>(n_inputs) &&
+              e.key.size() == static_cast<size_t>(n_key) &&
               e.outputs.size() == static_cast<size_t>(n_outputs) &&
               std::equal(key, key + n_key, e.key.begin());
-  for (size_t j = 0; same && j < inputs.size(); ++j) same = SameBuffer(e.inputs[j], *inputs[j]);
+  for (int32_t j = 0; same && j < n_inputs; ++j) same = SameBuffer(e.inputs[j], values[inputs[j]]);
   for (int32_t i = 0; same && i < n_outputs; ++i)
     same = e.outputs[i].NumElements() == std::max<int64_t>(bytes[i], 1);
   if (same) return s.entry;
@@ -82,17 +84,15 @@ int32_t RalFoldBegin(disc_ral* ral, int32_t site, const int32_t* inputs, int32_t
     total += bytes[i];
   }
   if (total > kMostFoldedBytes) return -1;
-  std::vector<const tensorflow::Tensor*> held(n_inputs);
   for (int32_t j = 0; j < n_inputs; ++j) {
     const int32_t i = inputs[j];
     if (i < 0 || i >= static_cast<int32_t>(r->constant_input.size()) || !r->constant_input[i] ||
         !r->inputs[i].IsInitialized())
       return -1;
-    held[j] = &r->inputs[i];
   }
   bool off = false;
   if (std::shared_ptr<const FoldedEntry> e =
-          r->folded->Find(site, held, key, n_key, bytes, n_outputs, &off)) {
+          r->folded->Find(site, r->inputs, inputs, n_inputs, key, n_key, bytes, n_outputs, &off)) {
     for (int32_t i = 0; i < n_outputs; ++i)
       outs[i] = const_cast<char*>(e->outputs[i].tensor_data().data());
     ShowAsWeights(r, site, *e);
@@ -105,7 +105,7 @@ int32_t RalFoldBegin(disc_ral* ral, int32_t site, const int32_t* inputs, int32_t
   }
   if (off) return -1;
   auto e = std::make_shared<FoldedEntry>();
-  for (const tensorflow::Tensor* t : held) e->inputs.push_back(*t);
+  for (int32_t j = 0; j < n_inputs; ++j) e->inputs.push_back(r->inputs[inputs[j]]);
   e->key.assign(key, key + n_key);
   for (int32_t i = 0; i < n_outputs; ++i) {
     tensorflow::Tensor t;

@@ -20,8 +20,8 @@
 // kMaxMoves times with an entry (inputs in new buffers: variables a training step
 // updates; or dims that follow the call's shapes) is computed on every call from
 // then on: held references would make TF copy each updated variable, and the
-// results would be allocated anew on every call. DISC_TF_FOLD=0 turns folding off. The counter
-// folded_reuses (stats.h) counts the launches skipped.
+// results would be allocated anew on every call. DISC_TF_FOLD=0 turns folding
+// off. The counter folded_reuses (stats.h) counts the launches skipped.
 #ifndef DISC_TF_CC_RAL_FOLDED_VALUES_H_
 #define DISC_TF_CC_RAL_FOLDED_VALUES_H_
 
@@ -58,11 +58,13 @@ class FoldedValues {
   // A site that missed this often with an entry is no longer folded.
   static constexpr int kMaxMoves = 8;
 
-  // The entry of `site` computed from these input buffers (same shapes) and key,
-  // with outputs of these byte sizes; null if there is none. Sets *off when the
-  // site is no longer folded (kMaxMoves).
+  // The entry of `site` computed from the buffers (same shapes) of the call's
+  // inputs `inputs[0, n_inputs)` (indices into `values`) and from `key`, with
+  // outputs of these byte sizes; null if there is none. Sets *off when the site is
+  // no longer folded (kMaxMoves).
   std::shared_ptr<const FoldedEntry> Find(int32_t site,
-                                          const std::vector<const tensorflow::Tensor*>& inputs,
+                                          const std::vector<tensorflow::Tensor>& values,
+                                          const int32_t* inputs, int32_t n_inputs,
                                           const int64_t* key, int32_t n_key,
                                           const int64_t* bytes, int32_t n_outputs, bool* off);
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 
 from disc_tf.codegen.cpu_conv import CONV_WINDOWS_SUPPORT
-from disc_tf.codegen.cpu_fold import begin_lines, plan_folds, temp_bytes
+from disc_tf.codegen.cpu_fold import begin_lines, plan_folds
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
 from disc_tf.codegen.cpu_ops import (
@@ -231,6 +231,22 @@ def size_checks(plans: list[FusionPlan], lines: list[str]) -> None:
                          f'{comment(p.cluster_name)}: {b.name} would exceed the address space"); }}')
 
 
+def _temp_bytes(b: Buffer, plan: FusionPlan) -> str:
+    """A temp's bytes as a host-runner expression."""
+    return f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+
+
+def _alloc_temp(b: Buffer, nbytes: str, declare: bool = True, indent: str = "  ") -> list[str]:
+    """Host-runner lines allocating temp ``b`` (declaring its pointer unless it is
+    declared already) and counting its bytes."""
+    st = STORAGE[b.elem]
+    lhs = f"{st}* {b.name}" if declare else b.name
+    return [f"{indent}{lhs} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));",
+            f"{indent}if (!{b.name} && {nbytes} != 0) return 1;",
+            f"{indent}temp_bytes += {nbytes};",
+            f"{indent}if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;"]
+
+
 def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
                      fold_base: int | None = None) -> list[str]:
     """Temp allocation, kernel launches and early frees of one plan, in order. With
@@ -283,15 +299,11 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
         writers += [plan.kernels[index[name]] for name in inside(k)]
         if n in folds:  # its outputs: kept ones, or temps allocated as usual
             fold = folds[n]
-            size_of.update({b: temp_bytes(plan, b) for b in fold.outputs})
+            size_of.update({b: _temp_bytes(plan.buffers[b], plan) for b in fold.outputs})
             out.extend(begin_lines(plan, fold, size_of))
             out.append(f"  if ({fold.var} < 0) {{")
             for b in fold.outputs:
-                out.append(f"    {b} = static_cast<{STORAGE[plan.buffers[b].elem]}*>("
-                           f"ral->alloc_temp(ral, {size_of[b]}));")
-                out.append(f"    if (!{b} && {size_of[b]} != 0) return 1;")
-                out.append(f"    temp_bytes += {size_of[b]};")
-                out.append("    if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
+                out.extend(_alloc_temp(plan.buffers[b], size_of[b], declare=False, indent="    "))
             out.append("  }")
             out.append(f"  if ({fold.var} <= 0) {{")
             out.extend("  " + line for line in e.launch(ptr))
@@ -308,7 +320,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
             if b.role != "temp":
                 continue
             st = STORAGE[b.elem]
-            nbytes = f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
+            nbytes = _temp_bytes(b, plan)
             if plan.memory(bname) in scratch_c:
                 out.append(f"  {st}* {b.name} = nullptr;  // only ever a block at a time, in "
                            "the GEMM's per-thread scratch")
@@ -318,10 +330,7 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
                            f"// in place of {b.reuses}: same proven size, last read by this kernel")
                 continue
             size_of[b.name] = nbytes
-            out.append(f"  {st}* {b.name} = static_cast<{st}*>(ral->alloc_temp(ral, {nbytes}));")
-            out.append(f"  if (!{b.name} && {nbytes} != 0) return 1;")
-            out.append(f"  temp_bytes += {nbytes};")
-            out.append("  if (temp_bytes > peak_temp_bytes) peak_temp_bytes = temp_bytes;")
+            out.extend(_alloc_temp(b, nbytes))
         if n in producers or n in folds:
             pass  # runs in the launch of the GEMM whose A it makes, or above
         elif k.a_producer:

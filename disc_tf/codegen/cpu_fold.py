@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from disc_tf.codegen.cpu_ops import ITEMSIZE, STORAGE
-from disc_tf.codegen.cpu_text import product, sym
+from disc_tf.codegen.cpu_ops import STORAGE
+from disc_tf.codegen.cpu_text import sym
 from disc_tf.fusion.plan import FusionPlan, Kernel
 
 
@@ -122,12 +122,6 @@ def begin_lines(plan: FusionPlan, fold: Fold, nbytes: dict[str, str]) -> list[st
         lines.append(f"    if ({fold.var} >= 0) {b} = static_cast<{st[b]}*>(fold_out[{i}]);")
     lines.append("  }")
     return lines
-
-
-def temp_bytes(plan: FusionPlan, bname: str) -> str:
-    """A temp's bytes as a host-runner expression."""
-    b = plan.buffers[bname]
-    return f"{product(b.dims, plan)} * {ITEMSIZE[b.elem]}"
 
 
 def _storage(plan: FusionPlan, bname: str) -> str:
