@@ -84,7 +84,9 @@ def stats() -> dict[str, int]:
     ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``) and
     folded_reuses (launches of kernels that read only weights, such as batch norm's
     scale and offset, skipped because an earlier call computed their results from the
-    same weight buffers; ``DISC_TF_FOLD=0`` turns that off)."""
+    same weight buffers; ``DISC_TF_FOLD=0`` turns that off) and register_epilogues
+    (GEMM launches whose epilogue, such as a bias or batch norm and a ReLU or ReLU6, ran
+    on each tile of C in registers as the GEMM stored it)."""
     return dict(_native.load().py.stats())
 
 

@@ -13,7 +13,9 @@
 // allocator) and temp_kept_bytes (the bytes of scratch all kernels keep now,
 // temp_cache.h; a level, which Reset() leaves as it is), folded_reuses (launches
 // of weight-only kernels a call skipped, their results kept from an earlier call:
-// folded_values.h). `clusters`
+// folded_values.h), register_epilogues (GEMM launches whose epilogue, a chain of
+// per-column and constant steps, ran on each tile of C as it was stored: ABI 11's
+// column_epilogue in disc_ral.h). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -43,7 +45,8 @@ enum Counter : int {
   kTempReuses = 12,      // temporaries taken from a kernel's kept scratch (temp_cache.h)
   kTempKeptBytes = 13,   // bytes of scratch kept now: a level, which Reset() keeps
   kFoldedReuses = 14,    // launches skipped: their results kept from an earlier call
-  kNumCounters = 15,
+  kRegisterEpilogues = 15,  // GEMM launches that ran their column epilogue on registers
+  kNumCounters = 16,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

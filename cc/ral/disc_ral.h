@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 10
+#define DISC_RAL_ABI_VERSION 11
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -64,6 +64,38 @@ typedef void (*disc_gemm_gather_fn)(void* closure, int64_t i0, int64_t i1, float
  * [0, n]; the block's later columns are never read but through a select that
  * takes its other arm there (a causal or padding mask's false columns). */
 typedef int64_t (*disc_gemm_cols_fn)(void* closure, int64_t q, int64_t i0, int64_t i1);
+
+/* ABI 11. An epilogue the RAL's GEMM blocks can run on C's registers: element (i, j)
+ * of product q, read at c[(q * rows + i) * cols + j], becomes
+ *   x = step[0](x), x = step[1](x), ...
+ * written at out[(q * rows + i) * cols + j] (out may be c). A step is one op between x
+ * and column j's element of `column` (n floats) or `constant`; `value_first` says
+ * whether x is the op's first operand, which decides a maximum's or minimum's NaN and
+ * signed zero (the generated kernels' disc_max and disc_min). */
+enum {
+  DISC_COLUMN_MUL = 1,      /* x * column[j] */
+  DISC_COLUMN_ADD = 2,      /* x + column[j] */
+  DISC_COLUMN_SUB = 3,      /* x - column[j] */
+  DISC_CONSTANT_MUL = 4,    /* x * constant */
+  DISC_CONSTANT_ADD = 5,    /* x + constant */
+  DISC_CONSTANT_MAX = 6,    /* disc_max(x, constant), or (constant, x) */
+  DISC_CONSTANT_MIN = 7,    /* disc_min(x, constant), or (constant, x) */
+};
+#define DISC_COLUMN_STEPS 6
+typedef struct disc_column_step {
+  int32_t op;          /* DISC_COLUMN_* or DISC_CONSTANT_* */
+  int32_t value_first; /* maximum and minimum: x is the first operand */
+  const float* column; /* DISC_COLUMN_*: one float per column of C */
+  float constant;      /* DISC_CONSTANT_* */
+} disc_column_step;
+typedef struct disc_column_epilogue {
+  const float* c;  /* the GEMM's C */
+  float* out;      /* the result, laid out as C (may be c) */
+  int64_t rows;    /* rows of C per product */
+  int64_t cols;    /* columns of C (its row stride) */
+  int32_t steps;   /* at most DISC_COLUMN_STEPS */
+  disc_column_step step[DISC_COLUMN_STEPS];
+} disc_column_epilogue;
 
 typedef struct disc_ral disc_ral;
 
@@ -229,6 +261,13 @@ struct disc_ral {
                         int32_t n_inputs, const int64_t* key, int32_t n_key,
                         const int64_t* bytes, int32_t n_outputs, void** outs);
   void (*fold_done)(disc_ral* ral, int32_t site);
+
+  /* ABI 11. The epilogue function for a disc_column_epilogue closure: passed as the
+   * epilogue of sgemm_epilogue or sgemm_gathered_a (without accumulate), the host may
+   * run the steps on each tile of C as its GEMM block stores it, so that C is never
+   * read back; called as any epilogue, it runs them over the block given. A host may
+   * leave it NULL: the caller then passes its own epilogue. */
+  disc_gemm_epilogue_fn column_epilogue;
 };
 
 #ifdef __cplusplus

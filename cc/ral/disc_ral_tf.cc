@@ -3,6 +3,7 @@
 
 #include "cc/ral/disc_ral_tf.h"
 #include "cc/ral/aligned_buffer.h"
+#include "cc/ral/column_steps.h"
 #include "cc/ral/conv_winograd.h"
 #include "cc/ral/gemm_kernels.h"
 #include "cc/ral/gemm_split.h"
@@ -333,6 +334,10 @@ struct GemmIsa {
   GemmPacker packer;
   // How this ISA's block shares a prepacked product among threads (gemm_split.h).
   PrepackedRows rows = PrepackedRows::kColumnsFirst;
+  // prepacked with a column epilogue on registers (ABI 11), and that epilogue as a pass.
+  disc_gemm_prepacked_columns_fn prepacked_columns = nullptr;
+  disc_gemm_column_pass_fn column_pass = nullptr;
+  bool fetch = true;  // prepacked prefetches B (not prepacked_resident)
 };
 
 #define DISC_GEMM_ISA_ENTRIES(isa)                                             \
@@ -342,6 +347,8 @@ struct GemmIsa {
         GemmPacker{&disc_gemm_panel_##isa, &disc_gemm_packed_size_##isa,       \
                    &disc_gemm_pack_b_##isa},                                   \
         PrepackedRowsFor(#isa, L2CacheBytes()),                                \
+        &disc_gemm_prepacked_block_columns_##isa, &disc_gemm_column_pass_##isa, \
+        true,                                                                  \
   }
 
 // The GEMM for this CPU (no block: the Eigen fallback).
@@ -385,7 +392,10 @@ const GemmIsa& Gemm() {
 const GemmIsa& Gemm(const TfRal* r) {
   static const GemmIsa resident = [] {
     GemmIsa isa = Gemm();
-    if (isa.prepacked_resident != nullptr) isa.prepacked = isa.prepacked_resident;
+    if (isa.prepacked_resident != nullptr) {
+      isa.prepacked = isa.prepacked_resident;
+      isa.fetch = false;
+    }
     return isa;
   }();
   if (!r->weights_resident || resident.prepacked == nullptr) return Gemm();
@@ -441,6 +451,50 @@ struct BatchStrides {
     return (q / inner_count) * outer + (q % inner_count) * inner;
   }
 };
+
+// ABI 11's column_epilogue called as an epilogue: the steps over a block of product q
+// of C, with the ISA's vectors where there is a GEMM block (the same results).
+void RalColumnEpilogue(void* closure, int64_t q, int64_t i0, int64_t i1, int64_t j0,
+                       int64_t j1) {
+  const disc_column_epilogue& e = *static_cast<const disc_column_epilogue*>(closure);
+  const int64_t first = (q * e.rows + i0) * e.cols + j0;
+  const GemmIsa& isa = Gemm();
+  if (isa.column_pass != nullptr) {
+    isa.column_pass(i1 - i0, j1 - j0, e.c + first, e.cols, &e, e.out + first, j0);
+    return;
+  }
+  for (int64_t i = 0; i < i1 - i0; ++i)
+    for (int64_t j = 0; j < j1 - j0; ++j)
+      e.out[first + i * e.cols + j] = DiscColumnSteps(e, e.c[first + i * e.cols + j], j0 + j);
+}
+
+// DISC_TF_REGISTER_EPILOGUE=0 (read once per process): column epilogues run as passes
+// over each block of C instead (the same results; for tests and measurements).
+bool RegisterEpiloguesOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("DISC_TF_REGISTER_EPILOGUE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// The column epilogue `fn` and `closure` describe, when the GEMM block can run it on
+// registers for C at c (row stride ldc, products at stride_c, `batch` of them): the
+// layout the epilogue indexes C by must be C's. Otherwise null: it runs as an epilogue.
+const disc_column_epilogue* OnRegisters(const GemmIsa& isa, disc_gemm_epilogue_fn fn,
+                                        void* closure, bool accumulate, int64_t batch,
+                                        const float* c, int64_t ldc,
+                                        const std::function<int64_t(int64_t)>& stride_c) {
+  if (fn != &RalColumnEpilogue || accumulate || isa.prepacked_columns == nullptr ||
+      !RegisterEpiloguesOn())
+    return nullptr;
+  const auto* e = static_cast<const disc_column_epilogue*>(closure);
+  if (e->c != c || ldc != e->cols || e->steps < 0 || e->steps > DISC_COLUMN_STEPS)
+    return nullptr;
+  for (int64_t q = 1; q < batch; ++q)
+    if (stride_c(q) != q * e->rows * e->cols) return nullptr;
+  return e;
+}
 
 // The consumer fused into a GEMM (ABI 4): called on each finished block of C.
 struct GemmEpilogue {
@@ -608,6 +662,14 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const GemmEpilogue block_epilogue =
         columns_then_rows ? GemmEpilogue{nullptr, nullptr, false, epilogue.accumulate}
                           : epilogue;
+    // A column epilogue runs on each tile of C as the block stores it (ABI 11).
+    const disc_column_epilogue* columns =
+        packed_b != nullptr
+            ? OnRegisters(isa, block_epilogue.fn, block_epilogue.closure,
+                          block_epilogue.accumulate, batch, c, ldc,
+                          [&](int64_t q) { return stride_c(q); })
+            : nullptr;
+    if (columns != nullptr) stats::Add(stats::kRegisterEpilogues, 1);
     const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
                                          tasks_pool.NumThreads(), block_epilogue.full_rows);
     const RowBlocks row_blocks(m, split.rows(m), split.row_align);
@@ -620,16 +682,18 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     // docs/architecture.md, "Epilogues by chunks"), any other after all of them; and
     // both by chunks of rows where a block's C would leave L2 first. Column chunks
     // start on multiples of 64 (j0 is one), so on every ISA's panels.
-    const int64_t step = block_epilogue.fn != nullptr && !block_epilogue.full_rows
-                             ? kEpilogueChunkColumns : cols;
+    const int64_t step =
+        block_epilogue.fn != nullptr && !block_epilogue.full_rows && columns == nullptr
+            ? kEpilogueChunkColumns : cols;
     const int64_t block_rows = row_blocks.end(0) - row_blocks.begin(0);
     const int64_t row_step =
-        packed_b == nullptr ? block_rows
-                            : EpilogueChunkRows(block_epilogue, block_rows,
-                                                std::min(step, cols), k);
+        packed_b == nullptr || columns != nullptr
+            ? block_rows
+            : EpilogueChunkRows(block_epilogue, block_rows, std::min(step, cols), k);
     if (r->profiling) {
       timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x", col_blocks,
-                                   columns_then_rows ? " then rows" : "");
+                                   columns_then_rows ? " then rows" : "",
+                                   columns != nullptr ? " on registers" : "");
       if (row_step < block_rows) {
         absl::StrAppend(&timer.detail, " epilogue by ", row_step, " rows");
       }
@@ -654,6 +718,12 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
         float* cr = cq + (r0 - i0) * ldc;
         for (int64_t c0 = j0; c0 < j1; c0 += step) {
           const int64_t c1 = std::min(j1, c0 + step);
+          if (columns != nullptr) {
+            float* out = columns->out + (q * columns->rows + r0) * columns->cols + c0;
+            isa.prepacked_columns(r1 - r0, c1 - c0, k, ar, lda, ta, packed_b + c0 * k,
+                                  cr + (c0 - j0), ldc, columns, out, c0, isa.fetch);
+            continue;
+          }
           isa.prepacked(r1 - r0, c1 - c0, k, ar, lda, ta, packed_b + c0 * k, cr + (c0 - j0),
                         ldc, block_epilogue.accumulate);
           block_epilogue(q, r0, r1, c0, c1);
@@ -1110,6 +1180,15 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
                                 " blocks=", row_blocks.count, "x", col_blocks);
   }
   const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
+  const disc_column_epilogue* columns =
+      packed_b != nullptr && k > 0
+          ? OnRegisters(isa, epilogue_fn, closure, false, 1, c, ldc,
+                        [](int64_t) { return int64_t{0}; })
+          : nullptr;
+  if (columns != nullptr) {
+    stats::Add(stats::kRegisterEpilogues, 1);
+    if (r->profiling) timer.detail += " on registers";
+  }
   std::atomic<bool> short_of_memory{false};
   RunOn(pool, row_blocks.count * col_blocks, [&](int64_t t) {
     const int64_t i0 = row_blocks.begin(t / col_blocks), i1 = row_blocks.end(t / col_blocks);
@@ -1122,6 +1201,12 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
     }
     rows_fn(rows_closure, i0, i1, a);
     // j0 is a multiple of 64, so of every ISA's panel
+    if (columns != nullptr) {
+      isa.prepacked_columns(i1 - i0, j1 - j0, k, a, k, 0, packed_b + j0 * k, c + i0 * ldc + j0,
+                            ldc, columns, columns->out + i0 * columns->cols + j0, j0,
+                            isa.fetch);
+      return;
+    }
     BlockProduct(isa, i1 - i0, j1 - j0, k, a, k, false,
                  packed_b != nullptr ? packed_b + j0 * k : nullptr, b + j0, ldb, false,
                  c + i0 * ldc + j0, ldc);
@@ -1327,6 +1412,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   sgemm_scratch_c_cols = &RalSgemmScratchCCols;
   fold_begin = &RalFoldBegin;
   fold_done = &RalFoldDone;
+  column_epilogue = &RalColumnEpilogue;
 
   dim_begin.resize(num_inputs + 1);
   int32_t total = 0;

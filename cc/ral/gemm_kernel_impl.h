@@ -25,6 +25,8 @@
 
 #include "cc/ral/aligned_buffer.h"
 #include "cc/ral/cache_size.h"
+#include "cc/ral/column_steps.h"
+#include "cc/ral/disc_ral.h"
 #include "cc/ral/gemm_kernels.h"
 
 namespace {
@@ -38,6 +40,15 @@ inline Vec Splat(float x) { return _mm512_set1_ps(x); }
 inline Vec Zero() { return _mm512_setzero_ps(); }
 inline Vec MulAdd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+// a > b ? a : b and a < b ? a : b, b where either is NaN (the instructions' rule).
+inline Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec Min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+// a where a is NaN, else b.
+inline Vec NanOr(Vec a, Vec b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), b, a);
+}
 #else
 using Vec = __m256;
 constexpr int kLanes = 8, kRows = 6, kVecs = 2;  // 12 accumulators of 16 registers
@@ -47,6 +58,11 @@ inline Vec Splat(float x) { return _mm256_set1_ps(x); }
 inline Vec Zero() { return _mm256_setzero_ps(); }
 inline Vec MulAdd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec Sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec Mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec Max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec Min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec NanOr(Vec a, Vec b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q)); }
 #endif
 constexpr int64_t kPanel = kLanes * kVecs;  // columns of one full tile
 
@@ -69,6 +85,78 @@ inline int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 template <bool TA>
 inline float AElem(const float* a, int64_t lda, int r, int64_t p) {
   return TA ? a[p * lda + r] : a[r * lda + p];
+}
+
+// ---- Column epilogues (disc_ral.h, ABI 11) run on a tile as it is stored.
+//
+// Each step as column_steps.h computes one element: with x first, disc_max is the
+// instruction's max(x, c) (c on ties and where x is NaN) with x put back where it is
+// NaN; with the constant first, (c > x) ? c : x, which is the instruction's max(c, x).
+
+// Where a tile's results go: `out` for its first element (row stride ldo), `j` the
+// column of C it starts at (which element of each step's column it reads).
+struct ColumnStore {
+  const disc_column_epilogue* e = nullptr;
+  float* out = nullptr;
+  int64_t ldo = 0;
+  int64_t j = 0;
+  ColumnStore At(int64_t i, int64_t dj) const { return {e, out + i * ldo + dj, ldo, j + dj}; }
+};
+
+// A column epilogue whose column operands are copied for the w < kPanel columns of
+// one panel, zeros after them, so that a tile of that panel loads whole vectors
+// (its columns from 0: a ColumnStore over it has j = 0).
+struct PaddedColumns {
+  disc_column_epilogue e;
+  alignas(64) float columns[DISC_COLUMN_STEPS][kPanel];
+  void Fill(const disc_column_epilogue& from, int64_t j, int64_t w) {
+    e = from;
+    for (int s = 0; s < e.steps; ++s) {
+      if (e.step[s].column == nullptr) continue;
+      std::fill_n(std::copy_n(e.step[s].column + j, w, columns[s]), kPanel - w, 0.0f);
+      e.step[s].column = columns[s];
+    }
+  }
+};
+
+// The steps on R x V vectors of C (columns j .. j + V * kLanes), step by step.
+template <int R, int V>
+inline void VectorColumns(const disc_column_epilogue& e, int64_t j, Vec (&x)[R][V]) {
+  for (int s = 0; s < e.steps; ++s) {
+    const disc_column_step& st = e.step[s];
+    Vec y[V];
+    for (int v = 0; v < V; ++v) {
+      y[v] = st.op <= DISC_COLUMN_SUB ? Load(st.column + j + v * kLanes) : Splat(st.constant);
+    }
+    switch (st.op) {
+      case DISC_COLUMN_MUL:
+      case DISC_CONSTANT_MUL:
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v) x[r][v] = Mul(x[r][v], y[v]);
+        break;
+      case DISC_COLUMN_ADD:
+      case DISC_CONSTANT_ADD:
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v) x[r][v] = Add(x[r][v], y[v]);
+        break;
+      case DISC_COLUMN_SUB:
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v) x[r][v] = Sub(x[r][v], y[v]);
+        break;
+      case DISC_CONSTANT_MAX:
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v)
+            x[r][v] = st.value_first ? NanOr(x[r][v], Max(x[r][v], y[v])) : Max(y[v], x[r][v]);
+        break;
+      case DISC_CONSTANT_MIN:
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v)
+            x[r][v] = st.value_first ? NanOr(x[r][v], Min(x[r][v], y[v])) : Min(y[v], x[r][v]);
+        break;
+      default:
+        break;
+    }
+  }
 }
 
 // Independent accumulator chains a tile needs to keep the FMA units busy (two
@@ -103,7 +191,7 @@ constexpr int64_t kLineFloats = 64 / sizeof(float);
 template <int R, int V, bool TA, int F = 0>
 inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float* c, int64_t ldc, bool accumulate, const float* next = nullptr,
-                 int shift = 0) {
+                 int shift = 0, const ColumnStore* store = nullptr) {
   const int64_t next_mask = (int64_t{1} << shift) - 1;
   constexpr int U = kSplits(R, V);
   Vec acc[U][R][V];
@@ -143,18 +231,43 @@ inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t
   for (int u = 1; u < U; ++u)
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < V; ++v) acc[0][r][v] = Add(acc[0][r][v], acc[u][r][v]);
+  if (store != nullptr) {  // the epilogue on registers, stored where its result goes
+    VectorColumns<R, V>(*store->e, store->j, acc[0]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) Store(store->out + r * store->ldo + v * kLanes, acc[0][r][v]);
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) Store(c + r * ldc + v * kLanes, acc[0][r][v]);
 }
 
 // As Tile, but only the first w < V*kLanes columns of C exist: the tile is
 // computed in a local buffer and its first w columns copied (or added) to C.
+// With `store` (its epilogue padded to the tile's width: PaddedColumns), the steps run
+// on the buffer's vectors (after C's partial sums are added, as above) and its first w
+// columns go to the store's out.
 template <int R, int V, bool TA>
 inline void EdgeTile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                     float* c, int64_t ldc, bool accumulate, int64_t w) {
+                     float* c, int64_t ldc, bool accumulate, int64_t w,
+                     const ColumnStore* store = nullptr) {
   constexpr int kWidth = V * kLanes;
   alignas(64) float tile[R * kWidth];
   Tile<R, V, TA>(k, a, lda, b, ldb, tile, kWidth, false);
+  if (store != nullptr) {
+    Vec x[R][V];
+    for (int r = 0; r < R; ++r) {
+      float* row = tile + r * kWidth;
+      if (accumulate)
+        for (int64_t j = 0; j < w; ++j) row[j] = c[r * ldc + j] + row[j];
+      for (int v = 0; v < V; ++v) x[r][v] = Load(row + v * kLanes);
+    }
+    VectorColumns<R, V>(*store->e, store->j, x);
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < V; ++v) Store(tile + r * kWidth + v * kLanes, x[r][v]);
+      std::copy_n(tile + r * kWidth, w, store->out + r * store->ldo);
+    }
+    return;
+  }
   for (int r = 0; r < R; ++r) {
     float* out = c + r * ldc;
     const float* in = tile + r * kWidth;
@@ -164,11 +277,12 @@ inline void EdgeTile(int64_t k, const float* a, int64_t lda, const float* b, int
 
 template <int R, int V, bool TA>
 inline void AnyTile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                    float* c, int64_t ldc, bool accumulate, int64_t w) {
+                    float* c, int64_t ldc, bool accumulate, int64_t w,
+                    const ColumnStore* store = nullptr) {
   if (w == V * kLanes) {
-    Tile<R, V, TA>(k, a, lda, b, ldb, c, ldc, accumulate);
+    Tile<R, V, TA>(k, a, lda, b, ldb, c, ldc, accumulate, nullptr, 0, store);
   } else {
-    EdgeTile<R, V, TA>(k, a, lda, b, ldb, c, ldc, accumulate, w);
+    EdgeTile<R, V, TA>(k, a, lda, b, ldb, c, ldc, accumulate, w, store);
   }
 }
 
@@ -176,19 +290,37 @@ inline void AnyTile(int64_t k, const float* a, int64_t lda, const float* b, int6
 // time, then the remainder.
 template <int V, bool TA>
 void Panel(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-           float* c, int64_t ldc, bool accumulate, int64_t w) {
+           float* c, int64_t ldc, bool accumulate, int64_t w,
+           const ColumnStore* store = nullptr) {
   const int64_t row_step = TA ? 1 : lda;  // op(A) row i starts at a + i * row_step
   int64_t i = 0;
+  // A panel narrower than its tiles reads its columns' operands from a padded copy.
+  PaddedColumns padded;
+  ColumnStore edge;
+  if (store != nullptr && w < V * kLanes) {
+    padded.Fill(*store->e, store->j, w);
+    edge = ColumnStore{&padded.e, store->out, store->ldo, 0};
+    store = &edge;
+  }
+  ColumnStore at;
+  // The tile's own store, at row i of this panel.
+  auto tile_store = [&](int64_t row) -> const ColumnStore* {
+    if (store == nullptr) return nullptr;
+    at = store->At(row, 0);
+    return &at;
+  };
   for (; i + kRows <= m; i += kRows)
-    AnyTile<kRows, V, TA>(k, a + i * row_step, lda, b, ldb, c + i * ldc, ldc, accumulate, w);
+    AnyTile<kRows, V, TA>(k, a + i * row_step, lda, b, ldb, c + i * ldc, ldc, accumulate, w,
+                          tile_store(i));
   const float* ai = a + i * row_step;
   float* ci = c + i * ldc;
+  const ColumnStore* si = tile_store(i);
   switch (m - i) {
-    case 1: AnyTile<1, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w); break;
-    case 2: AnyTile<2, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w); break;
-    case 3: AnyTile<3, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w); break;
-    case 4: AnyTile<4, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w); break;
-    case 5: AnyTile<5, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w); break;
+    case 1: AnyTile<1, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w, si); break;
+    case 2: AnyTile<2, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w, si); break;
+    case 3: AnyTile<3, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w, si); break;
+    case 4: AnyTile<4, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w, si); break;
+    case 5: AnyTile<5, V, TA>(k, ai, lda, b, ldb, ci, ldc, accumulate, w, si); break;
     default: break;
   }
   static_assert(kRows == 6, "the remainder cases above cover 1 .. kRows - 1 rows");
@@ -197,13 +329,14 @@ void Panel(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, in
 // Panel for a width w <= kPanel known only at run time (V = w / kLanes, rounded up).
 template <bool TA>
 void PanelOfWidth(int64_t m, int64_t k, const float* a, int64_t lda, const float* b,
-                  int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t w) {
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t w,
+                  const ColumnStore* store = nullptr) {
   switch ((w + kLanes - 1) / kLanes) {
-    case 1: Panel<1, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w); break;
-    case 2: Panel<2, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w); break;
+    case 1: Panel<1, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w, store); break;
+    case 2: Panel<2, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w, store); break;
 #if defined(__AVX512F__)
-    case 3: Panel<3, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w); break;
-    case 4: Panel<4, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w); break;
+    case 3: Panel<3, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w, store); break;
+    case 4: Panel<4, TA>(m, k, a, lda, b, ldb, c, ldc, accumulate, w, store); break;
 #endif
     default: break;
   }
@@ -377,20 +510,22 @@ bool Empty(int64_t m, int64_t n, int64_t k, float* c, int64_t ldc, bool accumula
 template <bool TA>
 void FetchingTile(int flags, int64_t k, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float* c, int64_t ldc, bool accumulate, const float* next,
-                  int shift) {
+                  int shift, const ColumnStore* store = nullptr) {
   switch (DISC_GEMM_PREFETCH ? flags : 0) {
     case kFetchAhead:
-      Tile<kRows, kVecs, TA, kFetchAhead>(k, a, lda, b, ldb, c, ldc, accumulate);
+      Tile<kRows, kVecs, TA, kFetchAhead>(k, a, lda, b, ldb, c, ldc, accumulate, nullptr, 0,
+                                          store);
       break;
     case kFetchNext:
-      Tile<kRows, kVecs, TA, kFetchNext>(k, a, lda, b, ldb, c, ldc, accumulate, next, shift);
+      Tile<kRows, kVecs, TA, kFetchNext>(k, a, lda, b, ldb, c, ldc, accumulate, next, shift,
+                                         store);
       break;
     case kFetchAhead | kFetchNext:
       Tile<kRows, kVecs, TA, kFetchAhead | kFetchNext>(k, a, lda, b, ldb, c, ldc, accumulate,
-                                                       next, shift);
+                                                       next, shift, store);
       break;
     default:
-      Tile<kRows, kVecs, TA>(k, a, lda, b, ldb, c, ldc, accumulate);
+      Tile<kRows, kVecs, TA>(k, a, lda, b, ldb, c, ldc, accumulate, nullptr, 0, store);
   }
 }
 
@@ -427,10 +562,13 @@ inline const float* PanelRows(const float* packed, int64_t n, int64_t k, int64_t
 // while every 6-row tile of A streams past them.
 // Each panel's first tile of rows prefetches its rows of B ahead of it, and every
 // full tile a share of the stretch of B read next (the next depth, else the next panel).
+// With `store`, the last pass over k runs its column epilogue as each tile is stored.
 template <bool TA>
 void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
+                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch,
+                     const ColumnStore* store) {
   const int64_t tiles = m / kRows;
+  ColumnStore at;
   for (int64_t q = 0; q < n; q += kPanel) {
     const int64_t w = std::min(kPanel, n - q);
     const int64_t width = RoundUp(w, kLanes);
@@ -439,8 +577,15 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
       const float* a0 = TA ? a + p0 * lda : a + p0;
       const float* b0 = PanelRows(packed, n, k, q, p0);
       const bool acc = accumulate || p0 > 0;
+      const bool last = store != nullptr && p0 + kc == k;
+      // Rows from i on of this panel: where they go.
+      auto rows_store = [&](int64_t i) -> const ColumnStore* {
+        if (!last) return nullptr;
+        at = store->At(i, q);
+        return &at;
+      };
       if (w < kPanel || tiles == 0 || !fetch) {
-        PanelOfWidth<TA>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w);
+        PanelOfWidth<TA>(m, kc, a0, lda, b0, width, c + q, ldc, acc, w, rows_store(0));
         continue;
       }
       const int64_t nq = p0 + kc < k ? q : q + kPanel, np0 = p0 + kc < k ? p0 + kc : 0;
@@ -456,11 +601,12 @@ void PrepackedPanels(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
         const int flags = (t == 0 ? kFetchAhead : 0) | (fetch_next ? kFetchNext : 0);
         const float* tile_next = fetch_next ? next + t * plan.per_tile * kLineFloats : nullptr;
         FetchingTile<TA>(flags, kc, a0 + t * kRows * row_step, lda, b0, width,
-                         c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift);
+                         c + t * kRows * ldc + q, ldc, acc, tile_next, plan.shift,
+                         rows_store(t * kRows));
       }
       const int64_t done = tiles * kRows;
       PanelOfWidth<TA>(m - done, kc, a0 + done * row_step, lda, b0, width, c + done * ldc + q,
-                       ldc, acc, w);
+                       ldc, acc, w, rows_store(done));
     }
   }
 }
@@ -488,12 +634,16 @@ int64_t StripBlockFloats() {
 // packed panels fit in StripBlockFloats() (in L2), each 6-row strip of A is read
 // once for all of the block's panels (from L1), where PrepackedPanels reads all
 // of A once per panel. The same tiles, each summed over k in the same order.
+// With `store`, as PrepackedPanels.
 template <bool TA>
 void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
+                     const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch,
+                     const ColumnStore* store) {
+  ColumnStore at;
   for (int64_t p0 = 0; p0 < k; p0 += kPackDepth) {
     const int64_t kc = std::min(kPackDepth, k - p0);
     const bool acc = accumulate || p0 > 0;
+    const bool last_depth = store != nullptr && p0 + kc == k;
     const int64_t block =
         std::clamp(StripBlockFloats() / kc / kPanel * kPanel, kPanel, kStripMaxColumns);
     // The block read next: the next columns at this depth, else the first at the next.
@@ -516,6 +666,11 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
           const int64_t width = RoundUp(w, kLanes);
           const float* b0 = PanelRows(packed, n, k, q, p0);
           float* cq = c + i * ldc + q;
+          const ColumnStore* sq = nullptr;
+          if (last_depth) {
+            at = store->At(i, q);
+            sq = &at;
+          }
           if (rows == kRows && w == kPanel) {
             const int64_t nq = nj0 + (q - j0);
             const bool fetch_next = has_next && nq < n && plan.Fetches(i / kRows);
@@ -525,9 +680,10 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
                 fetch_next
                     ? PanelRows(packed, n, k, nq, nk) + i / kRows * plan.per_tile * kLineFloats
                     : nullptr;
-            FetchingTile<TA>(flags, kc, strip, lda, b0, width, cq, ldc, acc, next, plan.shift);
+            FetchingTile<TA>(flags, kc, strip, lda, b0, width, cq, ldc, acc, next, plan.shift,
+                             sq);
           } else {
-            PanelOfWidth<TA>(rows, kc, strip, lda, b0, width, cq, ldc, acc, w);
+            PanelOfWidth<TA>(rows, kc, strip, lda, b0, width, cq, ldc, acc, w, sq);
           }
         }
       }
@@ -551,15 +707,33 @@ void PrepackedStrips(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 
 // fetch: prefetch packed B (kFetchAhead, kFetchNext); off where B stays in L2.
 void PrepackedGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool ta,
-                   const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch) {
+                   const float* packed, float* c, int64_t ldc, bool accumulate, bool fetch,
+                   const ColumnStore* store = nullptr) {
   if (DISC_GEMM_STRIPS == 0 && ta) {
-    PrepackedPanels<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
+    PrepackedPanels<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch, store);
   } else if (DISC_GEMM_STRIPS == 0) {
-    PrepackedPanels<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
+    PrepackedPanels<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch, store);
   } else if (ta) {
-    PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
+    PrepackedStrips<true>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch, store);
   } else {
-    PrepackedStrips<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch);
+    PrepackedStrips<false>(m, n, k, a, lda, packed, c, ldc, accumulate, fetch, store);
+  }
+}
+
+// The column epilogue over rows [0, m) and columns [0, n) of a block of C (at c, row
+// stride ldc; column j of C first), vector by vector, then element by element.
+void ColumnPass(int64_t m, int64_t n, const float* c, int64_t ldc, const ColumnStore& store) {
+  const disc_column_epilogue& e = *store.e;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = c + i * ldc;
+    float* out = store.out + i * store.ldo;
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      Vec x[1][1] = {{Load(row + j)}};
+      VectorColumns<1, 1>(e, store.j + j, x);
+      Store(out + j, x[0][0]);
+    }
+    for (; j < n; ++j) out[j] = DiscColumnSteps(e, row[j], store.j + j);
   }
 }
 
@@ -598,6 +772,27 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block)(int64_t m, int64_t n, i
                                                          int accumulate) {
   if (Empty(m, n, k, c, ldc, accumulate != 0)) return;
   PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, accumulate != 0, true);
+}
+
+extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_columns)(
+    int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,
+    const float* packed_b, float* c, int64_t ldc, const disc_column_epilogue* e, float* out,
+    int64_t j, int fetch) {
+  const ColumnStore store{e, out, e->cols, j};
+  if (k == 0) {  // C = 0, then the steps
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t x = 0; x < n; ++x) out[i * e->cols + x] = DiscColumnSteps(*e, 0.0f, j + x);
+    return;
+  }
+  if (m <= 0 || n <= 0) return;
+  PrepackedGemm(m, n, k, a, lda, ta != 0, packed_b, c, ldc, false, fetch != 0, &store);
+}
+
+extern "C" void DISC_GEMM_ISA(disc_gemm_column_pass)(int64_t m, int64_t n, const float* c,
+                                                     int64_t ldc,
+                                                     const disc_column_epilogue* e,
+                                                     float* out, int64_t j) {
+  ColumnPass(m, n, c, ldc, ColumnStore{e, out, e->cols, j});
 }
 
 extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_resident)(

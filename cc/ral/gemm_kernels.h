@@ -26,6 +26,8 @@
 
 #include <stdint.h>
 
+#include "cc/ral/disc_ral.h"
+
 extern "C" {
 
 typedef void (*disc_gemm_block_fn)(int64_t m, int64_t n, int64_t k,
@@ -33,6 +35,20 @@ typedef void (*disc_gemm_block_fn)(int64_t m, int64_t n, int64_t k,
                                    const float* b, int64_t ldb, int tb,
                                    float* c, int64_t ldc, int accumulate);
 typedef int64_t (*disc_gemm_panel_fn)(void);
+// disc_gemm_prepacked_block_columns_<isa>: disc_gemm_prepacked_block (accumulate
+// off, with prefetches where fetch) whose last pass over k runs the column epilogue
+// `e` (disc_ral.h, ABI 11) on each tile as it is stored: the result of C's column j
+// of the block, row i, goes to out[i * e->cols + j]; the block's columns are C's
+// from j0 on. disc_gemm_column_pass_<isa> runs the same steps over an m x n block of
+// C already computed (at c, row stride ldc).
+typedef void (*disc_gemm_prepacked_columns_fn)(int64_t m, int64_t n, int64_t k,
+                                               const float* a, int64_t lda, int ta,
+                                               const float* packed_b, float* c, int64_t ldc,
+                                               const disc_column_epilogue* e, float* out,
+                                               int64_t j0, int fetch);
+typedef void (*disc_gemm_column_pass_fn)(int64_t m, int64_t n, const float* c, int64_t ldc,
+                                         const disc_column_epilogue* e, float* out,
+                                         int64_t j0);
 typedef int64_t (*disc_gemm_packed_size_fn)(int64_t k, int64_t n);
 typedef void (*disc_gemm_pack_b_fn)(int64_t k, int64_t n, const float* b,
                                     int64_t ldb, int tb, float* out);
@@ -56,7 +72,14 @@ typedef void (*disc_gemm_prepacked_block_fn)(int64_t m, int64_t n, int64_t k,
                                        int64_t ldc, int accumulate);            \
   void disc_gemm_prepacked_block_resident_##isa(                                \
       int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,     \
-      const float* packed_b, float* c, int64_t ldc, int accumulate);
+      const float* packed_b, float* c, int64_t ldc, int accumulate);            \
+  void disc_gemm_prepacked_block_columns_##isa(                                 \
+      int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,     \
+      const float* packed_b, float* c, int64_t ldc,                             \
+      const disc_column_epilogue* e, float* out, int64_t j0, int fetch);        \
+  void disc_gemm_column_pass_##isa(int64_t m, int64_t n, const float* c,        \
+                                   int64_t ldc, const disc_column_epilogue* e,  \
+                                   float* out, int64_t j0);
 
 DISC_GEMM_DECLARE(avx2)    // x86-64 with AVX2 and FMA
 DISC_GEMM_DECLARE(avx512)  // x86-64 with AVX-512 F/CD/BW/DQ/VL (and AVX2, FMA)

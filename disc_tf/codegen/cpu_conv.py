@@ -29,16 +29,19 @@ def conv_taps_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
 
 def _conv_heading(em: KernelEmitter, buffer_ptr: dict[str, str],
                   epilogue: KernelEmitter | None, how: str, where: str,
-                  rows: str) -> tuple[str, list[str], str, str, int]:
+                  rows: str, registers: bool = False) -> tuple[str, list[str], str, str, int]:
     """A convolution launch's title comment (the conv done ``how``, the epilogue on
     each ``where``), and its epilogue's closure lines, function, closure argument and
-    full-rows flag (``rows`` of C per product; null and none without one)."""
+    full-rows flag (``rows`` of C per product; null and none without one). With
+    ``registers``, an epilogue of column steps may run on C's registers (every launch
+    path then calls the RAL's column_epilogue, as an epilogue where not on registers)."""
     k, op = em.k, em.k.ops[0]
     title = f"  {{  // {k.name}: {comment(op.tf_node)} as {how} (no im2col buffer)"
     if epilogue is None:
         return title, [], "nullptr", "nullptr", 0
     title += f", {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each {where}"
-    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, rows, "co")
+    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, rows, "co",
+                                        k if registers else None)
     return title, epi, fn, closure, int(k.epilogue_full_rows)
 
 
@@ -200,7 +203,7 @@ def conv_rows_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title, epi, fn, closure, full_rows = _conv_heading(
         em, buffer_ptr, epilogue,
         f"{count} GEMM{'s' if count > 1 else ''} over overlapping windows of the input rows",
-        "block of the last", "product_rows")
+        "block of the last", "product_rows", registers=True)
     return [
         title,
         f"    const int64_t batch = {sym(x.dims[0], plan)}, height = {sym(x.dims[1], plan)}, "

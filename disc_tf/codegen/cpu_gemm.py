@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from disc_tf.codegen.cpu_column_epilogue import closure_lines, column_chain
 from disc_tf.codegen.cpu_ops import STORAGE
 from disc_tf.codegen.cpu_text import bad_index_lines, comment, product, strided_gemm_exprs, sym
-from disc_tf.fusion.plan import Buffer, gemm_form
+from disc_tf.fusion.plan import Buffer, Kernel, gemm_form
 
 if TYPE_CHECKING:
     from disc_tf.codegen.cpu_kernels import KernelEmitter
@@ -90,7 +91,7 @@ def gathered_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         f"{buffer_ptr[ids.name]}),",
         f"                   {sym(table.dims[0], plan)}, kk, INT64_MIN}};",
     ]
-    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr)
+    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr, k)
     lines += epi
     full_rows = int(k.epilogue_full_rows) if epilogue is not None else 0
     return lines + [
@@ -181,7 +182,7 @@ def produced_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
         "    };",
         "    const ProducedRows rows{&conv_args, &epi_args, kk};",
     ]
-    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr)
+    epi, fn, closure = _optional_epilogue(epilogue, buffer_ptr, k)
     full_rows = int(k.epilogue_full_rows) if epilogue is not None else 0
     return lines + epi + [
         "    if (m > 0 && n > 0) {",
@@ -196,24 +197,32 @@ def produced_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
 
 
 def epilogue_closure(epilogue: KernelEmitter, buffer_ptr: dict[str, str], rows: str,
-                      cols: str) -> tuple[list[str], str, str]:
+                     cols: str, registers_of: Kernel | None = None) -> tuple[list[str], str, str]:
     """Host lines building ``epilogue``'s args and the closure ``epi`` a GEMM hands it
     (``rows`` rows of C per product, ``cols`` columns), and the function and closure
-    arguments of ``sgemm_epilogue``."""
+    arguments of ``sgemm_epilogue``. With ``registers_of`` (the GEMM, where the RAL
+    calls the epilogue with C as the GEMM wrote it), an epilogue of column steps goes
+    to the RAL as such, to run on C's registers (``cpu_column_epilogue.py``)."""
     struct = epilogue.epilogue_struct
     lines = epilogue.launch_args(buffer_ptr) + [
         f"    const int64_t inner_rows = k.dims[{epilogue.rank - 1}];  // the epilogue's row length",
         f"    const {struct} epi{{&k, {rows}, inner_rows > 0 ? {cols} / inner_rows : 1}};"]
-    return lines, f"{epilogue.fn}_epilogue", f"const_cast<{struct}*>(&epi)"
+    fn, closure = f"{epilogue.fn}_epilogue", f"const_cast<{struct}*>(&epi)"
+    chain = column_chain(epilogue.plan, registers_of, epilogue.k) if registers_of else None
+    if chain is None:
+        return lines, fn, closure
+    lines += closure_lines(chain, rows, cols)
+    return (lines, f"(on_registers ? ral->column_epilogue : {fn})",
+            f"(on_registers ? static_cast<void*>(&col) : static_cast<void*>({closure}))")
 
 
-def _optional_epilogue(epilogue: KernelEmitter | None,
-                       buffer_ptr: dict[str, str]) -> tuple[list[str], str, str]:
+def _optional_epilogue(epilogue: KernelEmitter | None, buffer_ptr: dict[str, str],
+                       registers_of: Kernel | None = None) -> tuple[list[str], str, str]:
     """``epilogue_closure`` over m rows of n columns, or no lines and null function and
     closure without an epilogue."""
     if epilogue is None:
         return [], "nullptr", "nullptr"
-    return epilogue_closure(epilogue, buffer_ptr, "m", "n")
+    return epilogue_closure(epilogue, buffer_ptr, "m", "n", registers_of)
 
 
 def _gemm_operands(em: KernelEmitter) -> dict:
@@ -274,9 +283,11 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     g = _gemm_operands(em)
     assert g["ldc"] == "n", f"{k.name}: a GEMM with an epilogue writes C row-major"
     lines = [title, *g["lines"]]
-    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n")
-    lines += epi
     scratch = k.c_in_scratch
+    # the RAL calls the epilogue on C as the GEMM wrote it: not on scratch, nor by a chain
+    epi, fn, closure = epilogue_closure(epilogue, buffer_ptr, "m", "n",
+                                        k if chain is None and not scratch else None)
+    lines += epi
     if chain is not None:
         chain_lines, fn, closure = _chain_closure(
             chain, buffer_ptr, fn, closure, epilogue if scratch else None, out_name,

@@ -235,7 +235,8 @@ std::string StatsJson(const std::string& op_lib) {
                                  "kernels",  "peak_temp_bytes", "packed_weights",
                                  "untrusted", "rebuilds", "pool_wakes",
                                  "resident_weight_gemms", "masked_elements",
-                                 "temp_reuses", "temp_kept_bytes", "folded_reuses"};
+                                 "temp_reuses", "temp_kept_bytes", "folded_reuses",
+                                 "register_epilogues"};
   void* handle = dlopen(op_lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
   auto get = handle ? reinterpret_cast<void (*)(int64_t*)>(dlsym(handle, "disc_stats_get"))
                     : nullptr;

@@ -249,3 +249,30 @@ def test_kernels_reading_only_weights_ask_the_ral_for_kept_results():
     for var, site in sites:
         assert f"if ({var} == 0) ral->fold_done(ral, {site});" in src
         assert re.search(rf"\bif \({var} < 0\) {{ ral->free_temp\(ral, \w+\);", src), var
+
+
+def test_epilogues_of_column_steps_go_to_the_ral_as_steps():
+    """A GEMM's bias and clip (columns and constants only) is described to the RAL as
+    disc_column_epilogue steps, in TF's order with each operand's side, with the
+    generated epilogue kept for a host without ABI 11; an epilogue that also reads x (a
+    residual) or subtracts C from a column is not."""
+    w = tf.Variable(tf.ones([8, 8]))
+    b = tf.Variable(tf.ones([8]))
+
+    src = _source(lambda x: tf.clip_by_value(tf.matmul(x, w) - b, -1.0, 0.5), dyn(2))
+    steps = re.findall(r"col\.step\[(\d)\] = disc_column_step\{(\w+), (\d), (\S+), (\S+)\};", src)
+    assert [(s[1], s[2]) for s in steps] == [
+        ("DISC_COLUMN_SUB", "1"), ("DISC_CONSTANT_MIN", "1"), ("DISC_CONSTANT_MAX", "1")], steps
+    assert steps[0][3].startswith("k.in") and steps[1][4] == "0x1.0000000000000p-1f", steps
+    assert "ral->abi_version >= 11 && ral->column_epilogue != nullptr" in src
+    assert re.search(r"\(on_registers \? ral->column_epilogue : loop_[0-9a-f]{10}_epilogue\)", src)
+
+    src = _source(lambda x: tf.maximum(0.0, tf.matmul(x, w) * 2.0), dyn(2))
+    steps = re.findall(r"disc_column_step\{(\w+), (\d),", src)
+    assert steps == [("DISC_CONSTANT_MUL", "1"), ("DISC_CONSTANT_MAX", "0")], steps
+
+    for fn in (lambda x: tf.nn.relu(tf.matmul(x, w) + b + x),
+               lambda x: b - tf.matmul(x, w)):
+        src = _source(fn, dyn(2))
+        assert "_epilogue(void* p" in src  # fused into the GEMM all the same
+        assert "disc_column_step" not in src
