@@ -12,11 +12,14 @@
 
 #include "cc/ral/disc_ral.h"
 
-static inline float DiscColumnStep(const disc_column_step& s, float x, int64_t j) {
+// x, C's element e (its column j), after step s.
+static inline float DiscColumnStep(const disc_column_step& s, float x, int64_t j, int64_t e) {
   switch (s.op) {
-    case DISC_COLUMN_MUL: return x * s.column[j];
-    case DISC_COLUMN_ADD: return x + s.column[j];
-    case DISC_COLUMN_SUB: return x - s.column[j];
+    case DISC_COLUMN_MUL: return x * s.operand[j];
+    case DISC_COLUMN_ADD: return x + s.operand[j];
+    case DISC_COLUMN_SUB: return x - s.operand[j];
+    case DISC_MATRIX_ADD: return x + s.operand[e];
+    case DISC_MATRIX_MUL: return x * s.operand[e];
     case DISC_CONSTANT_MUL: return x * s.constant;
     case DISC_CONSTANT_ADD: return x + s.constant;
     case DISC_CONSTANT_MAX:
@@ -29,9 +32,10 @@ static inline float DiscColumnStep(const disc_column_step& s, float x, int64_t j
   }
 }
 
-// Every step of `e` on x, an element of C's column j.
-static inline float DiscColumnSteps(const disc_column_epilogue& e, float x, int64_t j) {
-  for (int s = 0; s < e.steps; ++s) x = DiscColumnStep(e.step[s], x, j);
+// Every step of `ep` on x, element e of C (in its column j).
+static inline float DiscColumnSteps(const disc_column_epilogue& ep, float x, int64_t j,
+                                    int64_t e) {
+  for (int s = 0; s < ep.steps; ++s) x = DiscColumnStep(ep.step[s], x, j, e);
   return x;
 }
 

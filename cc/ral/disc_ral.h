@@ -66,12 +66,13 @@ typedef void (*disc_gemm_gather_fn)(void* closure, int64_t i0, int64_t i1, float
 typedef int64_t (*disc_gemm_cols_fn)(void* closure, int64_t q, int64_t i0, int64_t i1);
 
 /* ABI 11. An epilogue the RAL's GEMM blocks can run on C's registers: element (i, j)
- * of product q, read at c[(q * rows + i) * cols + j], becomes
+ * of product q, at e = (q * rows + i) * cols + j of C, becomes
  *   x = step[0](x), x = step[1](x), ...
- * written at out[(q * rows + i) * cols + j] (out may be c). A step is one op between x
- * and column j's element of `column` (n floats) or `constant`; `value_first` says
- * whether x is the op's first operand, which decides a maximum's or minimum's NaN and
- * signed zero (the generated kernels' disc_max and disc_min). */
+ * written at out[e] (out may be c). A step is one op between x and column j's element
+ * of `operand` (n floats), element e of `operand` (laid out as C: a residual), or
+ * `constant`; `value_first` says whether x is the op's first operand, which decides a
+ * maximum's or minimum's NaN and signed zero (the generated kernels' disc_max and
+ * disc_min). */
 enum {
   DISC_COLUMN_MUL = 1,      /* x * column[j] */
   DISC_COLUMN_ADD = 2,      /* x + column[j] */
@@ -80,12 +81,14 @@ enum {
   DISC_CONSTANT_ADD = 5,    /* x + constant */
   DISC_CONSTANT_MAX = 6,    /* disc_max(x, constant), or (constant, x) */
   DISC_CONSTANT_MIN = 7,    /* disc_min(x, constant), or (constant, x) */
+  DISC_MATRIX_ADD = 8,      /* x + operand[e] */
+  DISC_MATRIX_MUL = 9,      /* x * operand[e] */
 };
 #define DISC_COLUMN_STEPS 6
 typedef struct disc_column_step {
   int32_t op;          /* DISC_COLUMN_* or DISC_CONSTANT_* */
   int32_t value_first; /* maximum and minimum: x is the first operand */
-  const float* column; /* DISC_COLUMN_*: one float per column of C */
+  const float* operand; /* DISC_COLUMN_*: one float per column; DISC_MATRIX_*: as C */
   float constant;      /* DISC_CONSTANT_* */
 } disc_column_step;
 typedef struct disc_column_epilogue {

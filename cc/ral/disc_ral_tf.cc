@@ -465,7 +465,8 @@ void RalColumnEpilogue(void* closure, int64_t q, int64_t i0, int64_t i1, int64_t
   }
   for (int64_t i = 0; i < i1 - i0; ++i)
     for (int64_t j = 0; j < j1 - j0; ++j)
-      e.out[first + i * e.cols + j] = DiscColumnSteps(e, e.c[first + i * e.cols + j], j0 + j);
+      e.out[first + i * e.cols + j] =
+          DiscColumnSteps(e, e.c[first + i * e.cols + j], j0 + j, first + i * e.cols + j);
 }
 
 // DISC_TF_REGISTER_EPILOGUE=0 (read once per process): column epilogues run as passes
@@ -491,6 +492,10 @@ const disc_column_epilogue* OnRegisters(const GemmIsa& isa, disc_gemm_epilogue_f
   const auto* e = static_cast<const disc_column_epilogue*>(closure);
   if (e->c != c || ldc != e->cols || e->steps < 0 || e->steps > DISC_COLUMN_STEPS)
     return nullptr;
+  int matrix_steps = 0;  // the block copies at most two residuals' rows per edge tile
+  for (int s = 0; s < e->steps; ++s)
+    matrix_steps += e->step[s].op == DISC_MATRIX_ADD || e->step[s].op == DISC_MATRIX_MUL;
+  if (matrix_steps > 2) return nullptr;
   for (int64_t q = 1; q < batch; ++q)
     if (stride_c(q) != q * e->rows * e->cols) return nullptr;
   return e;

@@ -94,14 +94,26 @@ inline float AElem(const float* a, int64_t lda, int r, int64_t p) {
 // NaN; with the constant first, (c > x) ? c : x, which is the instruction's max(c, x).
 
 // Where a tile's results go: `out` for its first element (row stride ldo), `j` the
-// column of C it starts at (which element of each step's column it reads).
+// column of C it starts at (which element of each step's column it reads), `at` the
+// index of that element in C's layout and `ldm` a row's stride there (where each
+// matrix step reads: e->cols, or a tile's own padded copy).
 struct ColumnStore {
   const disc_column_epilogue* e = nullptr;
   float* out = nullptr;
   int64_t ldo = 0;
   int64_t j = 0;
-  ColumnStore At(int64_t i, int64_t dj) const { return {e, out + i * ldo + dj, ldo, j + dj}; }
+  int64_t at = 0;
+  int64_t ldm = 0;
+  ColumnStore At(int64_t i, int64_t dj) const {
+    return {e, out + i * ldo + dj, ldo, j + dj, at + i * ldm + dj, ldm};
+  }
 };
+
+inline bool IsMatrixStep(int32_t op) { return op == DISC_MATRIX_ADD || op == DISC_MATRIX_MUL; }
+inline bool IsColumnStep(int32_t op) { return op >= DISC_COLUMN_MUL && op <= DISC_COLUMN_SUB; }
+
+// The most matrix steps (residuals) a chain may have (cpu_column_epilogue.py).
+constexpr int kMatrixSteps = 2;
 
 // A column epilogue whose column operands are copied for the w < kPanel columns of
 // one panel, zeros after them, so that a tile of that panel loads whole vectors
@@ -112,21 +124,32 @@ struct PaddedColumns {
   void Fill(const disc_column_epilogue& from, int64_t j, int64_t w) {
     e = from;
     for (int s = 0; s < e.steps; ++s) {
-      if (e.step[s].column == nullptr) continue;
-      std::fill_n(std::copy_n(e.step[s].column + j, w, columns[s]), kPanel - w, 0.0f);
-      e.step[s].column = columns[s];
+      if (!IsColumnStep(e.step[s].op)) continue;
+      std::fill_n(std::copy_n(e.step[s].operand + j, w, columns[s]), kPanel - w, 0.0f);
+      e.step[s].operand = columns[s];
     }
   }
 };
 
-// The steps on R x V vectors of C (columns j .. j + V * kLanes), step by step.
+// The steps on R x V vectors of C (columns j .. j + V * kLanes; element `at` of C's
+// layout first, rows ldm apart there), step by step.
 template <int R, int V>
-inline void VectorColumns(const disc_column_epilogue& e, int64_t j, Vec (&x)[R][V]) {
+inline void VectorColumns(const disc_column_epilogue& e, int64_t j, int64_t at, int64_t ldm,
+                          Vec (&x)[R][V]) {
   for (int s = 0; s < e.steps; ++s) {
     const disc_column_step& st = e.step[s];
+    if (IsMatrixStep(st.op)) {
+      const float* m = st.operand + at;
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+          const Vec y = Load(m + r * ldm + v * kLanes);
+          x[r][v] = st.op == DISC_MATRIX_ADD ? Add(x[r][v], y) : Mul(x[r][v], y);
+        }
+      continue;
+    }
     Vec y[V];
     for (int v = 0; v < V; ++v) {
-      y[v] = st.op <= DISC_COLUMN_SUB ? Load(st.column + j + v * kLanes) : Splat(st.constant);
+      y[v] = IsColumnStep(st.op) ? Load(st.operand + j + v * kLanes) : Splat(st.constant);
     }
     switch (st.op) {
       case DISC_COLUMN_MUL:
@@ -232,7 +255,7 @@ inline void Tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < V; ++v) acc[0][r][v] = Add(acc[0][r][v], acc[u][r][v]);
   if (store != nullptr) {  // the epilogue on registers, stored where its result goes
-    VectorColumns<R, V>(*store->e, store->j, acc[0]);
+    VectorColumns<R, V>(*store->e, store->j, store->at, store->ldm, acc[0]);
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < V; ++v) Store(store->out + r * store->ldo + v * kLanes, acc[0][r][v]);
     return;
@@ -261,7 +284,18 @@ inline void EdgeTile(int64_t k, const float* a, int64_t lda, const float* b, int
         for (int64_t j = 0; j < w; ++j) row[j] = c[r * ldc + j] + row[j];
       for (int v = 0; v < V; ++v) x[r][v] = Load(row + v * kLanes);
     }
-    VectorColumns<R, V>(*store->e, store->j, x);
+    // Matrix steps read the tile's w columns from a zero-padded copy of their rows.
+    disc_column_epilogue e = *store->e;
+    alignas(64) float rows[kMatrixSteps][R * kWidth];
+    for (int s = 0, copies = 0; s < e.steps; ++s) {
+      if (!IsMatrixStep(e.step[s].op)) continue;
+      float* copy = rows[copies++];
+      for (int r = 0; r < R; ++r)
+        std::fill_n(std::copy_n(e.step[s].operand + store->at + r * store->ldm, w,
+                                copy + r * kWidth), kWidth - w, 0.0f);
+      e.step[s].operand = copy;
+    }
+    VectorColumns<R, V>(e, store->j, 0, kWidth, x);
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < V; ++v) Store(tile + r * kWidth + v * kLanes, x[r][v]);
       std::copy_n(tile + r * kWidth, w, store->out + r * store->ldo);
@@ -299,7 +333,7 @@ void Panel(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, in
   ColumnStore edge;
   if (store != nullptr && w < V * kLanes) {
     padded.Fill(*store->e, store->j, w);
-    edge = ColumnStore{&padded.e, store->out, store->ldo, 0};
+    edge = ColumnStore{&padded.e, store->out, store->ldo, 0, store->at, store->ldm};
     store = &edge;
   }
   ColumnStore at;
@@ -728,12 +762,13 @@ void ColumnPass(int64_t m, int64_t n, const float* c, int64_t ldc, const ColumnS
     const float* row = c + i * ldc;
     float* out = store.out + i * store.ldo;
     int64_t j = 0;
+    const int64_t at = store.at + i * store.ldm;
     for (; j + kLanes <= n; j += kLanes) {
       Vec x[1][1] = {{Load(row + j)}};
-      VectorColumns<1, 1>(e, store.j + j, x);
+      VectorColumns<1, 1>(e, store.j + j, at + j, store.ldm, x);
       Store(out + j, x[0][0]);
     }
-    for (; j < n; ++j) out[j] = DiscColumnSteps(e, row[j], store.j + j);
+    for (; j < n; ++j) out[j] = DiscColumnSteps(e, row[j], store.j + j, at + j);
   }
 }
 
@@ -778,10 +813,13 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_columns)(
     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,
     const float* packed_b, float* c, int64_t ldc, const disc_column_epilogue* e, float* out,
     int64_t j, int fetch) {
-  const ColumnStore store{e, out, e->cols, j};
+  // out lies in e->out: its index there is the block's first element's in C's layout
+  const int64_t at = out - e->out;
+  const ColumnStore store{e, out, e->cols, j, at, e->cols};
   if (k == 0) {  // C = 0, then the steps
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t x = 0; x < n; ++x) out[i * e->cols + x] = DiscColumnSteps(*e, 0.0f, j + x);
+      for (int64_t x = 0; x < n; ++x)
+        out[i * e->cols + x] = DiscColumnSteps(*e, 0.0f, j + x, at + i * e->cols + x);
     return;
   }
   if (m <= 0 || n <= 0) return;
@@ -792,7 +830,7 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_column_pass)(int64_t m, int64_t n, const
                                                      int64_t ldc,
                                                      const disc_column_epilogue* e,
                                                      float* out, int64_t j) {
-  ColumnPass(m, n, c, ldc, ColumnStore{e, out, e->cols, j});
+  ColumnPass(m, n, c, ldc, ColumnStore{e, out, e->cols, j, out - e->out, e->cols});
 }
 
 extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_resident)(

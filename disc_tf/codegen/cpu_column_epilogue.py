@@ -1,7 +1,8 @@
 """GEMM epilogues the RAL's GEMM block runs on C's registers (RAL ABI 11,
 ``column_epilogue``): a loop kernel that reads C at its own index and, element by
 element, applies a chain of steps each between the value and a per-column vector (a
-bias, a batch norm's scale and offset) or a constant (a ReLU's or ReLU6's bounds).
+bias, a batch norm's scale and offset), a constant (a ReLU's or ReLU6's bounds) or a
+tensor read at C's index (a residual).
 
 Run as an epilogue pass, such a kernel reads back every block of C the GEMM wrote
 and writes its result: on MobileNetV2's high-resolution layers (12800 x 96 at 2 x 160
@@ -23,26 +24,31 @@ from disc_tf.ops.elementwise import literal
 
 #: disc_ral.h's DISC_COLUMN_STEPS: the most steps a chain may have.
 MAX_STEPS = 6
+#: The most steps reading a tensor laid out as C (a residual) a chain may have: the GEMM
+#: block copies their rows for a tile narrower than its vectors (kMatrixSteps).
+MAX_MATRIX_STEPS = 2
 
-#: DHLO op -> (step with a per-column operand, step with a constant operand).
+#: DHLO op -> (step with a per-column operand, with a constant, with a tensor laid out
+#: as C).
 _STEP_OPS = {
-    "multiply": ("DISC_COLUMN_MUL", "DISC_CONSTANT_MUL"),
-    "add": ("DISC_COLUMN_ADD", "DISC_CONSTANT_ADD"),
-    "subtract": ("DISC_COLUMN_SUB", "DISC_CONSTANT_ADD"),  # x - c as x + (-c): exact
-    "maximum": (None, "DISC_CONSTANT_MAX"),
-    "minimum": (None, "DISC_CONSTANT_MIN"),
+    "multiply": ("DISC_COLUMN_MUL", "DISC_CONSTANT_MUL", "DISC_MATRIX_MUL"),
+    "add": ("DISC_COLUMN_ADD", "DISC_CONSTANT_ADD", "DISC_MATRIX_ADD"),
+    "subtract": ("DISC_COLUMN_SUB", "DISC_CONSTANT_ADD", None),  # x - c as x + (-c): exact
+    "maximum": (None, "DISC_CONSTANT_MAX", None),
+    "minimum": (None, "DISC_CONSTANT_MIN", None),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ColumnStep:
-    """One step: ``op`` (a disc_ral.h DISC_COLUMN_* or DISC_CONSTANT_* name) between the
-    value and input ``column`` of the epilogue kernel (read at the column's index) or
-    ``constant``; ``value_first``: the value is the TF op's first operand."""
+    """One step: ``op`` (a disc_ral.h DISC_COLUMN_*, DISC_CONSTANT_* or DISC_MATRIX_*
+    name) between the value and input ``operand`` of the epilogue kernel (read at the
+    column's index, or at C's own) or ``constant``; ``value_first``: the value is the TF
+    op's first operand."""
 
     op: str
     value_first: bool
-    column: int | None = None
+    operand: int | None = None
     constant: float = 0.0
 
 
@@ -68,12 +74,20 @@ def column_chain(plan: FusionPlan, gemm: Kernel, epilogue: Kernel) -> ColumnChai
     if plan.buffers[epilogue.outputs[0][1]].elem != "f32" or plan.buffers[c_buffer].elem != "f32":
         return None
 
+    def plain(i: int) -> bool:  # an f32 buffer read as stored
+        a = epilogue.inputs[i]
+        return (plan.buffers[a.buffer].elem == "f32" and a.window is None
+                and a.part_of is None and a.gather is None and a.pad is None
+                and a.ids_for is None)
+
     def is_column(i: int) -> bool:  # a vector of C's columns, one float each
         a = epilogue.inputs[i]
-        b = plan.buffers[a.buffer]
-        return (b.elem == "f32" and len(b.dims) == 1 and a.dims == [rank - 1]
-                and a.expand == ["no"] and a.window is None and a.part_of is None
-                and a.gather is None and a.pad is None and a.ids_for is None)
+        return (plain(i) and len(plan.buffers[a.buffer].dims) == 1 and a.dims == [rank - 1]
+                and a.expand == ["no"])
+
+    def is_matrix(i: int) -> bool:  # a tensor read at C's own index (a residual)
+        a = epilogue.inputs[i]
+        return plain(i) and a.is_identity and a.buffer != c_buffer
 
     value: tuple[str, object] = ("in", c_inputs[0])
     steps: list[ColumnStep] = []
@@ -87,7 +101,9 @@ def column_chain(plan: FusionPlan, gemm: Kernel, epilogue: Kernel) -> ColumnChai
         if not value_first and op.op == "subtract":
             return None  # c - x is no step
         if kind == "in" and is_column(other) and ops[0] is not None:
-            steps.append(ColumnStep(ops[0], value_first, column=other))
+            steps.append(ColumnStep(ops[0], value_first, operand=other))
+        elif kind == "in" and is_matrix(other) and ops[2] is not None:
+            steps.append(ColumnStep(ops[2], value_first, operand=other))
         elif kind == "const" and isinstance(other, (int, float)) and not math.isnan(other):
             constant = -float(other) if op.op == "subtract" else float(other)
             steps.append(ColumnStep(ops[1], value_first, constant=constant))
@@ -95,6 +111,8 @@ def column_chain(plan: FusionPlan, gemm: Kernel, epilogue: Kernel) -> ColumnChai
             return None
         value = ("val", op.value)
     if not steps or len(steps) > MAX_STEPS or value != ("val", epilogue.outputs[0][0]):
+        return None
+    if sum(s.op.startswith("DISC_MATRIX") for s in steps) > MAX_MATRIX_STEPS:
         return None
     return ColumnChain(c_inputs[0], steps)
 
@@ -107,9 +125,9 @@ def closure_lines(chain: ColumnChain, rows: str, cols: str) -> list[str]:
              f"    col.c = k.in{chain.c_input}; col.out = k.out0;",
              f"    col.rows = {rows}; col.cols = inner_rows; col.steps = {len(chain.steps)};"]
     for i, s in enumerate(chain.steps):
-        column = f"k.in{s.column}" if s.column is not None else "nullptr"
+        operand = f"k.in{s.operand}" if s.operand is not None else "nullptr"
         lines.append(f"    col.step[{i}] = disc_column_step{{{s.op}, {int(s.value_first)}, "
-                     f"{column}, {literal(s.constant, 'f32')}}};")
+                     f"{operand}, {literal(s.constant, 'f32')}}};")
     lines.append("    const bool on_registers = ral->abi_version >= 11 && "
                  f"ral->column_epilogue != nullptr && inner_rows == {cols};")
     return lines

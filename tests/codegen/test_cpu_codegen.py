@@ -254,8 +254,8 @@ def test_kernels_reading_only_weights_ask_the_ral_for_kept_results():
 def test_epilogues_of_column_steps_go_to_the_ral_as_steps():
     """A GEMM's bias and clip (columns and constants only) is described to the RAL as
     disc_column_epilogue steps, in TF's order with each operand's side, with the
-    generated epilogue kept for a host without ABI 11; an epilogue that also reads x (a
-    residual) or subtracts C from a column is not."""
+    generated epilogue kept for a host without ABI 11, and a residual as a step reading
+    x at C's index; an epilogue that subtracts C from a column, or a sigmoid, is not."""
     w = tf.Variable(tf.ones([8, 8]))
     b = tf.Variable(tf.ones([8]))
 
@@ -271,8 +271,12 @@ def test_epilogues_of_column_steps_go_to_the_ral_as_steps():
     steps = re.findall(r"disc_column_step\{(\w+), (\d),", src)
     assert steps == [("DISC_CONSTANT_MUL", "1"), ("DISC_CONSTANT_MAX", "0")], steps
 
-    for fn in (lambda x: tf.nn.relu(tf.matmul(x, w) + b + x),
-               lambda x: b - tf.matmul(x, w)):
+    src = _source(lambda x: tf.nn.relu(tf.matmul(x, w) + b + x), dyn(2))  # a residual
+    steps = re.findall(r"disc_column_step\{(\w+), (\d), (\S+),", src)
+    assert [s[0] for s in steps] == ["DISC_COLUMN_ADD", "DISC_MATRIX_ADD", "DISC_CONSTANT_MAX"]
+    assert steps[1][2].startswith("k.in") and steps[1][2] != steps[0][2], steps
+
+    for fn in (lambda x: b - tf.matmul(x, w), lambda x: tf.sigmoid(tf.matmul(x, w))):
         src = _source(fn, dyn(2))
         assert "_epilogue(void* p" in src  # fused into the GEMM all the same
         assert "disc_column_step" not in src

@@ -1,6 +1,6 @@
 """GEMM epilogues run on C's registers (RAL ABI 11, ``column_epilogue``;
 ``codegen/cpu_column_epilogue.py``): a bias, a batch norm's scale and offset, ReLU,
-ReLU6 and clips after dense layers and convolutions, strict, against TF at several
+ReLU6, clips and residual adds after dense layers and convolutions, strict, against TF at several
 shapes (columns that fill no whole vector, a depth past one pass of the block, NaN and
 infinity into a clip and a maximum), on each ISA path of the RAL. The counter register_epilogues
 proves the launches ran on registers; DISC_TF_REGISTER_EPILOGUE=0 runs the same steps
@@ -40,21 +40,25 @@ def clipped(x):
 w4 = v([16, 40])
 def constant_first(x):
     return tf.maximum(0.25, tf.matmul(x, w4) * 2.0)
-# not a chain of column steps (a residual): runs as the generated epilogue
+# a residual: a step reading a tensor at C's own index
 w5, b5 = v([32, 32]), v([32])
 def residual(x):
     return tf.nn.relu(tf.matmul(x, w5) + b5 + x)
+# not a chain of steps (C subtracted from a column): runs as the generated epilogue
+def reversed_sub(x):
+    return tf.nn.relu(b5 - tf.matmul(x, w5))
 # MobileNetV2's layers: a 3x3 stride-2 stem, a 1x1 expansion, a depthwise conv with the
-# 1x1 projection reading it, each with a batch norm (scale and offset) and ReLU6
+# 1x1 projection reading it, each with a batch norm (scale and offset) and ReLU6, and
+# the projection's shortcut (24 columns: narrower than AVX-512 tiles of 2 vectors)
 ws, ss, os_ = v([3, 3, 3, 24]), v([24], 0.5, 1.5), v([24])
 we, se, oe = v([1, 1, 24, 40]), v([40], 0.5, 1.5), v([40])
 wd, sd, od = v([3, 3, 40, 1]), v([40], 0.5, 1.5), v([40])
 wp, sp, op_ = v([1, 1, 40, 24]), v([24], 0.5, 1.5), v([24])
 def mobile_block(x):
-    y = tf.nn.relu6(tf.nn.conv2d(x, ws, 2, "SAME") * ss + os_)
-    y = tf.nn.relu6(tf.nn.conv2d(y, we, 1, "SAME") * se + oe)
+    stem = tf.nn.relu6(tf.nn.conv2d(x, ws, 2, "SAME") * ss + os_)
+    y = tf.nn.relu6(tf.nn.conv2d(stem, we, 1, "SAME") * se + oe)
     y = tf.nn.relu6(tf.nn.depthwise_conv2d(y, wd, [1, 1, 1, 1], "SAME") * sd + od)
-    return tf.nn.conv2d(y, wp, 1, "SAME") * sp + op_
+    return tf.nn.conv2d(y, wp, 1, "SAME") * sp + op_ + stem
 
 cases = {
     "relu_dense": (relu_dense, [None, 19], [(1, 19), (6, 19), (77, 19), (300, 19)]),
@@ -62,6 +66,7 @@ cases = {
     "clipped": (clipped, [None, 24], [(7, 24), (130, 24)]),
     "constant_first": (constant_first, [None, 16], [(3, 16), (61, 16)]),
     "residual": (residual, [None, 32], [(9, 32), (50, 32)]),
+    "reversed_sub": (reversed_sub, [None, 32], [(9, 32), (50, 32)]),
     "mobile_block": (mobile_block, [None, None, None, 3],
                      [(1, 17, 23, 3), (2, 40, 32, 3)]),
 }
@@ -89,8 +94,8 @@ print("STATS", json.dumps({"launches": stats, "digests": digests}))
 
 #: Cases whose epilogue is a chain of column steps: launches per call on registers.
 _CHAINS = {"relu_dense": 1, "relu6_deep": 1, "clipped": 1, "constant_first": 1,
-           "mobile_block": 3}
-_CALLS = {"relu_dense": 4, "relu6_deep": 2, "clipped": 2, "constant_first": 2,
+           "residual": 1, "mobile_block": 3}
+_CALLS = {"relu_dense": 4, "relu6_deep": 2, "clipped": 2, "constant_first": 2, "residual": 2,
           "mobile_block": 2}
 
 
@@ -102,15 +107,15 @@ def _run(**env_vars: str) -> dict:
 @pytest.mark.parametrize("isa", ["", "x86-64-v3"])
 def test_column_epilogues_run_on_registers_and_match_tf(isa: str) -> None:
     """Each chain's launches ran on registers (at least the stem, the expansion and the
-    projection per MobileNetV2 call); the residual's did not; results match TF and are
-    the bits of the same steps run as a pass over C."""
+    projection with its shortcut per MobileNetV2 call); C subtracted from a column did
+    not; results match TF and are the bits of the same steps run as a pass over C."""
     env = {"DISC_TF_ISA": isa} if isa else {}
     on = _run(**env)
     launches = on["launches"]
     assert launches.pop("fallbacks") == 0
     for name, per_call in _CHAINS.items():
         assert launches[name] >= per_call * _CALLS[name], (name, launches)
-    assert launches["residual"] == 0, launches
+    assert launches["reversed_sub"] == 0, launches
     off = _run(DISC_TF_REGISTER_EPILOGUE="0", **env)
     assert sum(v for k, v in off["launches"].items() if k != "fallbacks") == 0, off
     assert off["digests"] == on["digests"]
