@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "cc/ral/aligned_buffer.h"
 #include "cc/ral/cache_size.h"
@@ -131,6 +132,19 @@ struct PaddedColumns {
   }
 };
 
+// How a maximum or minimum against a constant c runs, as disc_max / disc_min
+// (column_steps.h). With c first it is the instruction with c first. With x first:
+// where c is not zero, x ties with c only where it has c's bits, so the instruction with
+// c first gives the same (one instruction, where the NaN fix-up took three: ReLU6's
+// bound 6); against +0 a tie (x = -0 or +0) takes +0, which adding +0 to the
+// instruction's result gives while leaving every other value, NaN too, as it is (ReLU's
+// and ReLU6's 0); against -0, the instruction with x first and x put back where NaN.
+enum class ExtremumForm { kConstantFirst, kPlusZeroed, kNanFixed };
+inline ExtremumForm FormOf(const disc_column_step& st) {
+  if (!st.value_first || st.constant != 0.0f) return ExtremumForm::kConstantFirst;
+  return std::signbit(st.constant) ? ExtremumForm::kNanFixed : ExtremumForm::kPlusZeroed;
+}
+
 // The steps on R x V vectors of C (columns j .. j + V * kLanes; element `at` of C's
 // layout first, rows ldm apart there), step by step.
 template <int R, int V>
@@ -167,15 +181,22 @@ inline void VectorColumns(const disc_column_epilogue& e, int64_t j, int64_t at, 
           for (int v = 0; v < V; ++v) x[r][v] = Sub(x[r][v], y[v]);
         break;
       case DISC_CONSTANT_MAX:
+      case DISC_CONSTANT_MIN: {
+        const bool is_max = st.op == DISC_CONSTANT_MAX;
+        const ExtremumForm form = FormOf(st);
         for (int r = 0; r < R; ++r)
-          for (int v = 0; v < V; ++v)
-            x[r][v] = st.value_first ? NanOr(x[r][v], Max(x[r][v], y[v])) : Max(y[v], x[r][v]);
+          for (int v = 0; v < V; ++v) {
+            const Vec c_first = is_max ? Max(y[v], x[r][v]) : Min(y[v], x[r][v]);
+            if (form == ExtremumForm::kConstantFirst) {
+              x[r][v] = c_first;
+            } else if (form == ExtremumForm::kPlusZeroed) {
+              x[r][v] = Add(c_first, Zero());
+            } else {
+              x[r][v] = NanOr(x[r][v], is_max ? Max(x[r][v], y[v]) : Min(x[r][v], y[v]));
+            }
+          }
         break;
-      case DISC_CONSTANT_MIN:
-        for (int r = 0; r < R; ++r)
-          for (int v = 0; v < V; ++v)
-            x[r][v] = st.value_first ? NanOr(x[r][v], Min(x[r][v], y[v])) : Min(y[v], x[r][v]);
-        break;
+      }
       default:
         break;
     }

@@ -2,7 +2,8 @@
 ``codegen/cpu_column_epilogue.py``): a bias, a batch norm's scale and offset, ReLU,
 ReLU6, clips and residual adds after dense layers and convolutions, strict, against TF at several
 shapes (columns that fill no whole vector, a depth past one pass of the block, NaN and
-infinity into a clip and a maximum), on each ISA path of the RAL. The counter register_epilogues
+infinity into a clip and a maximum, the sign of each zero a maximum or minimum against
++0 or -0 gives, bit for bit), on each ISA path of the RAL. The counter register_epilogues
 proves the launches ran on registers; DISC_TF_REGISTER_EPILOGUE=0 runs the same steps
 as a pass over C, which must give the same bits."""
 
@@ -47,6 +48,18 @@ def residual(x):
 # not a chain of steps (C subtracted from a column): runs as the generated epilogue
 def reversed_sub(x):
     return tf.nn.relu(b5 - tf.matmul(x, w5))
+# signed zeros: rows of zeros give C = +0, a negative scale -0, which a maximum or minimum
+# against +0 or -0 keeps or turns by TF's rule (compared bit for bit below)
+w6 = v([8, 16])
+s6 = tf.Variable(np.where(np.arange(16) % 2, -1.5, 2.0).astype(np.float32))
+def max_zero(x):
+    return tf.maximum(tf.matmul(x, w6) * s6, 0.0)
+def min_zero(x):
+    return tf.minimum(tf.matmul(x, w6) * s6, 0.0)
+def max_minus_zero(x):
+    return tf.maximum(tf.matmul(x, w6) * s6, -0.0)
+def zero_first_min(x):
+    return tf.minimum(0.0, tf.matmul(x, w6) * s6)
 # MobileNetV2's layers: a 3x3 stride-2 stem, a 1x1 expansion, a depthwise conv with the
 # 1x1 projection reading it, each with a batch norm (scale and offset) and ReLU6, and
 # the projection's shortcut (24 columns: narrower than AVX-512 tiles of 2 vectors)
@@ -67,6 +80,10 @@ cases = {
     "constant_first": (constant_first, [None, 16], [(3, 16), (61, 16)]),
     "residual": (residual, [None, 32], [(9, 32), (50, 32)]),
     "reversed_sub": (reversed_sub, [None, 32], [(9, 32), (50, 32)]),
+    "max_zero": (max_zero, [None, 8], [(9, 8), (20, 8)]),
+    "min_zero": (min_zero, [None, 8], [(9, 8), (20, 8)]),
+    "max_minus_zero": (max_minus_zero, [None, 8], [(9, 8), (20, 8)]),
+    "zero_first_min": (zero_first_min, [None, 8], [(9, 8), (20, 8)]),
     "mobile_block": (mobile_block, [None, None, None, 3],
                      [(1, 17, 23, 3), (2, 40, 32, 3)]),
 }
@@ -82,9 +99,18 @@ for name, (fn, spec, shapes) in cases.items():
             flat = x.reshape(-1)                    # into oneDNN's, which maps NaN to 0)
             flat[7] = np.nan
             flat[-3] = np.inf
+        zeros = "zero" in name
+        if zeros:
+            x[::3] = 0.0
+            x[1, 0] = np.nan
         got, want = jitted(x).numpy(), f(x).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True,
                                    err_msg=f"{name} at {shape}")
+        if zeros:  # the sign of every zero (and every NaN where TF's is)
+            assert np.array_equal(np.isnan(got), np.isnan(want)), name
+            exact = (want == 0) | np.isnan(want)
+            assert np.array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0])), name
+            assert exact.any(), name
         h.update(got.tobytes())
     stats[name] = disc_tf.stats()["register_epilogues"] - before
     digests[name] = h.hexdigest()
@@ -94,8 +120,10 @@ print("STATS", json.dumps({"launches": stats, "digests": digests}))
 
 #: Cases whose epilogue is a chain of column steps: launches per call on registers.
 _CHAINS = {"relu_dense": 1, "relu6_deep": 1, "clipped": 1, "constant_first": 1,
-           "residual": 1, "mobile_block": 3}
+           "residual": 1, "max_zero": 1, "min_zero": 1, "max_minus_zero": 1,
+           "zero_first_min": 1, "mobile_block": 3}
 _CALLS = {"relu_dense": 4, "relu6_deep": 2, "clipped": 2, "constant_first": 2, "residual": 2,
+          "max_zero": 2, "min_zero": 2, "max_minus_zero": 2, "zero_first_min": 2,
           "mobile_block": 2}
 
 
