@@ -484,8 +484,7 @@ bool RegisterEpiloguesOn() {
 // layout the epilogue indexes C by must be C's. Otherwise null: it runs as an epilogue.
 const disc_column_epilogue* OnRegisters(const GemmIsa& isa, disc_gemm_epilogue_fn fn,
                                         void* closure, bool accumulate, int64_t batch,
-                                        const float* c, int64_t ldc,
-                                        const std::function<int64_t(int64_t)>& stride_c) {
+                                        const float* c, int64_t ldc, BatchStrides stride_c) {
   if (fn != &RalColumnEpilogue || accumulate || isa.prepacked_columns == nullptr ||
       !RegisterEpiloguesOn())
     return nullptr;
@@ -671,8 +670,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const disc_column_epilogue* columns =
         packed_b != nullptr
             ? OnRegisters(isa, block_epilogue.fn, block_epilogue.closure,
-                          block_epilogue.accumulate, batch, c, ldc,
-                          [&](int64_t q) { return stride_c(q); })
+                          block_epilogue.accumulate, batch, c, ldc, stride_c)
             : nullptr;
     if (columns != nullptr) stats::Add(stats::kRegisterEpilogues, 1);
     const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
@@ -1187,8 +1185,7 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
   const GemmEpilogue epilogue{epilogue_fn, closure, full_rows != 0, false};
   const disc_column_epilogue* columns =
       packed_b != nullptr && k > 0
-          ? OnRegisters(isa, epilogue_fn, closure, false, 1, c, ldc,
-                        [](int64_t) { return int64_t{0}; })
+          ? OnRegisters(isa, epilogue_fn, closure, false, 1, c, ldc, BatchStrides{1, 0, 0})
           : nullptr;
   if (columns != nullptr) {
     stats::Add(stats::kRegisterEpilogues, 1);

@@ -90,9 +90,8 @@ inline float AElem(const float* a, int64_t lda, int r, int64_t p) {
 
 // ---- Column epilogues (disc_ral.h, ABI 11) run on a tile as it is stored.
 //
-// Each step as column_steps.h computes one element: with x first, disc_max is the
-// instruction's max(x, c) (c on ties and where x is NaN) with x put back where it is
-// NaN; with the constant first, (c > x) ? c : x, which is the instruction's max(c, x).
+// Each step gives the bits column_steps.h computes for one element (a maximum or
+// minimum against a constant: FormOf below).
 
 // Where a tile's results go: `out` for its first element (row stride ldo), `j` the
 // column of C it starts at (which element of each step's column it reads), `at` the
