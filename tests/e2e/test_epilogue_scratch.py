@@ -98,29 +98,45 @@ def test_c_stays_in_memory_where_it_must(fn):
 
 _WHOLE_C_SCRIPT = """
 import numpy as np, tensorflow as tf, disc_tf
-from tests.e2e.test_epilogue_scratch import H, ffn_block
-fn = tf.function(ffn_block, input_signature=[tf.TensorSpec([None, H], tf.float32)])
+from tests.e2e.test_epilogue_scratch import WIDE_N, wide_projection
+fn = tf.function(wide_projection, input_signature=[tf.TensorSpec([None, WIDE_N], tf.float32)])
 jitted = disc_tf.jit(fn, min_cluster_size=1, strict=True)
-x = np.random.default_rng(3).normal(size=(20000, H)).astype(np.float32)
+x = np.random.default_rng(3).normal(size=(2000, WIDE_N)).astype(np.float32)
 np.testing.assert_allclose(jitted(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
 print("OK")
 """
 
+WIDE_K, WIDE_N = 256, 768
+W_DOWN = tf.Variable((RNG.normal(size=(WIDE_N, WIDE_K)) / 28).astype(np.float32))
+W_WIDE = tf.Variable((RNG.normal(size=(WIDE_K, WIDE_N)) / 16).astype(np.float32))
+
+
+def wide_projection(x):
+    """An FFN's output projection whose packed B (192 K floats) is past half an L2 of
+    1 MiB yet small enough that every ISA's split gives each thread one or two blocks of
+    whole rows; its residual (a temp) and norm are C's only readers."""
+    x1 = _norm(x)
+    return _norm(x1 + tf.matmul(tf.nn.relu(tf.matmul(x1, W_DOWN)), W_WIDE))
+
 
 def test_a_b_beyond_l2_keeps_c_whole_rather_than_cut_short_blocks(tmp_path):
     """Where 1 MiB blocks of C would be shorter than the GEMM's own row blocks and B
-    does not stay in L2 (here: an L2 of 64 KiB), the launch keeps C whole as a temp
-    of its own and runs the epilogue on each row block of it; the answers hold."""
+    does not stay in L2 (here: an L2 of 1 MiB, which every ISA's split rule cuts into
+    blocks of 500-1000 rows at 2000 x 256 x 768, against 1 MiB blocks of 336 rows), the
+    launch keeps C whole as a temp of its own and runs the epilogue on each row block of
+    it; the answers hold."""
     import os
     import pathlib
 
     from tests import fresh_python
 
+    spec = tf.TensorSpec([None, WIDE_N], F32)
+    assert [k.c_in_scratch for k in _plan(wide_projection, spec).kernels].count(True) == 1
     repo = pathlib.Path(__file__).resolve().parents[2]
     profile = tmp_path / "profile.txt"
-    env = dict(os.environ, PYTHONPATH=str(repo), DISC_TF_L2_BYTES=str(64 * 1024),
+    env = dict(os.environ, PYTHONPATH=str(repo), DISC_TF_L2_BYTES=str(1 << 20),
                DISC_TF_PROFILE=str(profile))
     proc = fresh_python.run(["-c", _WHOLE_C_SCRIPT], env=env, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     text = profile.read_text()
-    assert "m=20000 n=64 k=192 +C whole prepacked" in text, text
+    assert "m=2000 n=768 k=256 +C whole prepacked" in text, text
