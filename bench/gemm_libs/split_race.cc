@@ -12,7 +12,8 @@
 // $SPLIT_RACE_ROWS (default 48,96,192: blocks of about R rows where packed B is
 // within kRowBlockMaxPackedFloats, else as `columns`), `rows48_any` (48-row blocks
 // whatever B's size: what that bound was measured with), `halves` (one block of whole
-// rows per thread) and `column_halves` (one block of all rows per thread). Each round
+// rows per thread), `column_halves` (one block of all rows per thread) and `colsW` for each W
+// of $SPLIT_RACE_COLS (default 64,128: blocks of all rows and W columns). Each round
 // times every candidate (best of 5 calls), in an order rotated by one each round; prints
 // per candidate the median time and the median [range] of columns / candidate
 // over the rounds (> 1: faster).
@@ -59,6 +60,8 @@ struct Candidate {
   disc_tf::PrepackedRows rule = disc_tf::PrepackedRows::kColumnsFirst;
   int64_t row_block = 0;  // > 0: blocks of about this many rows
   bool any_size = false;  // row blocks without ChoosePrepackedSplit's bound on B
+  int64_t col_width = 0;  // > 0: blocks of all rows and this many columns (ONNX Runtime's
+                          // MLAS cuts a product wider than tall so, 8 slices per thread)
 };
 
 void BiasRelu(float* c, int64_t ldc, const float* bias, int64_t i0, int64_t i1, int64_t j0,
@@ -118,13 +121,29 @@ int main(int argc, char** argv) {
                      static_cast<int64_t>(r)});
     p = *end == ',' ? end + 1 : end;
   }
+  const char* cols_list = getenv("SPLIT_RACE_COLS");
+  for (const char* p = cols_list != nullptr ? cols_list : "64,128"; *p != '\0';) {
+    char* end = nullptr;
+    const long long w = strtoll(p, &end, 10);
+    if (end == p || w < 64 || w % 64 != 0) {
+      fprintf(stderr, "split_race: SPLIT_RACE_COLS is a list of multiples of 64\n");
+      return 2;
+    }
+    Candidate cand{"cols" + std::to_string(w)};
+    cand.col_width = w;
+    cands.push_back(cand);
+    p = *end == ',' ? end + 1 : end;
+  }
   cands.push_back({"rows48_any", false, disc_tf::PrepackedRows::kColumnsFirst, 48, true});
   cands.push_back({"halves", false, disc_tf::PrepackedRows::kColumnsFirst, -1});
   cands.push_back({"column_halves", false, disc_tf::PrepackedRows::kColumnsFirst, -2});
   auto run = [&](const Candidate& cand) {
     disc_tf::GemmSplit s = disc_tf::ChoosePrepackedSplit(m, n, k, 2, cand.full_rows, cand.rule);
     const bool b_fits = static_cast<double>(k) * n <= disc_tf::kRowBlockMaxPackedFloats;
-    if (cand.row_block == -1) {  // one block of whole rows per thread
+    if (cand.col_width > 0) {
+      s = disc_tf::GemmSplit{};
+      s.col_blocks = (n + cand.col_width - 1) / cand.col_width;
+    } else if (cand.row_block == -1) {  // one block of whole rows per thread
       s = disc_tf::GemmSplit{};
       s.row_blocks = 2;
       s.row_align = 6;
