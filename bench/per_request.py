@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -137,6 +138,16 @@ def report(peers: list[str], shapes: list[tuple[int, ...]], times: dict[str, lis
     return "\n".join(lines)
 
 
+def machine_line(hidden: bool, load_start: float | None, load_end: float | None) -> str:
+    """What the comparison ran on: CPU, ISA (and whether AVX-512 was hidden), cores, the
+    1-minute load average at the start and the end, and the commit."""
+    from bench import machine
+
+    isa = machine.host_isa() + (" (AVX-512 hidden: every peer's AVX2 path)" if hidden else "")
+    return (f"Machine: {machine.cpu_model()}, {isa}, {os.cpu_count()} cores; 1-min load "
+            f"{load_start} at the start, {load_end} at the end; commit {machine.git_revision()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the comparison (or, with ``--worker``, one peer's worker)."""
     p = argparse.ArgumentParser(prog="python -m bench.per_request",
@@ -169,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = pathlib.Path(tempfile.mkdtemp(prefix="per_request_")) / "model"
     WORKLOADS[args.workload].save(model_dir)
     from bench.driver import SETTLE_S
+    from bench.machine import load_average
 
+    load_start = load_average()
     procs = {peer: _start(peer, args, model_dir) for peer in peers}
     try:
         times = alternate(peers, args.passes, lambda peer: _pass(procs[peer]), SETTLE_S)
@@ -181,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.workload}: {args.passes} passes of {len(shapes)} requests, peers in "
           f"alternating order{' (AVX-512 hidden)' if args.hide_avx512 else ''}\n")
     print(report(peers, shapes, times))
+    line = machine_line(args.hide_avx512, load_start, load_average())
+    print(line)
     if args.out is not None:
         args.out.write_text(json.dumps({"workload": args.workload, "peers": peers,
-                                        "shapes": shapes, "times": times}))
+                                        "shapes": shapes, "times": times, "machine": line}))
     return 0
 
 

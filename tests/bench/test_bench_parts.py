@@ -411,3 +411,17 @@ def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
     assert calls == [(1, 2), (3, 4)] + [(1, 2), (1, 2), (3, 4)] * 2
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [2, 2]
+
+
+def test_per_request_names_the_machine_and_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report says what it ran on: CPU, ISA (and a hidden AVX-512), cores, the load at
+    both ends and the commit."""
+    from bench import machine, per_request
+
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Some CPU")
+    monkeypatch.setattr(machine, "host_isa", lambda: "AVX2")
+    monkeypatch.setattr(machine, "git_revision", lambda: "abc1234")
+    line = per_request.machine_line(False, 0.5, 1.25)
+    assert line.startswith("Machine: Some CPU, AVX2, ")
+    assert "load 0.5 at the start, 1.25 at the end; commit abc1234" in line
+    assert "AVX-512 hidden" in per_request.machine_line(True, None, None)

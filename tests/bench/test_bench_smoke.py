@@ -83,3 +83,4 @@ def test_per_request_alternates_two_peers(tmp_path: pathlib.Path) -> None:
         assert len(raw["times"][peer]) == 2 and all(len(p) == 3 for p in raw["times"][peer])
         assert all(t > 0 for p in raw["times"][peer] for t in p)
     assert "Sum of per-request medians: tf" in proc.stdout
+    assert raw["machine"].startswith("Machine: ") and raw["machine"] in proc.stdout
