@@ -12,6 +12,14 @@
 
 #include "cc/ral/disc_ral.h"
 
+// Whether step op reads one float per column of C, or a tensor laid out as C.
+static inline bool DiscIsColumnStep(int32_t op) {
+  return op == DISC_COLUMN_MUL || op == DISC_COLUMN_ADD || op == DISC_COLUMN_SUB;
+}
+static inline bool DiscIsMatrixStep(int32_t op) {
+  return op == DISC_MATRIX_ADD || op == DISC_MATRIX_MUL;
+}
+
 // x, C's element e (its column j), after step s.
 static inline float DiscColumnStep(const disc_column_step& s, float x, int64_t j, int64_t e) {
   switch (s.op) {

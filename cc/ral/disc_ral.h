@@ -85,8 +85,11 @@ enum {
   DISC_MATRIX_MUL = 9,      /* x * operand[e] */
 };
 #define DISC_COLUMN_STEPS 6
+/* The most DISC_MATRIX_* steps a chain may have: a GEMM block copies their rows for a
+ * tile narrower than its vectors. */
+#define DISC_MATRIX_STEPS 2
 typedef struct disc_column_step {
-  int32_t op;          /* DISC_COLUMN_* or DISC_CONSTANT_* */
+  int32_t op;          /* DISC_COLUMN_*, DISC_CONSTANT_* or DISC_MATRIX_* */
   int32_t value_first; /* maximum and minimum: x is the first operand */
   const float* operand; /* DISC_COLUMN_*: one float per column; DISC_MATRIX_*: as C */
   float constant;      /* DISC_CONSTANT_* */

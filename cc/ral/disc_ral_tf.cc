@@ -491,10 +491,9 @@ const disc_column_epilogue* OnRegisters(const GemmIsa& isa, disc_gemm_epilogue_f
   const auto* e = static_cast<const disc_column_epilogue*>(closure);
   if (e->c != c || ldc != e->cols || e->steps < 0 || e->steps > DISC_COLUMN_STEPS)
     return nullptr;
-  int matrix_steps = 0;  // the block copies at most two residuals' rows per edge tile
-  for (int s = 0; s < e->steps; ++s)
-    matrix_steps += e->step[s].op == DISC_MATRIX_ADD || e->step[s].op == DISC_MATRIX_MUL;
-  if (matrix_steps > 2) return nullptr;
+  int matrix_steps = 0;  // the block copies that many residuals' rows per edge tile
+  for (int s = 0; s < e->steps; ++s) matrix_steps += DiscIsMatrixStep(e->step[s].op);
+  if (matrix_steps > DISC_MATRIX_STEPS) return nullptr;
   for (int64_t q = 1; q < batch; ++q)
     if (stride_c(q) != q * e->rows * e->cols) return nullptr;
   return e;

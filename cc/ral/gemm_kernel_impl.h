@@ -107,13 +107,11 @@ struct ColumnStore {
   ColumnStore At(int64_t i, int64_t dj) const {
     return {e, out + i * ldo + dj, ldo, j + dj, at + i * ldm + dj, ldm};
   }
+  // A block of `e`'s result from `out` (which lies in e->out) on, C's column j first.
+  static ColumnStore Block(const disc_column_epilogue* e, float* out, int64_t j) {
+    return {e, out, e->cols, j, out - e->out, e->cols};
+  }
 };
-
-inline bool IsMatrixStep(int32_t op) { return op == DISC_MATRIX_ADD || op == DISC_MATRIX_MUL; }
-inline bool IsColumnStep(int32_t op) { return op >= DISC_COLUMN_MUL && op <= DISC_COLUMN_SUB; }
-
-// The most matrix steps (residuals) a chain may have (cpu_column_epilogue.py).
-constexpr int kMatrixSteps = 2;
 
 // A column epilogue whose column operands are copied for the w < kPanel columns of
 // one panel, zeros after them, so that a tile of that panel loads whole vectors
@@ -124,7 +122,7 @@ struct PaddedColumns {
   void Fill(const disc_column_epilogue& from, int64_t j, int64_t w) {
     e = from;
     for (int s = 0; s < e.steps; ++s) {
-      if (!IsColumnStep(e.step[s].op)) continue;
+      if (!DiscIsColumnStep(e.step[s].op)) continue;
       std::fill_n(std::copy_n(e.step[s].operand + j, w, columns[s]), kPanel - w, 0.0f);
       e.step[s].operand = columns[s];
     }
@@ -151,7 +149,7 @@ inline void VectorColumns(const disc_column_epilogue& e, int64_t j, int64_t at, 
                           Vec (&x)[R][V]) {
   for (int s = 0; s < e.steps; ++s) {
     const disc_column_step& st = e.step[s];
-    if (IsMatrixStep(st.op)) {
+    if (DiscIsMatrixStep(st.op)) {
       const float* m = st.operand + at;
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < V; ++v) {
@@ -162,7 +160,7 @@ inline void VectorColumns(const disc_column_epilogue& e, int64_t j, int64_t at, 
     }
     Vec y[V];
     for (int v = 0; v < V; ++v) {
-      y[v] = IsColumnStep(st.op) ? Load(st.operand + j + v * kLanes) : Splat(st.constant);
+      y[v] = DiscIsColumnStep(st.op) ? Load(st.operand + j + v * kLanes) : Splat(st.constant);
     }
     switch (st.op) {
       case DISC_COLUMN_MUL:
@@ -306,9 +304,9 @@ inline void EdgeTile(int64_t k, const float* a, int64_t lda, const float* b, int
     }
     // Matrix steps read the tile's w columns from a zero-padded copy of their rows.
     disc_column_epilogue e = *store->e;
-    alignas(64) float rows[kMatrixSteps][R * kWidth];
+    alignas(64) float rows[DISC_MATRIX_STEPS][R * kWidth];
     for (int s = 0, copies = 0; s < e.steps; ++s) {
-      if (!IsMatrixStep(e.step[s].op)) continue;
+      if (!DiscIsMatrixStep(e.step[s].op)) continue;
       float* copy = rows[copies++];
       for (int r = 0; r < R; ++r)
         std::fill_n(std::copy_n(e.step[s].operand + store->at + r * store->ldm, w,
@@ -833,13 +831,11 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_columns)(
     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int ta,
     const float* packed_b, float* c, int64_t ldc, const disc_column_epilogue* e, float* out,
     int64_t j, int fetch) {
-  // out lies in e->out: its index there is the block's first element's in C's layout
-  const int64_t at = out - e->out;
-  const ColumnStore store{e, out, e->cols, j, at, e->cols};
+  const ColumnStore store = ColumnStore::Block(e, out, j);
   if (k == 0) {  // C = 0, then the steps
     for (int64_t i = 0; i < m; ++i)
       for (int64_t x = 0; x < n; ++x)
-        out[i * e->cols + x] = DiscColumnSteps(*e, 0.0f, j + x, at + i * e->cols + x);
+        out[i * e->cols + x] = DiscColumnSteps(*e, 0.0f, j + x, store.at + i * e->cols + x);
     return;
   }
   if (m <= 0 || n <= 0) return;
@@ -850,7 +846,7 @@ extern "C" void DISC_GEMM_ISA(disc_gemm_column_pass)(int64_t m, int64_t n, const
                                                      int64_t ldc,
                                                      const disc_column_epilogue* e,
                                                      float* out, int64_t j) {
-  ColumnPass(m, n, c, ldc, ColumnStore{e, out, e->cols, j, out - e->out, e->cols});
+  ColumnPass(m, n, c, ldc, ColumnStore::Block(e, out, j));
 }
 
 extern "C" void DISC_GEMM_ISA(disc_gemm_prepacked_block_resident)(

@@ -24,8 +24,8 @@ from disc_tf.ops.elementwise import literal
 
 #: disc_ral.h's DISC_COLUMN_STEPS: the most steps a chain may have.
 MAX_STEPS = 6
-#: The most steps reading a tensor laid out as C (a residual) a chain may have: the GEMM
-#: block copies their rows for a tile narrower than its vectors (kMatrixSteps).
+#: disc_ral.h's DISC_MATRIX_STEPS: the most steps reading a tensor laid out as C (a
+#: residual) a chain may have (the GEMM block copies their rows for a narrow tile).
 MAX_MATRIX_STEPS = 2
 
 #: DHLO op -> (step with a per-column operand, with a constant, with a tensor laid out
