@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import subprocess
@@ -143,9 +142,10 @@ def machine_line(hidden: bool, load_start: float | None, load_end: float | None)
     1-minute load average at the start and the end, and the commit."""
     from bench import machine
 
-    isa = machine.host_isa() + (" (AVX-512 hidden: every peer's AVX2 path)" if hidden else "")
-    return (f"Machine: {machine.cpu_model()}, {isa}, {os.cpu_count()} cores; 1-min load "
-            f"{load_start} at the start, {load_end} at the end; commit {machine.git_revision()}")
+    hidden_note = " (AVX-512 hidden: every peer's AVX2 path)" if hidden else ""
+    return (f"Machine: {machine.cpu_model()}, {machine.capped_isa(None)}{hidden_note}; 1-min "
+            f"load {load_start} at the start, {load_end} at the end; commit "
+            f"{machine.git_revision()}")
 
 
 def main(argv: list[str] | None = None) -> int:
