@@ -81,12 +81,15 @@ def stats() -> dict[str, int]:
     discards them: a causal or padding mask), temp_reuses (temporary buffers of at most
     64 KiB a call took from those its kernel kept, instead of allocating them),
     temp_kept_bytes (the bytes of such buffers all kernels keep now: a level, which
-    ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``) and
+    ``reset_stats`` leaves as it is; bounded by ``DISC_TF_TEMP_KEEP_MB``),
     folded_reuses (launches of kernels that read only weights, such as batch norm's
     scale and offset, skipped because an earlier call computed their results from the
-    same weight buffers; ``DISC_TF_FOLD=0`` turns that off) and register_epilogues
+    same weight buffers; ``DISC_TF_FOLD=0`` turns that off), register_epilogues
     (GEMM launches whose epilogue, such as a bias or batch norm and a ReLU or ReLU6, ran
-    on each tile of C in registers as the GEMM stored it)."""
+    on each tile of C in registers as the GEMM stored it) and layer_blocks (launches of
+    GEMMs each reading the last one's result, such as an MLP's layers, that ran every
+    layer on a block of rows before the next block, the results between layers never
+    leaving cache)."""
     return dict(_native.load().py.stats())
 
 

@@ -16,7 +16,7 @@ constexpr const char* kNames[kNumCounters] = {
     "clusters", "compilations", "cache_hits", "fallbacks", "kernels", "peak_temp_bytes",
     "packed_weights", "untrusted", "rebuilds", "pool_wakes",
     "resident_weight_gemms", "masked_elements", "temp_reuses", "temp_kept_bytes",
-    "folded_reuses", "register_epilogues"};
+    "folded_reuses", "register_epilogues", "layer_blocks"};
 
 std::atomic<int64_t> g_counters[kNumCounters];
 

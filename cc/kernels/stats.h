@@ -15,7 +15,9 @@
 // of weight-only kernels a call skipped, their results kept from an earlier call:
 // folded_values.h), register_epilogues (GEMM launches whose epilogue, a chain of
 // per-column and constant steps, ran on each tile of C as it was stored: ABI 11's
-// column_epilogue in disc_ral.h). `clusters`
+// column_epilogue in disc_ral.h), layer_blocks (launches of GEMMs each reading the last
+// one's result that ran every layer on a block of rows before the next block: ABI 12's
+// sgemm_layers). `clusters`
 // and `kernels` count distinct cluster artifacts (by sha256) seen since the
 // last Reset(). The same counters are exported with C linkage so that other
 // shared objects (the Python extension) can read them.
@@ -46,7 +48,8 @@ enum Counter : int {
   kTempKeptBytes = 13,   // bytes of scratch kept now: a level, which Reset() keeps
   kFoldedReuses = 14,    // launches skipped: their results kept from an earlier call
   kRegisterEpilogues = 15,  // GEMM launches that ran their column epilogue on registers
-  kNumCounters = 16,
+  kLayerBlocks = 16,  // sgemm_layers launches that ran every layer block by block
+  kNumCounters = 17,
 };
 
 // Name of counter `c` ("clusters", "compilations", ...).

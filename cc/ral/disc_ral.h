@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define DISC_RAL_ABI_VERSION 11
+#define DISC_RAL_ABI_VERSION 12
 
 /* Error codes: the numeric values of TensorFlow's error codes. */
 enum {
@@ -102,6 +102,27 @@ typedef struct disc_column_epilogue {
   int32_t steps;   /* at most DISC_COLUMN_STEPS */
   disc_column_step step[DISC_COLUMN_STEPS];
 } disc_column_epilogue;
+
+/* ABI 12. One layer of sgemm_layers: C = A op(B), then the layer's epilogue on C. */
+typedef struct disc_gemm_layer {
+  int64_t n;             /* columns of C (the next layer's depth) */
+  const float* b;        /* op(B): k x n row-major (row stride ldb), or n x k with transpose_b */
+  int64_t ldb;
+  int32_t transpose_b;
+  float* c;              /* C in memory (row stride n), or NULL: each task's rows of C in its
+                            own scratch only, C never whole */
+  /* The epilogue, at most one of the two: `rows` on rows [i0, i1) of C where they lie
+   * (c_rows, row stride ldc; q is 0), all n columns; or `columns`, steps the host runs
+   * on C's registers as it stores them (their c, and out where it equals c, stand for
+   * C where its rows lie: in memory or in scratch). */
+  disc_gemm_scratch_fn rows;
+  void* closure;
+  const disc_column_epilogue* columns;
+  /* Where the next layer reads its A, the epilogue's result: NULL: C's rows where they
+   * lie (the epilogue wrote in C's place, or there is none); else memory of row
+   * stride n. */
+  const float* result;
+} disc_gemm_layer;
 
 typedef struct disc_ral disc_ral;
 
@@ -274,6 +295,17 @@ struct disc_ral {
    * read back; called as any epilogue, it runs them over the block given. A host may
    * leave it NULL: the caller then passes its own epilogue. */
   disc_gemm_epilogue_fn column_epilogue;
+
+  /* ABI 12. GEMMs each reading the last one's result as its A (an MLP's layers, a
+   * transformer's feed-forward block): for p in [0, count), C_p = A_p op(B_p), then
+   * layer p's epilogue on C_p; A_0 = a (m x k, row stride lda), A_p (m x n_{p-1}) is
+   * layer p-1's result. The host cuts the rows into blocks and runs every layer on a
+   * block, one after the other on one thread, before that thread takes another block:
+   * no layer's result leaves cache between layers, there is one launch, and a C with
+   * c NULL is never whole. (With few rows for the pool it may run the layers one
+   * launch each, the epilogue contracts unchanged.) */
+  void (*sgemm_layers)(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t lda,
+                       int32_t count, const disc_gemm_layer* layers);
 };
 
 #ifdef __cplusplus

@@ -1217,6 +1217,206 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
     r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_gathered_a: out of memory for a block of A");
 }
 
+// ---- GEMMs each reading the last one's result (ABI 12)
+
+// Floats of one task's rows of every layer's C (those in scratch, or the widest): half
+// of L2, where blocks of kRowBlockRows rows would pass it (wide layers) they are cut
+// shorter; the rest of L2 holds the panels of B the block streams.
+int64_t LayerBlockFloats() { return L2Bytes() / 2 / static_cast<int64_t>(sizeof(float)); }
+
+// Rows of one task's block of an sgemm_layers launch whose rows of C take `row_floats`
+// floats (every C in scratch, or the widest). On a core with less than 1 MiB of L2
+// (Zen 3: each block streams every layer's B from L3, as a layer's own 48-row blocks
+// did) kRowBlockRows, fewer where those rows would pass LayerBlockFloats. With more L2
+// (Sapphire Rapids, where a layer's product took one block of rows per thread: B in L2
+// for the whole block, PrepackedRows::kThreadRowsSmallB) one block per thread, as many
+// rows as fit LayerBlockFloats. Measured on Zen 3 only (bench/GEMM.md, "Layers by
+// blocks").
+int64_t LayerBlockRows(int64_t m, int64_t threads, int64_t row_floats) {
+  const int64_t fit = std::max<int64_t>(1, LayerBlockFloats() / std::max<int64_t>(row_floats, 1));
+  if (L2Bytes() < (1 << 20)) return CapRows(kRowBlockRows, fit);
+  const int64_t per_thread = (m + threads - 1) / std::max<int64_t>(threads, 1);
+  return CapRows(std::max<int64_t>(6, std::min(fit, per_thread)), fit);
+}
+
+// `e` for the rows [i0, i1) of a layer's C that lie at c_rows (row stride n): its c,
+// and its out where it is C's place, based so that element (i, j) of C is
+// c_rows[(i - i0) * n + j] (a block in scratch, or C itself in memory).
+disc_column_epilogue ColumnsAt(const disc_column_epilogue& e, float* c_rows, int64_t i0,
+                               int64_t n) {
+  disc_column_epilogue moved = e;
+  float* base = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(c_rows) -
+                                         static_cast<uintptr_t>(i0 * n) * sizeof(float));
+  if (e.out == e.c) moved.out = base;
+  moved.c = base;
+  return moved;
+}
+
+// A layer's `rows` epilogue as an ABI-4 epilogue of whole rows of C at c (row stride n).
+struct RowsOnC {
+  disc_gemm_scratch_fn fn;
+  void* closure;
+  float* c;
+  int64_t n;
+  static void Run(void* p, int64_t q, int64_t i0, int64_t i1, int64_t, int64_t) {
+    const RowsOnC& h = *static_cast<const RowsOnC*>(p);
+    h.fn(h.closure, q, i0, i1, h.c + i0 * h.n, h.n);
+  }
+};
+
+// DISC_TF_LAYER_BLOCKS=0 (read once per process): sgemm_layers runs its layers one
+// launch each, as without the fusion (the same results; for tests and measurements).
+bool LayerBlocksOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("DISC_TF_LAYER_BLOCKS");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Whether `layer`'s column epilogue is one the GEMM block can run on registers.
+bool ColumnsOnRegisters(const GemmIsa& isa, const disc_gemm_layer& layer, bool packed) {
+  const disc_column_epilogue* e = layer.columns;
+  if (e == nullptr || !packed || isa.prepacked_columns == nullptr || !RegisterEpiloguesOn())
+    return false;
+  if (e->cols != layer.n || e->steps < 0 || e->steps > DISC_COLUMN_STEPS) return false;
+  int matrix_steps = 0;
+  for (int s = 0; s < e->steps; ++s) matrix_steps += DiscIsMatrixStep(e->step[s].op);
+  return matrix_steps <= DISC_MATRIX_STEPS;
+}
+
+// The layers one launch each (few rows for the pool: each layer's columns are shared
+// among the threads as sgemm_epilogue shares them), a C that is NULL in a temp.
+void LayersOneByOne(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t lda,
+                    int32_t count, const disc_gemm_layer* layers) {
+  TfRal* r = TfRal::From(ral);
+  const float* a_p = a;
+  int64_t k_p = k, lda_p = lda;
+  float* last_temp = nullptr;  // the temp holding the previous layer's C, if any
+  for (int32_t p = 0; p < count && !r->has_error(); ++p) {
+    const disc_gemm_layer& layer = layers[p];
+    float* c = layer.c;
+    float* temp = nullptr;
+    if (c == nullptr) {
+      temp = static_cast<float*>(
+          RalAllocTemp(ral, m * layer.n * static_cast<int64_t>(sizeof(float))));
+      if (temp == nullptr) break;  // the error is set
+      c = temp;
+    }
+    disc_column_epilogue columns{};
+    RowsOnC rows{layer.rows, layer.closure, c, layer.n};
+    GemmEpilogue epilogue;
+    if (layer.columns != nullptr) {
+      columns = ColumnsAt(*layer.columns, c, 0, layer.n);
+      epilogue = GemmEpilogue{&RalColumnEpilogue, &columns, false, false};
+    } else if (layer.rows != nullptr) {
+      epilogue = GemmEpilogue{&RowsOnC::Run, &rows, true, false};
+    }
+    SgemmImpl(r, 1, m, layer.n, k_p, a_p, lda_p, {1, 0, 0}, 0, layer.b, layer.ldb, {1, 0, 0},
+              layer.transpose_b, c, layer.n, {1, 0, 0}, epilogue);
+    if (last_temp != nullptr) RalFreeTemp(ral, last_temp);
+    last_temp = temp;
+    const bool in_place = layer.result == nullptr;
+    a_p = in_place ? (layer.columns != nullptr ? columns.out : c) : layer.result;
+    k_p = lda_p = layer.n;
+  }
+  if (last_temp != nullptr) RalFreeTemp(ral, last_temp);
+}
+
+void RalSgemmLayers(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t lda,
+                    int32_t count, const disc_gemm_layer* layers) {
+  TfRal* r = TfRal::From(ral);
+  bool bad = m < 0 || k < 0 || count < 1 || layers == nullptr;
+  for (int32_t p = 0; !bad && p < count; ++p)
+    bad = layers[p].n < 0 || (layers[p].rows != nullptr && layers[p].columns != nullptr) ||
+          (layers[p].columns != nullptr && layers[p].columns->cols != layers[p].n);
+  if (bad) {
+    r->SetError(DISC_INTERNAL, absl::StrCat("sgemm_layers: m ", m, ", k ", k, ", count ",
+                                            count));
+    return;
+  }
+  if (m == 0) return;
+  const TaskPool pool = TaskPoolOf(r);
+  const int64_t threads = pool.NumThreads();
+  // too few rows to give every thread blocks of its own
+  if (ColumnsThenRows(m, threads) || !LayerBlocksOn()) {
+    LayersOneByOne(ral, m, k, a, lda, count, layers);
+    return;
+  }
+  const GemmIsa& isa = Gemm(r);  // counted once a GEMM, as one launch each would be
+  if (&isa != &Gemm() && count > 1) stats::Add(stats::kResidentWeightGemms, count - 1);
+  profile::LaunchTimer timer(r->profile_key(), &r->launches, "layers");
+  // Each layer's B packed once where it is a weight, its depth and its scratch.
+  std::vector<std::shared_ptr<const PackedOperand>> packed(count);
+  std::vector<int64_t> depth(count), scratch_at(count, -1);
+  std::vector<bool> on_registers(count);
+  int64_t scratch_row = 0, widest = 1;  // floats of one row of every scratch C
+  double work = 0;
+  for (int32_t p = 0; p < count; ++p) {
+    const disc_gemm_layer& layer = layers[p];
+    depth[p] = p == 0 ? k : layers[p - 1].n;
+    if (depth[p] > 0 && layer.n > 0) {
+      packed[p] = PrepackedB(r, isa, layer.b, depth[p], layer.n, layer.ldb,
+                             layer.transpose_b != 0);
+    }
+    on_registers[p] = depth[p] > 0 && ColumnsOnRegisters(isa, layer, packed[p] != nullptr);
+    if (layer.c == nullptr) {
+      scratch_at[p] = scratch_row;
+      scratch_row += (layer.n + 15) / 16 * 16;  // each C's rows 64-byte aligned
+    }
+    widest = std::max(widest, layer.n);
+    work += static_cast<double>(m) * layer.n * depth[p];
+  }
+  const RowBlocks row_blocks(m, LayerBlockRows(m, threads, std::max(widest, scratch_row)));
+  if (r->profiling) {
+    timer.detail = absl::StrCat("m=", m, " k=", k, " layers=", count, " n=");
+    for (int32_t p = 0; p < count; ++p) {
+      absl::StrAppend(&timer.detail, p ? "," : "", layers[p].n,
+                      layers[p].c == nullptr ? "(scratch)" : "",
+                      on_registers[p] ? "(registers)" : "");
+    }
+    absl::StrAppend(&timer.detail, " blocks=", row_blocks.count);
+  }
+  int64_t registers = 0;
+  for (int32_t p = 0; p < count; ++p) registers += on_registers[p];
+  if (registers > 0) stats::Add(stats::kRegisterEpilogues, registers);
+  stats::Add(stats::kLayerBlocks, 1);
+  std::atomic<bool> short_of_memory{false};
+  RunOn(pool, row_blocks.count, [&](int64_t t) {
+    const int64_t i0 = row_blocks.begin(t), i1 = row_blocks.end(t), rows = i1 - i0;
+    thread_local AlignedBuffer scratch;
+    float* block = scratch_row > 0 ? scratch.Reserve(rows * scratch_row) : nullptr;
+    if (scratch_row > 0 && block == nullptr) {
+      short_of_memory = true;
+      return;
+    }
+    const float* a_rows = a + i0 * lda;
+    int64_t lda_rows = lda;
+    for (int32_t p = 0; p < count; ++p) {
+      const disc_gemm_layer& layer = layers[p];
+      const int64_t n = layer.n;
+      float* c_rows = layer.c != nullptr ? layer.c + i0 * n : block + rows * scratch_at[p];
+      disc_column_epilogue columns{};
+      if (layer.columns != nullptr) columns = ColumnsAt(*layer.columns, c_rows, i0, n);
+      const float* packed_b = packed[p] ? packed[p]->data.get() : nullptr;
+      if (n > 0 && on_registers[p]) {
+        isa.prepacked_columns(rows, n, depth[p], a_rows, lda_rows, 0, packed_b, c_rows, n,
+                              &columns, columns.out + i0 * n, 0, isa.fetch);
+      } else if (n > 0) {
+        BlockProduct(isa, rows, n, depth[p], a_rows, lda_rows, false, packed_b, layer.b,
+                     layer.ldb, layer.transpose_b != 0, c_rows, n);
+        if (layer.columns != nullptr) RalColumnEpilogue(&columns, 0, i0, i1, 0, n);
+      }
+      if (layer.rows != nullptr) layer.rows(layer.closure, 0, i0, i1, c_rows, n);
+      a_rows = layer.result != nullptr ? layer.result + i0 * n
+               : layer.columns != nullptr ? columns.out + i0 * n : c_rows;
+      lda_rows = n;
+    }
+  }, /*inline_only=*/work < kSmallGemm);
+  if (short_of_memory)
+    r->SetError(DISC_RESOURCE_EXHAUSTED, "sgemm_layers: out of memory for a block of C");
+}
+
 // ---- Conv1D by Winograd F(2, 3), F(4, 3) or F(6, 3) (conv_winograd.h)
 
 // DISC_TF_WINOGRAD (read once per process): "0" runs every Conv1D as the direct
@@ -1414,6 +1614,7 @@ TfRal::TfRal(OpKernelContext* c, std::vector<Tensor> values, std::string cluster
   fold_begin = &RalFoldBegin;
   fold_done = &RalFoldDone;
   column_epilogue = &RalColumnEpilogue;
+  sgemm_layers = &RalSgemmLayers;
 
   dim_begin.resize(num_inputs + 1);
   int32_t total = 0;

@@ -15,6 +15,7 @@ from disc_tf.codegen.cpu_conv import CONV_WINDOWS_SUPPORT
 from disc_tf.codegen.cpu_fold import begin_lines, plan_folds
 from disc_tf.codegen.cpu_index import IndexKernelEmitter
 from disc_tf.codegen.cpu_kernels import KernelEmitter
+from disc_tf.codegen.cpu_layers import layers_launch
 from disc_tf.codegen.cpu_ops import (
     ITEMSIZE,
     MATH,
@@ -262,10 +263,15 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
     # A GEMM epilogue (and a GEMM chained after it) runs inside its GEMM's launch: its
     # outputs are allocated there.
     index = {k.name: n for n, k in enumerate(plan.kernels)}
-    def inside(k) -> list[str]:  # the kernels that run in k's launch
-        return [name for name in (*k.shares_a, k.epilogue, k.chain, k.a_producer) if name]
+    def inside(k) -> list[str]:  # the kernels that run in k's launch (a layer's epilogue too)
+        names = [name for name in (*k.shares_a, k.epilogue, k.chain, k.a_producer) if name]
+        for name in k.layers:
+            layer = plan.kernels[index[name]]
+            names += [name, *([layer.epilogue] if layer.epilogue else [])]
+        return names
 
     inside_a_gemm = {index[name] for k in plan.kernels for name in inside(k)}
+    later_layers = {name for k in plan.kernels for name in k.layers}
     # A depthwise convolution making a GEMM's A, and its epilogue, run in that launch:
     # GEMM name -> [convolution, its epilogue]
     made_by = {k.name: [k.a_producer, plan.kernels[index[k.a_producer]].epilogue]
@@ -291,12 +297,13 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
     scratch_c |= {b for names in made_by.values() for name in names
                   for _, b in plan.kernels[index[name]].outputs}
     alone = [n for n, k in enumerate(plan.kernels) if n not in inside_a_gemm and
-             n not in producers and not (k.a_producer or k.shares_a or k.epilogue)]
+             n not in producers and not (k.a_producer or k.shares_a or k.epilogue or k.layers)]
     folds = plan_folds(plan, alone, fold_base) if fold_base is not None else {}
     fold_of = {b: f for f in folds.values() for b in f.outputs}
     for n, (k, e) in enumerate(zip(plan.kernels, emitters)):
         writers = [] if n in inside_a_gemm else [k]
-        writers += [plan.kernels[index[name]] for name in inside(k)]
+        if k.name not in later_layers:  # the first layer's launch allocates for them all
+            writers += [plan.kernels[index[name]] for name in inside(k)]
         if n in folds:  # its outputs: kept ones, or temps allocated as usual
             fold = folds[n]
             size_of.update({b: _temp_bytes(plan.buffers[b], plan) for b in fold.outputs})
@@ -333,6 +340,13 @@ def _launch_sequence(plan: FusionPlan, emitters: list[KernelEmitter],
             out.extend(_alloc_temp(b, nbytes))
         if n in producers or n in folds:
             pass  # runs in the launch of the GEMM whose A it makes, or above
+        elif k.layers:
+            run = [plan.kernels[index[name]] for name in [k.name, *k.layers]]
+            out.extend(layers_launch(e, ptr, [
+                (emitters[index[g.name]], emitters[index[g.epilogue]] if g.epilogue else None)
+                for g in run]))
+        elif k.name in later_layers:
+            pass  # runs in the first layer's launch
         elif k.a_producer:
             conv = plan.kernels[index[k.a_producer]]
             out.extend(e.library_launch(

@@ -117,17 +117,20 @@ def column_chain(plan: FusionPlan, gemm: Kernel, epilogue: Kernel) -> ColumnChai
     return ColumnChain(c_inputs[0], steps)
 
 
-def closure_lines(chain: ColumnChain, rows: str, cols: str) -> list[str]:
+def closure_lines(chain: ColumnChain, rows: str, cols: str, suffix: str = "") -> list[str]:
     """Host lines filling ``col`` (a disc_column_epilogue over the epilogue's args ``k``:
-    ``rows`` rows of C per product, ``cols`` columns) and ``on_registers``."""
+    ``rows`` rows of C per product, ``cols`` columns) and ``on_registers``; with
+    ``suffix``, ``col<suffix>`` over ``args<suffix>``, ``inner_rows<suffix>`` its row
+    length, and ``on_registers<suffix>``."""
+    col, k, inner = f"col{suffix}", f"args{suffix}" if suffix else "k", f"inner_rows{suffix}"
     lines = ["    // the same steps on C's registers where the host can (RAL ABI 11)",
-             "    disc_column_epilogue col{};",
-             f"    col.c = k.in{chain.c_input}; col.out = k.out0;",
-             f"    col.rows = {rows}; col.cols = inner_rows; col.steps = {len(chain.steps)};"]
+             f"    disc_column_epilogue {col}{{}};",
+             f"    {col}.c = {k}.in{chain.c_input}; {col}.out = {k}.out0;",
+             f"    {col}.rows = {rows}; {col}.cols = {inner}; {col}.steps = {len(chain.steps)};"]
     for i, s in enumerate(chain.steps):
-        operand = f"k.in{s.operand}" if s.operand is not None else "nullptr"
-        lines.append(f"    col.step[{i}] = disc_column_step{{{s.op}, {int(s.value_first)}, "
+        operand = f"{k}.in{s.operand}" if s.operand is not None else "nullptr"
+        lines.append(f"    {col}.step[{i}] = disc_column_step{{{s.op}, {int(s.value_first)}, "
                      f"{operand}, {literal(s.constant, 'f32')}}};")
-    lines.append("    const bool on_registers = ral->abi_version >= 11 && "
-                 f"ral->column_epilogue != nullptr && inner_rows == {cols};")
+    lines.append(f"    const bool on_registers{suffix} = ral->abi_version >= 11 && "
+                 f"ral->column_epilogue != nullptr && {inner} == {cols};")
     return lines

@@ -442,7 +442,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
 
 
 def _scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
-                   a2_in_scratch: bool = True) -> list[str]:
+                   a2_in_scratch: bool = True, in_scratch: bool = True) -> list[str]:
     """``<holder>::block``: the epilogue, and with ``Chain`` the chained GEMM, on rows
     [i0, i1) of product q of C where they lie, in scratch (row stride n): the
     epilogue's args copied with its read of C and its results written in C's place
@@ -453,9 +453,11 @@ def _scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
     memory = plan.memory(c_name)
     fields = [f"in{i}" for i, a in enumerate(e.inputs) if plan.memory(a.buffer) == memory]
     fields += [f"out{j}" for j, (_, b) in enumerate(e.outputs) if plan.memory(b) == memory]
+    where = (["in scratch (cb, row stride n: C never", "exists whole)"] if in_scratch
+             else ["where they lie (cb, row stride n: C in", "memory)"])
     return [
-        "      // Rows [i0, i1) of product q of C in scratch (cb, row stride n: C never",
-        f"      // exists whole): {e.name} on them there, its C and its results based at",
+        f"      // Rows [i0, i1) of product q of C {where[0]}",
+        f"      // {where[1]}: {e.name} on them there, its C and its results based at",
         "      // the block" + ((", then the chained GEMM reading its A " +
                               ("there." if a2_in_scratch else "in memory."))
                              if holder == "Chain" else "."),

@@ -285,6 +285,10 @@ void sub_sgemm_gathered_a(disc_ral* r, int64_t m, int64_t n, int64_t k, disc_gem
   parent_of(r)->sgemm_gathered_a(parent_of(r), m, n, k, rows, rows_closure, b, ldb, c, ldc,
                                  epilogue, closure, full_rows);
 }
+void sub_sgemm_layers(disc_ral* r, int64_t m, int64_t k, const float* a, int64_t lda,
+                      int32_t count, const disc_gemm_layer* layers) {
+  parent_of(r)->sgemm_layers(parent_of(r), m, k, a, lda, count, layers);
+}
 
 // A step's inputs are not the cluster's: nothing of a step is kept across calls.
 int32_t sub_fold_begin(disc_ral*, int32_t, const int32_t*, int32_t, const int64_t*, int32_t,
@@ -318,6 +322,7 @@ int32_t run_step(disc_ral* ral, int32_t (*entry)(disc_ral*), const char* what, i
   call.ral.sgemm_scratch_c = &sub_sgemm_scratch_c;
   call.ral.sgemm_gathered_a = &sub_sgemm_gathered_a;
   call.ral.sgemm_scratch_c_cols = &sub_sgemm_scratch_c_cols;
+  call.ral.sgemm_layers = &sub_sgemm_layers;
   call.ral.fold_begin = &sub_fold_begin;
   call.ral.fold_done = &sub_fold_done;
   call.parent = ral;

@@ -206,6 +206,10 @@ class Kernel:
     #: result is this GEMM's A, run on each task's rows into its scratch inside this
     #: launch (``fusion/produced_a.py``; ``sgemm_gathered_a``)
     a_producer: str | None = None
+    #: library kernels: the GEMMs after this one, each reading the last one's result as
+    #: its A, that run in this one's launch with their epilogues, every layer on a block
+    #: of rows before the next block (an MLP; ``fusion/layer_chain.py``, ``sgemm_layers``)
+    layers: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def tf_ops(self) -> list[str]:
@@ -416,6 +420,9 @@ class FusionPlan:
             if k.chain:
                 lines.append(f"  chain: {k.chain} runs on the rows of each block after the "
                              "epilogue")
+            if k.layers:
+                lines.append(f"  layers: {', '.join(k.layers)} (with their epilogues) run in "
+                             "this launch, each block of rows through every layer in turn")
             if k.c_in_scratch:
                 lines.append("  C in scratch: each block of C in the thread's scratch, "
                              "never the whole of it")

@@ -31,6 +31,7 @@ from disc_tf.fusion.epilogue import (
 )
 from disc_tf.fusion.gathered_a import plan_gathered_a
 from disc_tf.fusion.gemm_layout import plan_result_layouts, plan_transposed_products
+from disc_tf.fusion.layer_chain import plan_layer_chains
 from disc_tf.fusion.memory_plan import launch_order, plan_reuse
 from disc_tf.fusion.padded_reads import plan_reads_in_place
 from disc_tf.fusion.place_data import DataKernelPlacement
@@ -66,6 +67,9 @@ class PlanOptions:
     gemm_chains: bool = True
     #: a GEMM whose C only its epilogue (and chain) read keeps C a block at a time in scratch
     scratch_c: bool = True
+    #: GEMMs each reading the last one's result run as one launch, block of rows by block
+    #: of rows through every layer (an MLP; needs ``gemm_epilogues``)
+    gemm_layers: bool = True
     #: consecutive GEMMs reading one A run as one launch (Q, K, V projections)
     shared_a_gemms: bool = True
     #: an f32 convolution is one library kernel of GEMMs over the input's overlapping
@@ -86,8 +90,8 @@ class PlanOptions:
     def none(cls) -> PlanOptions:
         """No optional fusion: plain loop, stitch, reduce and library kernels."""
         return cls(input_fusion=False, gemm_epilogues=False, gemm_chains=False,
-                   scratch_c=False, shared_a_gemms=False, conv_taps=False, concat_maps=False,
-                   gemm_layouts=False, gathered_a=False, reads_in_place=False)
+                   scratch_c=False, gemm_layers=False, shared_a_gemms=False, conv_taps=False,
+                   concat_maps=False, gemm_layouts=False, gathered_a=False, reads_in_place=False)
 
 
 class _Planner(DataKernelPlacement):
@@ -558,6 +562,8 @@ class _Planner(DataKernelPlacement):
         plan_epilogue_scratch(order, self.buffers, keep)
         if self.options.gathered_a and self.options.gemm_epilogues:
             plan_produced_a(order, self.buffers)
+        if self.options.gemm_layers and self.options.gemm_epilogues:
+            plan_layer_chains(order, self.buffers, same_dim)
         return FusionPlan(
             cluster_name=self.cluster_name,
             symbols=self.a.symbols.defs,

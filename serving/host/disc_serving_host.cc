@@ -236,7 +236,7 @@ std::string StatsJson(const std::string& op_lib) {
                                  "untrusted", "rebuilds", "pool_wakes",
                                  "resident_weight_gemms", "masked_elements",
                                  "temp_reuses", "temp_kept_bytes", "folded_reuses",
-                                 "register_epilogues"};
+                                 "register_epilogues", "layer_blocks"};
   void* handle = dlopen(op_lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
   auto get = handle ? reinterpret_cast<void (*)(int64_t*)>(dlsym(handle, "disc_stats_get"))
                     : nullptr;

@@ -85,10 +85,12 @@ def _residual_is_the_gemm_input(x):
                          ids=["c_returned", "residual_is_a"])
 def test_c_stays_in_memory_where_it_must(fn):
     """C returned too; the residual being the GEMM's own A (the norm may not write
-    over it while other blocks read it): no C in scratch, answers as TF's."""
+    over it while other blocks read it): that C (the last GEMM's) not in scratch,
+    answers as TF's. (The ReLU's C before it may be: only the next GEMM reads it.)"""
     spec = tf.TensorSpec([None, H], F32)
     plan = _plan(fn, spec)
-    assert not any(k.c_in_scratch for k in plan.kernels), plan.describe()
+    last_gemm = [k for k in plan.kernels if k.kind == "library"][-1]
+    assert not last_gemm.c_in_scratch, plan.describe()
     tf_fn = tf.function(fn, input_signature=[spec])
     jitted = compiled(tf_fn)
     for rows in (3, 500):
@@ -107,16 +109,16 @@ print("OK")
 """
 
 WIDE_K, WIDE_N = 256, 768
-W_DOWN = tf.Variable((RNG.normal(size=(WIDE_N, WIDE_K)) / 28).astype(np.float32))
 W_WIDE = tf.Variable((RNG.normal(size=(WIDE_K, WIDE_N)) / 16).astype(np.float32))
 
 
 def wide_projection(x):
     """An FFN's output projection whose packed B (192 K floats) is past half an L2 of
     1 MiB yet small enough that every ISA's split gives each thread one or two blocks of
-    whole rows; its residual (a temp) and norm are C's only readers."""
+    whole rows; its residual (a temp) and norm are C's only readers. (Its A is no GEMM's
+    result, so that it runs alone, not as a run of layers.)"""
     x1 = _norm(x)
-    return _norm(x1 + tf.matmul(tf.nn.relu(tf.matmul(x1, W_DOWN)), W_WIDE))
+    return _norm(x1 + tf.matmul(tf.nn.relu(x1[:, :WIDE_K] * 2.0), W_WIDE))
 
 
 def test_a_b_beyond_l2_keeps_c_whole_rather_than_cut_short_blocks(tmp_path):

@@ -249,7 +249,7 @@ def test_stats_python_api(nat: native.Native) -> None:
         "peak_temp_bytes": 0, "packed_weights": 0, "untrusted": 0, "rebuilds": 0,
         "pool_wakes": 0, "resident_weight_gemms": 0, "masked_elements": 0,
         "temp_reuses": 0, "temp_kept_bytes": kept, "folded_reuses": 0,
-        "register_epilogues": 0,
+        "register_epilogues": 0, "layer_blocks": 0,
     }
     with pytest.raises(KeyError):
         nat.py.add_stat("no_such_counter", 1)
