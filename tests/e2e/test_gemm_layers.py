@@ -191,3 +191,37 @@ def test_layers_match_tf_on_the_capped_isa_paths_and_a_large_l2(env: dict) -> No
     assert stats.pop("fallbacks") == 0
     for name, s in stats.items():
         assert s["blocks"] >= s["big_calls"] >= 1, (name, s)
+
+
+def test_a_loop_body_runs_its_layers_by_blocks() -> None:
+    """Two dense layers in a tf.while_loop body: the step's runner reaches sgemm_layers
+    through the loop's child RAL (``codegen/cpu_loop.py``); results as TF's."""
+    import os
+
+    import disc_tf
+    from tests.harness import compiled
+
+    rng = np.random.default_rng(3)
+    w1 = tf.constant((rng.standard_normal((32, 64)) * 0.2).astype(np.float32))
+    b1 = tf.constant((rng.standard_normal(64) * 0.1).astype(np.float32))
+    w2 = tf.constant((rng.standard_normal((64, 32)) * 0.2).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32),
+                                  tf.TensorSpec([], tf.int32)])
+    def steps(x, n):
+        def body(i, h):
+            return i + 1, tf.tanh(tf.matmul(tf.nn.relu(tf.matmul(h, w1) + b1), w2))
+
+        return tf.while_loop(lambda i, h: i < n, body, (tf.constant(0), x),
+                             shape_invariants=(tf.TensorShape([]),
+                                               tf.TensorShape([None, 32])))[1]
+
+    jitted = compiled(steps)
+    assert [c.name for c in jitted.report.compiled] == ["disc_loop_0"]
+    before = disc_tf.stats()["layer_blocks"]
+    rows = [3, 48 * (os.cpu_count() or 1) + 5]
+    for m in rows:
+        x = rng.standard_normal((m, 32)).astype(np.float32)
+        np.testing.assert_allclose(jitted(x, tf.constant(3)).numpy(),
+                                   steps(x, tf.constant(3)).numpy(), rtol=1e-4, atol=1e-5)
+    assert disc_tf.stats()["layer_blocks"] - before >= 3  # the big call's three steps
