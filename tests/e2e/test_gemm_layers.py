@@ -57,6 +57,10 @@ def hidden_too(x):  # the hidden layer (GELU: no column steps) is a result too, 
     h = tf.nn.gelu(tf.matmul(x, w1) + b1, approximate=True)
     return tf.matmul(h, w2) + b2, h
 
+w8, b8, w9 = v([64, 1024], 0.125), v([1024]), v([1024, 700], 0.03)
+def big_weights(x):  # 780 K floats of B: past what a block may stream, one launch a layer
+    return tf.matmul(tf.nn.relu(tf.matmul(x, w8) + b8), w9)
+
 w6, b6, w7, b7 = v([32, 32], 0.2), v([32]), v([32, 32], 0.2), v([32])
 def residual_mlp(x):  # the second layer's epilogue adds the first layer's result
     h = tf.nn.relu(tf.matmul(x, w6) + b6)
@@ -74,6 +78,7 @@ cases = {
     "no_epilogue_between": (no_epilogue_between, [None, 48], [(1, 48), (50, 48), (2000, 48)]),
     "hidden_too": (hidden_too, [None, 64], [(3, 64), (500, 64), (2000, 64)]),
     "residual_mlp": (residual_mlp, [None, 32], [(9, 32), (130, 32), (2000, 32)]),
+    "big_weights": (big_weights, [None, 64], [(5, 64), (2000, 64)]),
 }
 xr = np.random.default_rng(7)
 out = {}
@@ -166,8 +171,10 @@ def test_layers_match_tf_by_blocks_and_one_by_one_with_the_same_bits() -> None:
     temps) and passes instead of registers give the same bits."""
     on = _run()
     assert on.pop("fallbacks") == 0
+    assert on["big_weights"]["blocks"] == 0, on["big_weights"]
     for name, s in on.items():
-        assert s["big_calls"] >= 1 and s["blocks"] >= s["big_calls"], (name, s)
+        assert s["big_calls"] >= 1 and (s["blocks"] >= s["big_calls"]
+                                        or name == "big_weights"), (name, s)
     assert on["tower"]["registers"] > 0, on["tower"]
     one_by_one = _run(DISC_TF_LAYER_BLOCKS="0")
     assert one_by_one.pop("fallbacks") == 0
@@ -190,7 +197,7 @@ def test_layers_match_tf_on_the_capped_isa_paths_and_a_large_l2(env: dict) -> No
     stats = _run(**env)
     assert stats.pop("fallbacks") == 0
     for name, s in stats.items():
-        assert s["blocks"] >= s["big_calls"] >= 1, (name, s)
+        assert s["blocks"] >= s["big_calls"] >= 1 or name == "big_weights", (name, s)
 
 
 def test_a_loop_body_runs_its_layers_by_blocks() -> None:
