@@ -42,12 +42,15 @@ def plan_layer_chains(order: list[Kernel], buffers: dict[str, Buffer],
     position = {k.name: n for n, k in enumerate(order)}
     shared = {name for k in order for name in k.shares_a}
     first_write: dict[str, int] = {}
+    readers: dict[str, set[str]] = {}
     for n, k in enumerate(order):
         for _, b in k.outputs:
             first_write.setdefault(root_of(buffers, b), n)
+        for a in k.inputs:
+            readers.setdefault(root_of(buffers, a.buffer), set()).add(k.name)
     i = 0
     while i < len(order):
-        run = _run_from(order, i, buffers, same_dim, shared, first_write)
+        run = _run_from(order, i, buffers, same_dim, shared, first_write, readers)
         if len(run) < 2:
             i += 1
             continue
@@ -59,7 +62,8 @@ def plan_layer_chains(order: list[Kernel], buffers: dict[str, Buffer],
 
 def _run_from(order: list[Kernel], i: int, buffers: dict[str, Buffer],
               same_dim: Callable[[int, int], bool], shared: set[str],
-              first_write: dict[str, int]) -> list[tuple[Kernel, Kernel | None]]:
+              first_write: dict[str, int],
+              readers: dict[str, set[str]]) -> list[tuple[Kernel, Kernel | None]]:
     """The longest legal run of (GEMM, its epilogue or None) from ``order[i]``."""
     run: list[tuple[Kernel, Kernel | None]] = []
     pos = i
@@ -68,6 +72,9 @@ def _run_from(order: list[Kernel], i: int, buffers: dict[str, Buffer],
         e = order[pos + 1] if lib.epilogue and pos + 1 < len(order) else None
         if not _layer(lib, e, buffers, same_dim, shared):
             break
+        if e is not None and readers.get(lib.outputs[0][1]) != {e.name}:
+            break  # C read by another kernel too (a column epilogue on registers never
+            # stores it)
         if run and not _follows(run, lib, e, buffers, same_dim, i, first_write):
             break
         run.append((lib, e))
