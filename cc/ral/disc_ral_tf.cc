@@ -1229,14 +1229,17 @@ int64_t LayerBlockFloats() { return L2Bytes() / 2 / static_cast<int64_t>(sizeof(
 // (Zen 3: each block streams every layer's B from L3, as a layer's own 48-row blocks
 // did) kRowBlockRows, fewer where those rows would pass LayerBlockFloats. With more L2
 // (Sapphire Rapids, where a layer's product took one block of rows per thread: B in L2
-// for the whole block, PrepackedRows::kThreadRowsSmallB) one block per thread, as many
-// rows as fit LayerBlockFloats. Measured on Zen 3 only (bench/GEMM.md, "Layers by
-// blocks").
+// for the whole block, PrepackedRows::kThreadRowsSmallB) one block per thread, or as
+// few blocks as keep each within LayerBlockFloats, their count a multiple of the
+// threads (2000 rows of the recommender in blocks of at most 315: 8 of 250, not 7 that
+// leave one thread four). Measured on Zen 3 only (bench/GEMM.md, "Layers by blocks").
 int64_t LayerBlockRows(int64_t m, int64_t threads, int64_t row_floats) {
   const int64_t fit = std::max<int64_t>(1, LayerBlockFloats() / std::max<int64_t>(row_floats, 1));
   if (L2Bytes() < (1 << 20)) return CapRows(kRowBlockRows, fit);
-  const int64_t per_thread = (m + threads - 1) / std::max<int64_t>(threads, 1);
-  return CapRows(std::max<int64_t>(6, std::min(fit, per_thread)), fit);
+  const int64_t t = std::max<int64_t>(threads, 1);
+  const int64_t rounds = std::max<int64_t>(1, (m + t * fit - 1) / (t * fit));  // blocks a thread
+  const int64_t rows = (m + t * rounds - 1) / (t * rounds);
+  return CapRows(std::max<int64_t>(6, (rows + 5) / 6 * 6), fit);
 }
 
 // `e` for the rows [i0, i1) of a layer's C that lie at c_rows (row stride n): its c,
