@@ -31,7 +31,7 @@ def library_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     if epilogue is not None:
         return epilogue_launch(em, buffer_ptr, epilogue, chain)
     lhs, rhs = (em.buf(a) for a in k.inputs)
-    g = _gemm_operands(em)
+    g = gemm_operands(em)
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
     (_, out_name), = k.outputs
     return [
@@ -225,7 +225,7 @@ def _optional_epilogue(epilogue: KernelEmitter | None, buffer_ptr: dict[str, str
     return epilogue_closure(epilogue, buffer_ptr, "m", "n", registers_of)
 
 
-def _gemm_operands(em: KernelEmitter) -> dict:
+def gemm_operands(em: KernelEmitter) -> dict:
     """A dot_general library kernel as a two-level-batched GEMM: host ``lines``
     defining outer, inner, m, n and kk, n's expression (plain GEMMs), the leading
     dims, the (outer, inner) batch strides of A, B and C (``sa``, ``sb``, ``sc``) and
@@ -280,7 +280,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
              f"{e} ({comment(', '.join(epilogue.k.tf_ops))}) on each block")
     if chain is not None:
         title += f", then {chain.k.name} ({comment(chain.k.ops[0].tf_node)}) on its rows"
-    g = _gemm_operands(em)
+    g = gemm_operands(em)
     assert g["ldc"] == "n", f"{k.name}: a GEMM with an epilogue writes C row-major"
     lines = [title, *g["lines"]]
     scratch = k.c_in_scratch
@@ -300,7 +300,7 @@ def epilogue_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
             "    struct Scratch {",
             "      disc_gemm_epilogue_fn epilogue;",
             "      void* closure;",
-            *_scratch_block(epilogue, out_name, "Scratch"),
+            *scratch_block(epilogue, out_name, "Scratch"),
             "    };",
             f"    Scratch scratch{{{fn}, {closure}}};",
         ]
@@ -344,7 +344,7 @@ def shared_a_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     title = f"  {{  // {names}: library GEMMs for {tf_ops}, reading one A, as one launch"
     if epilogue is not None:
         title += f"; {epilogue.k.name} ({comment(', '.join(epilogue.k.tf_ops))}) on each row block"
-    operands = [_gemm_operands(m) for m in members]
+    operands = [gemm_operands(m) for m in members]
     g = operands[-1]  # m and kk are every member's: the same A
     a_ptr = buffer_ptr[em.buf(em.k.inputs[0]).name]
     b_ptrs = [buffer_ptr[m.buf(m.k.inputs[1]).name] for m in members]
@@ -385,7 +385,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
     k = chain.k
     lhs, rhs = (chain.buf(a) for a in k.inputs)
     (_, out_name), = k.outputs
-    g = _gemm_operands(chain)
+    g = gemm_operands(chain)
     sa, sb, sc = g["sa"], g["sb"], g["sc"]
     assert g["ta"] == 0, f"{k.name}: a chained GEMM reads its A rows as they are stored"
     return [
@@ -424,7 +424,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "        h.epilogue(h.closure, q, i0, i1, j0, j1);",
         "        h.rows(q, i0, i1, h.kk);",
         "      }",
-        *(_scratch_block(scratch_of, c_name, "Chain",
+        *(scratch_block(scratch_of, c_name, "Chain",
                          chain.plan.memory(lhs.name) == chain.plan.memory(c_name))
           if scratch_of is not None else []),
         *(_mask_cols(scratch_of, masked_by)
@@ -441,7 +441,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
     ], "&Chain::run", "&chain"
 
 
-def _scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
+def scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
                    a2_in_scratch: bool = True, in_scratch: bool = True) -> list[str]:
     """``<holder>::block``: the epilogue, and with ``Chain`` the chained GEMM, on rows
     [i0, i1) of product q of C where they lie, in scratch (row stride n): the

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disc_tf.codegen.cpu_column_epilogue import closure_lines, column_chain
-from disc_tf.codegen.cpu_gemm import _gemm_operands, _scratch_block
+from disc_tf.codegen.cpu_gemm import gemm_operands, scratch_block
 from disc_tf.codegen.cpu_text import comment
 
 if TYPE_CHECKING:
@@ -21,14 +21,14 @@ def layers_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
     first ``em``'s: A is the first GEMM's, each later one reads the last one's result."""
     plan = em.plan
     names = ", ".join(f"{g.k.name} ({comment(g.k.ops[0].tf_node)})" for g, _ in layers)
-    g0 = _gemm_operands(em)
+    g0 = gemm_operands(em)
     a = em.buf(em.k.inputs[0])
     lines = [f"  {{  // {names}: library GEMMs, each reading the last one's result, as one "
              "launch: every block of rows through each layer in turn",
              *g0["lines"],
              f"    disc_gemm_layer layers[{len(layers)}] = {{}};"]
     for p, (gemm, epilogue) in enumerate(layers):
-        g = _gemm_operands(gemm)
+        g = gemm_operands(gemm)
         assert g["ta"] == 0 and g["ldc"] == "n", f"{gemm.k.name}: not a plain GEMM"
         (_, c_name), = gemm.k.outputs
         rhs = gemm.buf(gemm.k.inputs[1])
@@ -79,7 +79,7 @@ def _layer_epilogue(p: int, gemm: KernelEmitter, epilogue: KernelEmitter,
         f"    struct {holder} {{",
         "      disc_gemm_epilogue_fn epilogue;",
         "      void* closure;",
-        *_scratch_block(epilogue, c_name, holder, in_scratch=gemm.k.c_in_scratch),
+        *scratch_block(epilogue, c_name, holder, in_scratch=gemm.k.c_in_scratch),
         "    };",
         f"    const {holder} layer_{p}{{&{epilogue.fn}_epilogue, "
         f"const_cast<{struct}*>(&epi_{p})}};",

@@ -243,7 +243,7 @@ def plan_shared_a(order: list[Kernel], buffers: dict[str, Buffer],
         run.clear()
 
     for k in order:
-        if not _plain_gemm(k, buffers):
+        if not plain_gemm(k, buffers):
             flush()
             continue
         if run and (k.inputs[0].buffer != run[0].inputs[0].buffer
@@ -253,7 +253,7 @@ def plan_shared_a(order: list[Kernel], buffers: dict[str, Buffer],
     flush()
 
 
-def _plain_gemm(k: Kernel, buffers: dict[str, Buffer]) -> bool:
+def plain_gemm(k: Kernel, buffers: dict[str, Buffer]) -> bool:
     """A library dot_general without batch dims, A not transposed, both read as stored."""
     if k.kind != "library" or k.ops[0].op != "dot_general" or "strided" in k.ops[0].attrs:
         return False

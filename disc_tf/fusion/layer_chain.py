@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.epilogue import _plain_gemm
+from disc_tf.fusion.epilogue import plain_gemm
 from disc_tf.fusion.plan import Access, Buffer, Kernel, memory_of, root_of
 
 
@@ -98,7 +98,7 @@ def _same_dims(x: list[int], y: list[int], same_dim: Callable[[int, int], bool])
 def _layer(lib: Kernel, e: Kernel | None, buffers: dict[str, Buffer],
            same_dim: Callable[[int, int], bool], shared: set[str]) -> bool:
     """Whether ``lib`` (with its epilogue ``e``, next in order) can be a layer."""
-    if not _plain_gemm(lib, buffers) or len(lib.outputs) != 1:
+    if not plain_gemm(lib, buffers) or len(lib.outputs) != 1:
         return False
     attrs = lib.ops[0].attrs
     if ({"c_layout", "gathered_a"} & set(attrs) or lib.chain or lib.shares_a
