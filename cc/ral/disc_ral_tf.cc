@@ -479,21 +479,28 @@ bool RegisterEpiloguesOn() {
   return on;
 }
 
+// Whether the GEMM block can run column epilogue `e` on the registers of a C whose
+// row stride is ldc (e's own row length) where they are on: at most DISC_COLUMN_STEPS
+// steps, DISC_MATRIX_STEPS of them reading a residual (the block copies that many
+// residuals' rows per edge tile).
+bool BlockRunsColumns(const GemmIsa& isa, const disc_column_epilogue& e, int64_t ldc) {
+  if (isa.prepacked_columns == nullptr || !RegisterEpiloguesOn() || ldc != e.cols ||
+      e.steps < 0 || e.steps > DISC_COLUMN_STEPS)
+    return false;
+  int matrix_steps = 0;
+  for (int s = 0; s < e.steps; ++s) matrix_steps += DiscIsMatrixStep(e.step[s].op);
+  return matrix_steps <= DISC_MATRIX_STEPS;
+}
+
 // The column epilogue `fn` and `closure` describe, when the GEMM block can run it on
 // registers for C at c (row stride ldc, products at stride_c, `batch` of them): the
 // layout the epilogue indexes C by must be C's. Otherwise null: it runs as an epilogue.
 const disc_column_epilogue* OnRegisters(const GemmIsa& isa, disc_gemm_epilogue_fn fn,
                                         void* closure, bool accumulate, int64_t batch,
                                         const float* c, int64_t ldc, BatchStrides stride_c) {
-  if (fn != &RalColumnEpilogue || accumulate || isa.prepacked_columns == nullptr ||
-      !RegisterEpiloguesOn())
-    return nullptr;
+  if (fn != &RalColumnEpilogue || accumulate) return nullptr;
   const auto* e = static_cast<const disc_column_epilogue*>(closure);
-  if (e->c != c || ldc != e->cols || e->steps < 0 || e->steps > DISC_COLUMN_STEPS)
-    return nullptr;
-  int matrix_steps = 0;  // the block copies that many residuals' rows per edge tile
-  for (int s = 0; s < e->steps; ++s) matrix_steps += DiscIsMatrixStep(e->step[s].op);
-  if (matrix_steps > DISC_MATRIX_STEPS) return nullptr;
+  if (e->c != c || !BlockRunsColumns(isa, *e, ldc)) return nullptr;
   for (int64_t q = 1; q < batch; ++q)
     if (stride_c(q) != q * e->rows * e->cols) return nullptr;
   return e;
@@ -1277,17 +1284,6 @@ bool LayerBlocksOn() {
   return on;
 }
 
-// Whether `layer`'s column epilogue is one the GEMM block can run on registers.
-bool ColumnsOnRegisters(const GemmIsa& isa, const disc_gemm_layer& layer, bool packed) {
-  const disc_column_epilogue* e = layer.columns;
-  if (e == nullptr || !packed || isa.prepacked_columns == nullptr || !RegisterEpiloguesOn())
-    return false;
-  if (e->cols != layer.n || e->steps < 0 || e->steps > DISC_COLUMN_STEPS) return false;
-  int matrix_steps = 0;
-  for (int s = 0; s < e->steps; ++s) matrix_steps += DiscIsMatrixStep(e->step[s].op);
-  return matrix_steps <= DISC_MATRIX_STEPS;
-}
-
 // The layers one launch each (few rows for the pool: each layer's columns are shared
 // among the threads as sgemm_epilogue shares them), a C that is NULL in a temp.
 void LayersOneByOne(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t lda,
@@ -1341,9 +1337,12 @@ void RalSgemmLayers(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t
   if (m == 0) return;
   const TaskPool pool = TaskPoolOf(r);
   const int64_t threads = pool.NumThreads();
-  double b_floats = 0;  // every layer's B
-  for (int32_t p = 0; p < count; ++p)
-    b_floats += static_cast<double>(p == 0 ? k : layers[p - 1].n) * layers[p].n;
+  std::vector<int64_t> depth(count);  // each layer's k
+  double b_floats = 0;                // every layer's B
+  for (int32_t p = 0; p < count; ++p) {
+    depth[p] = p == 0 ? k : layers[p - 1].n;
+    b_floats += static_cast<double>(depth[p]) * layers[p].n;
+  }
   // Too few rows to give every thread blocks of its own, or B too big to stream once a
   // block (each layer alone cuts columns there: BERT-base's 768 x 3072 FFN, whose run
   // by 18-row blocks took 1.03x as long, AVX2 on Zen 3).
@@ -1354,20 +1353,22 @@ void RalSgemmLayers(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t
   const GemmIsa& isa = Gemm(r);  // counted once a GEMM, as one launch each would be
   if (&isa != &Gemm() && count > 1) stats::Add(stats::kResidentWeightGemms, count - 1);
   profile::LaunchTimer timer(r->profile_key(), &r->launches, "layers");
-  // Each layer's B packed once where it is a weight, its depth and its scratch.
+  // Each layer's B packed once where it is a weight, and its scratch.
   std::vector<std::shared_ptr<const PackedOperand>> packed(count);
-  std::vector<int64_t> depth(count), scratch_at(count, -1);
+  std::vector<int64_t> scratch_at(count, -1);
   std::vector<bool> on_registers(count);
   int64_t scratch_row = 0, widest = 1;  // floats of one row of every scratch C
+  int64_t registers = 0;                // layers whose epilogue runs on registers
   double work = 0;
   for (int32_t p = 0; p < count; ++p) {
     const disc_gemm_layer& layer = layers[p];
-    depth[p] = p == 0 ? k : layers[p - 1].n;
     if (depth[p] > 0 && layer.n > 0) {
       packed[p] = PrepackedB(r, isa, layer.b, depth[p], layer.n, layer.ldb,
                              layer.transpose_b != 0);
     }
-    on_registers[p] = depth[p] > 0 && ColumnsOnRegisters(isa, layer, packed[p] != nullptr);
+    on_registers[p] = layer.columns != nullptr && packed[p] != nullptr &&
+                      BlockRunsColumns(isa, *layer.columns, layer.n);
+    registers += on_registers[p];
     if (layer.c == nullptr) {
       scratch_at[p] = scratch_row;
       scratch_row += (layer.n + 15) / 16 * 16;  // each C's rows 64-byte aligned
@@ -1385,8 +1386,6 @@ void RalSgemmLayers(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t
     }
     absl::StrAppend(&timer.detail, " blocks=", row_blocks.count);
   }
-  int64_t registers = 0;
-  for (int32_t p = 0; p < count; ++p) registers += on_registers[p];
   if (registers > 0) stats::Add(stats::kRegisterEpilogues, registers);
   stats::Add(stats::kLayerBlocks, 1);
   std::atomic<bool> short_of_memory{false};

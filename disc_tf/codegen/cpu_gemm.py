@@ -425,7 +425,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
         "        h.rows(q, i0, i1, h.kk);",
         "      }",
         *(scratch_block(scratch_of, c_name, "Chain",
-                         chain.plan.memory(lhs.name) == chain.plan.memory(c_name))
+                        chain.plan.memory(lhs.name) == chain.plan.memory(c_name))
           if scratch_of is not None else []),
         *(_mask_cols(scratch_of, masked_by)
           if scratch_of is not None and masked_by is not None else []),
@@ -442,7 +442,7 @@ def _chain_closure(chain: KernelEmitter, buffer_ptr: dict[str, str], epilogue_fn
 
 
 def scratch_block(epilogue: KernelEmitter, c_name: str, holder: str = "Chain",
-                   a2_in_scratch: bool = True, in_scratch: bool = True) -> list[str]:
+                  a2_in_scratch: bool = True, in_scratch: bool = True) -> list[str]:
     """``<holder>::block``: the epilogue, and with ``Chain`` the chained GEMM, on rows
     [i0, i1) of product q of C where they lie, in scratch (row stride n): the
     epilogue's args copied with its read of C and its results written in C's place

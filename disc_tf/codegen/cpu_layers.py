@@ -63,8 +63,7 @@ def layers_launch(em: KernelEmitter, buffer_ptr: dict[str, str],
 def _layer_epilogue(p: int, gemm: KernelEmitter, epilogue: KernelEmitter,
                     buffer_ptr: dict[str, str], c_name: str) -> list[str]:
     """Lines setting layer ``p``'s epilogue: its column steps where it is a chain of them
-    (``cpu_column_epilogue.py``), else the kernel on the rows where they lie (``rows``),
-    and where the next layer reads its result."""
+    (``cpu_column_epilogue.py``), else the kernel on the rows where they lie (``rows``)."""
     plan, e = epilogue.plan, epilogue.k
     struct = epilogue.epilogue_struct
     holder = f"Layer{p}"

@@ -43,7 +43,7 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
     def memory(name: str) -> str:
         return memory_of(buffers, name)
 
-    first_write = _first_writes(order, buffers)
+    first_write = first_writes(order, buffers)
     taken: set[str] = set()
     for li, lib in enumerate(order):
         # A dilated conv_taps adds into C once per tap: no block is final. (conv_rows
@@ -89,7 +89,7 @@ def plan_epilogues(order: list[Kernel], buffers: dict[str, Buffer],
             break
 
 
-def _first_writes(order: list[Kernel], buffers: dict[str, Buffer]) -> dict[str, int]:
+def first_writes(order: list[Kernel], buffers: dict[str, Buffer]) -> dict[str, int]:
     """Root buffer -> position in ``order`` of the first kernel writing it."""
     first: dict[str, int] = {}
     for n, k in enumerate(order):
@@ -137,7 +137,7 @@ def plan_chains(order: list[Kernel], buffers: dict[str, Buffer],
         return root_of(buffers, name)
 
     by_name = {k.name: n for n, k in enumerate(order)}
-    first_write = _first_writes(order, buffers)
+    first_write = first_writes(order, buffers)
     chained: set[str] = set()
     for li, lib in enumerate(order):
         if (lib.kind != "library" or lib.ops[0].op != "dot_general" or lib.epilogue is None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disc_tf.fusion.epilogue import plain_gemm
+from disc_tf.fusion.epilogue import first_writes, plain_gemm
 from disc_tf.fusion.plan import Access, Buffer, Kernel, memory_of, root_of
 
 
@@ -39,13 +39,10 @@ def plan_layer_chains(order: list[Kernel], buffers: dict[str, Buffer],
     """Sets ``layers`` on the first GEMM of every legal run of two or more (the later
     GEMMs, run in its launch), and ``c_in_scratch`` on each GEMM of a run whose C's
     memory no kernel outside its layer and the next one's GEMM touches."""
-    position = {k.name: n for n, k in enumerate(order)}
     shared = {name for k in order for name in k.shares_a}
-    first_write: dict[str, int] = {}
+    first_write = first_writes(order, buffers)
     readers: dict[str, set[str]] = {}
-    for n, k in enumerate(order):
-        for _, b in k.outputs:
-            first_write.setdefault(root_of(buffers, b), n)
+    for k in order:
         for a in k.inputs:
             readers.setdefault(root_of(buffers, a.buffer), set()).add(k.name)
     i = 0
@@ -57,7 +54,7 @@ def plan_layer_chains(order: list[Kernel], buffers: dict[str, Buffer],
         head = run[0][0]
         head.layers = [lib.name for lib, _ in run[1:]]
         _plan_scratch(run, order, buffers)
-        i = position[run[-1][1].name if run[-1][1] else run[-1][0].name] + 1
+        i += sum(2 if e is not None else 1 for _, e in run)  # past the run's kernels
 
 
 def _run_from(order: list[Kernel], i: int, buffers: dict[str, Buffer],
