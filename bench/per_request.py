@@ -2,12 +2,21 @@
 
 ``bench.run`` times whole passes and takes per-round ratios of pass totals; on a host
 whose speed moves by 1.5-2x within seconds, one slow stretch decides a round. This tool
-runs each peer in its own worker process (set up as ``bench.peer`` sets it up), sends
-both the same pass of the stream in alternating order (A B, B A, ...) and reports, per
-request, the median of each peer's times over the passes: how the two compare shape by
-shape, with each stretch of host noise spread over every request of a pass.
+runs each peer in its own worker process (set up as ``bench.peer`` sets it up) and reports,
+per request, the median of each peer's times over the passes: how the two compare shape by
+shape. Two ways to interleave the peers:
+
+* ``--interleave pass``: each peer runs the whole pass of the stream, in alternating order
+  (A B, B A, ...); each stretch of host noise is spread over every request of a pass.
+* ``--interleave request``: the peers take turns request by request (A B for request 0,
+  B A for request 1, ...), each turn after the settle pause and after one untimed call of
+  the stream's previous request (the state a pass leaves). Both peers' times of a request
+  are then taken a few hundred ms apart, so a pass's totals compare two peers under the
+  same stretch of host speed; the per-pass ratio of totals is what to read on a host whose
+  speed moves within seconds.
 
     .venv/bin/python -m bench.per_request --workload bert_base --peers disc,ort --passes 16
+    .venv/bin/python -m bench.per_request --workload recommender_tower --interleave request
     .venv/bin/python -m bench.per_request --workload bert_base --shapes "2,64,768;4,105,768"
     .venv/bin/python -m bench.per_request --workload recommender_tower --hide-avx512
 
@@ -69,10 +78,16 @@ def worker(args: argparse.Namespace) -> int:
     peer_mod.run_pass(call, inputs, to_tensor)
     print("@ready", flush=True)
     for line in sys.stdin:
-        if line.strip() != "go":
+        words = line.split()
+        if words == ["go"]:
+            call(to_tensor(inputs[0]))  # untimed: after the pause, warms caches and pool threads
+            latencies, _ = peer_mod.run_pass(call, inputs, to_tensor)
+        elif len(words) == 2 and words[0] == "request":
+            i = int(words[1])
+            call(to_tensor(inputs[i - 1]))  # untimed: the previous request, as in a pass
+            latencies, _ = peer_mod.run_pass(call, inputs[i:i + 1], to_tensor)
+        else:
             break
-        call(to_tensor(inputs[0]))  # untimed: after the pause, warms caches and pool threads
-        latencies, _ = peer_mod.run_pass(call, inputs, to_tensor)
         print(json.dumps(latencies), flush=True)
     return 0
 
@@ -94,8 +109,9 @@ def _start(peer: str, args: argparse.Namespace, model_dir: pathlib.Path) -> subp
     raise SystemExit(f"{peer} worker exited before it was ready")
 
 
-def _pass(proc: subprocess.Popen) -> list[float]:
-    proc.stdin.write("go\n")
+def _ask(proc: subprocess.Popen, line: str) -> list[float]:
+    """Sends one command line to a worker; returns the seconds of its timed calls."""
+    proc.stdin.write(line + "\n")
     proc.stdin.flush()
     return json.loads(proc.stdout.readline())
 
@@ -112,6 +128,24 @@ def alternate(peers: list[str], passes: int, run_pass: Callable[[str], list[floa
         for peer in (peers if n % 2 == 0 else peers[::-1]):
             sleep(settle_s)
             times[peer].append(run_pass(peer))
+    return times
+
+
+def alternate_requests(peers: list[str], passes: int, count: int,
+                       run_request: Callable[[str, int], float], settle_s: float,
+                       sleep: Callable[[float], None] = time.sleep
+                       ) -> dict[str, list[list[float]]]:
+    """``passes`` passes of ``count`` requests, the peers taking turns on each request
+    (request i of pass n: A B where n + i is even, else B A), each turn after ``settle_s``
+    of quiet; per peer, per pass, the seconds of each request."""
+    times: dict[str, list[list[float]]] = {peer: [] for peer in peers}
+    for n in range(passes):
+        for peer in peers:
+            times[peer].append([0.0] * count)
+        for i in range(count):
+            for peer in (peers if (n + i) % 2 == 0 else peers[::-1]):
+                sleep(settle_s)
+                times[peer][n][i] = run_request(peer, i)
     return times
 
 
@@ -134,6 +168,9 @@ def report(peers: list[str], shapes: list[tuple[int, ...]], times: dict[str, lis
               f"{ratios[-1]:.2f}, median {statistics.median(ratios):.2f})."]
     for p in peers:
         lines.append(f"Pass totals, {p}: " + ", ".join(f"{sum(r):.3f}" for r in times[p]))
+    per_pass = sorted(sum(rb) / sum(ra) for ra, rb in zip(times[a], times[b]))
+    lines.append(f"Per pass, {b} total / {a} total: median {statistics.median(per_pass):.3f} "
+                 f"({per_pass[0]:.3f}-{per_pass[-1]:.3f}).")
     return "\n".join(lines)
 
 
@@ -158,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=48, help="requests of the stream")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shapes", default="", help='inputs instead of the stream: "2,64,768;..."')
+    p.add_argument("--interleave", choices=("pass", "request"), default="pass",
+                   help="the peers take turns by whole passes or request by request")
     p.add_argument("--hide-avx512", action="store_true",
                    help="every peer's AVX2 path, as bench.run --hide-avx512")
     p.add_argument("--out", type=pathlib.Path, help="also write the raw times (JSON)")
@@ -183,22 +222,30 @@ def main(argv: list[str] | None = None) -> int:
     from bench.machine import load_average
 
     load_start = load_average()
+    shapes = [tuple(x.shape) for x in _inputs(args.workload, args.count, args.seed, args.shapes)]
     procs = {peer: _start(peer, args, model_dir) for peer in peers}
     try:
-        times = alternate(peers, args.passes, lambda peer: _pass(procs[peer]), SETTLE_S)
+        if args.interleave == "request":
+            times = alternate_requests(
+                peers, args.passes, len(shapes),
+                lambda peer, i: _ask(procs[peer], f"request {i}")[0], SETTLE_S)
+        else:
+            times = alternate(peers, args.passes, lambda peer: _ask(procs[peer], "go"), SETTLE_S)
     finally:
         for proc in procs.values():
             proc.stdin.close()
             proc.wait(timeout=60)
-    shapes = [tuple(x.shape) for x in _inputs(args.workload, args.count, args.seed, args.shapes)]
-    print(f"{args.workload}: {args.passes} passes of {len(shapes)} requests, peers in "
-          f"alternating order{' (AVX-512 hidden)' if args.hide_avx512 else ''}\n")
+    order = "taking turns request by request" if args.interleave == "request" else \
+        "in alternating order"
+    print(f"{args.workload}: {args.passes} passes of {len(shapes)} requests, peers {order}"
+          f"{' (AVX-512 hidden)' if args.hide_avx512 else ''}\n")
     print(report(peers, shapes, times))
     line = machine_line(args.hide_avx512, load_start, load_average())
     print(line)
     if args.out is not None:
         args.out.write_text(json.dumps({"workload": args.workload, "peers": peers,
-                                        "shapes": shapes, "times": times, "machine": line}))
+                                        "interleave": args.interleave, "shapes": shapes,
+                                        "times": times, "machine": line}))
     return 0
 
 

@@ -370,6 +370,8 @@ def test_per_request_report_takes_medians_per_request() -> None:
     assert rows[2].split("|")[3:6] == [" 2000.00 ", " 2000.00 ", " 1.00 "]
     assert "disc 2.400 s, ort 2.500 s; ort / disc = 1.042 (per request 0.50-2.00" in text
     assert "Pass totals, ort: 2.500, 2.500, 9.500" in text
+    # per pass: 2.5 / 1.3, 2.5 / 3.5, 9.5 / 2.4
+    assert "Per pass, ort total / disc total: median 1.923 (0.714-3.958)." in text
 
 
 def test_per_request_passes_alternate_and_each_follows_a_pause() -> None:
@@ -390,11 +392,31 @@ def test_per_request_passes_alternate_and_each_follows_a_pause() -> None:
     assert times == {"disc": [[0.2], [0.8], [1.0]], "ort": [[0.4], [0.6], [1.2]]}
 
 
-def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-        tmp_path: pathlib.Path) -> None:
-    """The worker's first pass is untimed; each ``go`` then calls the first request once,
-    untimed, before the timed pass, whose times alone it prints."""
+def test_per_request_requests_take_turns_and_each_follows_a_pause() -> None:
+    """Request by request: A B on request 0 of pass 0, B A on request 1, and the order
+    flips from one pass to the next; the settle pause before every turn."""
+    from bench.per_request import alternate_requests
+
+    events: list[str] = []
+
+    def run_request(peer: str, i: int) -> float:
+        events.append(f"{peer}{i}")
+        return float(len(events))
+
+    times = alternate_requests(["disc", "ort"], 2, 2, run_request, 0.5,
+                               sleep=lambda s: events.append(f"sleep {s}"))
+    turns = [e for e in events if not e.startswith("sleep")]
+    assert turns == ["disc0", "ort0", "ort1", "disc1", "ort0", "disc0", "disc1", "ort1"]
+    assert events.count("sleep 0.5") == 8 and events[0] == "sleep 0.5"
+    assert all(events[i].startswith("sleep") for i in range(0, 16, 2))
+    assert times == {"disc": [[2.0, 8.0], [12.0, 14.0]], "ort": [[4.0, 6.0], [10.0, 16.0]]}
+
+
+def _run_worker(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                tmp_path: pathlib.Path, stdin: str, shapes: str
+                ) -> tuple[list[tuple[int, ...]], list[str]]:
+    """A tf per_request worker on ``shapes`` fed ``stdin``: the shapes it called, in order,
+    and its stdout lines."""
     import argparse
     import tempfile
 
@@ -404,12 +426,31 @@ def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the worker's work dir
     monkeypatch.setattr(peer, "setup_tf", lambda model_dir, result: (
         lambda x: calls.append(tuple(x.shape))))
-    monkeypatch.setattr("sys.stdin", io.StringIO("go\ngo\nstop\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
     args = argparse.Namespace(worker="tf", model_dir="unused", workload="bert_small",
-                              count=2, seed=0, shapes="1,2;3,4")
+                              count=len(shapes.split(";")), seed=0, shapes=shapes)
     assert per_request.worker(args) == 0
+    return calls, capsys.readouterr().out.splitlines()
+
+
+def test_per_request_worker_times_one_request_after_the_one_before(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: pathlib.Path) -> None:
+    """``request i``: the stream's request i - 1 untimed (the last one before request 0),
+    then request i alone, timed."""
+    calls, out = _run_worker(monkeypatch, capsys, tmp_path, "request 0\nrequest 2\nstop\n",
+                             "1,2;3,4;5,6")
+    assert calls == [(1, 2), (3, 4), (5, 6)] + [(5, 6), (1, 2)] + [(3, 4), (5, 6)]
+    assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [1, 1]
+
+
+def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: pathlib.Path) -> None:
+    """The worker's first pass is untimed; each ``go`` then calls the first request once,
+    untimed, before the timed pass, whose times alone it prints."""
+    calls, out = _run_worker(monkeypatch, capsys, tmp_path, "go\ngo\nstop\n", "1,2;3,4")
     assert calls == [(1, 2), (3, 4)] + [(1, 2), (1, 2), (3, 4)] * 2
-    out = capsys.readouterr().out.splitlines()
     assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [2, 2]
 
 

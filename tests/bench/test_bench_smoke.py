@@ -83,4 +83,24 @@ def test_per_request_alternates_two_peers(tmp_path: pathlib.Path) -> None:
         assert len(raw["times"][peer]) == 2 and all(len(p) == 3 for p in raw["times"][peer])
         assert all(t > 0 for p in raw["times"][peer] for t in p)
     assert "Sum of per-request medians: tf" in proc.stdout
+    assert "Per pass, disc total / tf total: median" in proc.stdout
     assert raw["machine"].startswith("Machine: ") and raw["machine"] in proc.stdout
+    assert raw["interleave"] == "pass"
+
+
+def test_per_request_takes_turns_request_by_request(tmp_path: pathlib.Path) -> None:
+    """bench.per_request --interleave request: the same table and raw times, the peers
+    taking turns on each request."""
+    out = tmp_path / "times.json"
+    proc = fresh_python.run(
+        ["-m", "bench.per_request", "--workload", "feature_normalizer", "--peers", "tf,disc",
+         "--passes", "2", "--count", "3", "--interleave", "request", "--out", str(out)],
+        cwd=REPO_ROOT, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "peers taking turns request by request" in proc.stdout
+    raw = json.loads(out.read_text())
+    assert raw["interleave"] == "request"
+    for peer in ("tf", "disc"):
+        assert len(raw["times"][peer]) == 2 and all(len(p) == 3 for p in raw["times"][peer])
+        assert all(t > 0 for p in raw["times"][peer] for t in p)
