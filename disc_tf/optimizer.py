@@ -258,6 +258,7 @@ class BodyOptimizer:
         graph_def, view = const_fold.fold_graph_def(graph_def, view, protected, body, outside)
         if prune:
             graph_def, view = const_fold.prune_graph_def(graph_def, view, protected | outside)
+        view.constant_args = self.constant_args.get(body, frozenset())
         fetched = frozenset(t.name for n in protected if n in view.nodes
                             for t in view.nodes[n].outputs)
         taken = {n.name for n in graph_def.node}

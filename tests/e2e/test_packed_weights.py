@@ -210,6 +210,25 @@ class _ConstantLayers(tf.Module):
         return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1) + self.b1), self.w2)
 
 
+def test_captured_constants_of_a_jit_function_are_packed_once():
+    """``disc_tf.jit`` binds a function's captured ``tf.constant`` weights once, as they
+    are when it traces: they are constant inputs of the DiscCluster (the argument is not),
+    and the GEMMs pack them on the first call and reuse them at every shape."""
+    layers = _ConstantLayers(10)
+    jitted = compiled(layers.__call__)
+    (node,) = [n for n in jitted.graph_def.node if n.op == "DiscCluster"]
+    arg = jitted._arg_names[0].split(":")[0]
+    inputs = [i.split(":")[0] for i in node.input if not i.startswith("^")]
+    marked = sorted(node.attr["constant_inputs"].list.i)
+    assert len(marked) == 3 and inputs.index(arg) not in marked, (inputs, marked)
+    disc_tf.reset_stats()
+    rng = np.random.default_rng(11)
+    for m in [3, 64, 301, 17]:
+        assert_matches_tf(layers.__call__, jitted, [_rows(rng, m, 40)], RTOL, ATOL)
+    stats = disc_tf.stats()
+    assert stats["packed_weights"] == 2 and stats["fallbacks"] == 0, stats
+
+
 def test_captured_constants_of_a_saved_model_are_packed_once(tmp_path):
     """A SavedModel's captured ``tf.constant`` weights are marked constant inputs of its
     DiscCluster (they reach the function as arguments, not Const nodes), so the GEMMs
