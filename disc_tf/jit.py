@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.framework.ops import EagerTensor
 
 from disc_tf.optimizer import BodyOptimizer, OptimizeReport, Options
 from disc_tf.runtime import isa, native
@@ -45,12 +46,12 @@ class JitFunction:
         self.report = OptimizeReport()
         opt = BodyOptimizer(graph_def.library, options, self.report)
         name = concrete.name.decode() if isinstance(concrete.name, bytes) else str(concrete.name)
-        # Captured tensors other than variable handles (a ``tf.constant`` weight) are
-        # bound below once, as they are now: constant inputs of their clusters, so that
-        # their GEMMs pack them once (as a SavedModel's captured constants are).
+        # Captured eager tensors other than variable handles (a ``tf.constant`` weight)
+        # are bound below once, as they are now: constant inputs of their clusters, so
+        # that their GEMMs pack them once (as a SavedModel's captured constants are).
         opt.constant_args[name] = frozenset(
             t.op.name for t, c in zip(concrete.inputs[n_args:], concrete.captured_inputs)
-            if c.dtype != tf.resource)
+            if isinstance(c, EagerTensor) and c.dtype != tf.resource)
         new_graph = opt.optimize_graph_def(graph_def, protected, body=name,
                                            graph=concrete.graph, prune=True)
         opt.add_new_functions(new_graph.library)
