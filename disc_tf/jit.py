@@ -37,10 +37,11 @@ class JitFunction:
         )
         concrete = self._concrete
         graph_def = concrete.graph.as_graph_def()
-        n_captured = len(concrete.captured_inputs)
-        n_args = len(concrete.inputs) - n_captured
+        captured = list(concrete.captured_inputs)
+        n_args = len(concrete.inputs) - len(captured)
+        capture_inputs = concrete.inputs[n_args:]
         self._arg_names = [t.name for t in concrete.inputs[:n_args]]
-        self._capture_names = [t.name for t in concrete.inputs[n_args:]]
+        self._capture_names = [t.name for t in capture_inputs]
         output_names = [t.name for t in concrete.outputs]
         protected = frozenset(t.op.name for t in list(concrete.inputs) + list(concrete.outputs))
         self.report = OptimizeReport()
@@ -50,14 +51,13 @@ class JitFunction:
         # are bound below once, as they are now: constant inputs of their clusters, so
         # that their GEMMs pack them once (as a SavedModel's captured constants are).
         opt.constant_args[name] = frozenset(
-            t.op.name for t, c in zip(concrete.inputs[n_args:], concrete.captured_inputs)
+            t.op.name for t, c in zip(capture_inputs, captured)
             if isinstance(c, EagerTensor) and c.dtype != tf.resource)
         new_graph = opt.optimize_graph_def(graph_def, protected, body=name,
                                            graph=concrete.graph, prune=True)
         opt.add_new_functions(new_graph.library)
         self.graph_def = new_graph
         self._signature = [tf.TensorSpec(t.shape, t.dtype) for t in concrete.inputs[:n_args]]
-        captured = list(concrete.captured_inputs)
 
         def run_graph(*args):
             input_map = dict(zip(self._arg_names, args))
