@@ -952,11 +952,6 @@ void BlockProduct(const GemmIsa& isa, int64_t rows, int64_t cols, int64_t k, con
   }
 }
 
-// Rows per task at most `most`, whole 6-row register tiles where that allows.
-int64_t CapRows(int64_t rows, int64_t most) {
-  return rows <= most ? rows : most >= 6 ? most / 6 * 6 : most;
-}
-
 // ---- GEMMs whose C lives in per-block scratch (ABI 7)
 
 // Floats of one task's block of C (1 MiB): a long sequence's rows of scores are cut
@@ -1226,29 +1221,6 @@ void RalSgemmGatheredA(disc_ral* ral, int64_t m, int64_t n, int64_t k,
 
 // ---- GEMMs each reading the last one's result (ABI 12)
 
-// Floats of one task's rows of every layer's C (those in scratch, or the widest): half
-// of L2, where blocks of kRowBlockRows rows would pass it (wide layers) they are cut
-// shorter; the rest of L2 holds the panels of B the block streams.
-int64_t LayerBlockFloats() { return L2Bytes() / 2 / static_cast<int64_t>(sizeof(float)); }
-
-// Rows of one task's block of an sgemm_layers launch whose rows of C take `row_floats`
-// floats (every C in scratch, or the widest). On a core with less than 1 MiB of L2
-// (Zen 3: each block streams every layer's B from L3, as a layer's own 48-row blocks
-// did) kRowBlockRows, fewer where those rows would pass LayerBlockFloats. With more L2
-// (Sapphire Rapids, where a layer's product took one block of rows per thread: B in L2
-// for the whole block, PrepackedRows::kThreadRowsSmallB) one block per thread, or as
-// few blocks as keep each within LayerBlockFloats, their count a multiple of the
-// threads (2000 rows of the recommender in blocks of at most 315: 8 of 250, not 7 that
-// leave one thread four). Measured on Zen 3 only (bench/GEMM.md, "Layers by blocks").
-int64_t LayerBlockRows(int64_t m, int64_t threads, int64_t row_floats) {
-  const int64_t fit = std::max<int64_t>(1, LayerBlockFloats() / std::max<int64_t>(row_floats, 1));
-  if (L2Bytes() < (1 << 20)) return CapRows(kRowBlockRows, fit);
-  const int64_t t = std::max<int64_t>(threads, 1);
-  const int64_t rounds = std::max<int64_t>(1, (m + t * fit - 1) / (t * fit));  // blocks a thread
-  const int64_t rows = (m + t * rounds - 1) / (t * rounds);
-  return CapRows(std::max<int64_t>(6, (rows + 5) / 6 * 6), fit);
-}
-
 // `e` for the rows [i0, i1) of a layer's C that lie at c_rows (row stride n): its c,
 // and its out where it is C's place, based so that element (i, j) of C is
 // c_rows[(i - i0) * n + j] (a block in scratch, or C itself in memory).
@@ -1376,7 +1348,8 @@ void RalSgemmLayers(disc_ral* ral, int64_t m, int64_t k, const float* a, int64_t
     widest = std::max(widest, layer.n);
     work += static_cast<double>(m) * layer.n * depth[p];
   }
-  const RowBlocks row_blocks(m, LayerBlockRows(m, threads, std::max(widest, scratch_row)));
+  const RowBlocks row_blocks =
+      LayerRowBlocks(m, threads, std::max(widest, scratch_row), L2Bytes());
   if (r->profiling) {
     timer.detail = absl::StrCat("m=", m, " k=", k, " layers=", count, " n=");
     for (int32_t p = 0; p < count; ++p) {

@@ -42,9 +42,13 @@ struct GemmSplit {
 
 // The row blocks of m rows cut into blocks of at most `rows` rows: as many blocks as
 // blocks of `rows` rows take, sharing m's tiles of `align` rows (the GEMM block's
-// register tiles) as evenly as they can. 150 rows in blocks of 42: 36, 36, 36 and 42
+// register tiles) as evenly as they can. 150 rows in blocks of 42: 42, 36, 36 and 36
 // rows, where blocks of 42 from the top leave 42, 42, 42 and 24 (two threads then wait
 // on 84 rows against 66: 12% of the product; bench/GEMM.md, "Balanced row blocks").
+// The blocks with a tile more come first: threads that take blocks in turn from a
+// counter (RunTasks) then get one each before any gets a second (595 rows, 16 blocks
+// of 6 or 7 tiles, four threads: 25 tiles each, where one block of 7 every fourth gave
+// one thread all four: 28).
 struct RowBlocks {
   int64_t m, count, unit, tiles;
   RowBlocks(int64_t m_rows, int64_t rows, int64_t align = 6)
@@ -54,9 +58,23 @@ struct RowBlocks {
         tiles((m_rows + unit - 1) / unit) {}
   // First row of block i (i in [0, count]; begin(count) == m). No block has more
   // than `rows` rows, as each has at most ceil(tiles / count) tiles.
-  int64_t begin(int64_t i) const { return std::min(m, i * tiles / count * unit); }
+  int64_t begin(int64_t i) const {
+    return std::min(m, (i * (tiles / count) + std::min(i, tiles % count)) * unit);
+  }
   int64_t end(int64_t i) const { return begin(i + 1); }
+  // m_rows cut into `blocks` blocks (at least one, at most one a tile) sharing its
+  // tiles of `align` rows as evenly as they can.
+  static RowBlocks OfCount(int64_t m_rows, int64_t blocks, int64_t align) {
+    RowBlocks cut(m_rows, std::max<int64_t>(align, 1), align);
+    cut.count = std::max<int64_t>(1, std::min(blocks, cut.tiles));
+    return cut;
+  }
 };
+
+// Rows per task at most `most`, whole 6-row register tiles where that allows.
+inline int64_t CapRows(int64_t rows, int64_t most) {
+  return rows <= most ? rows : most >= 6 ? most / 6 * 6 : most;
+}
 
 // The split into at least `want` blocks (rows of 8 or more, columns of 64 or
 // more, where the product allows) that packs the fewest elements of B; with
@@ -122,6 +140,37 @@ inline PrepackedRows PrepackedRowsFor(const char* isa, int64_t l2_bytes) {
 }
 
 constexpr int64_t kRowBlockRows = 48;
+
+// The row blocks of an sgemm_layers launch (RAL ABI 12: every layer of a run of GEMMs
+// on one block of rows) of m rows whose rows of C take `row_floats` floats (every C in
+// scratch, or the widest), on `threads` threads with `l2_bytes` of L2 a core. Each
+// block's rows of C stay within half of L2; the rest holds the panels of B it streams.
+// With less than 1 MiB of L2 (Zen 3: each block streams every layer's B from L3, as a
+// layer's own 48-row blocks did) blocks of at most kRowBlockRows rows, fewer where
+// those would pass half of L2, their count a multiple of the threads: 112 rows (one
+// BERT-small sequence, 42-row blocks) in four blocks of 22-30 rows, not three of 36-40
+// that leave one thread two of them (the run of layers: 1.10 -> 0.92 ms on Zen 3;
+// bench/GEMM.md, "Layer blocks by the threads"). With more L2 (Sapphire Rapids, where a layer's
+// product took one block of rows per thread: B in L2 for the whole block,
+// PrepackedRows::kThreadRowsSmallB) one block per thread, or as few blocks as keep
+// each within half of L2, their count a multiple of the threads (2000 rows of the
+// recommender in blocks of at most 315: 8 of 250, not 7 that leave one thread four).
+inline RowBlocks LayerRowBlocks(int64_t m, int64_t threads, int64_t row_floats,
+                                int64_t l2_bytes) {
+  const int64_t half_l2 = l2_bytes / 2 / static_cast<int64_t>(sizeof(float));
+  const int64_t fit = std::max<int64_t>(1, half_l2 / std::max<int64_t>(row_floats, 1));
+  const int64_t t = std::max<int64_t>(threads, 1);
+  if (l2_bytes < (1 << 20)) {
+    const int64_t cap = CapRows(kRowBlockRows, fit);
+    const int64_t align = cap % 6 == 0 ? 6 : 1;
+    const int64_t tiles = (m + align - 1) / align, per_block = cap / align;
+    const int64_t blocks = ((tiles + per_block - 1) / per_block + t - 1) / t * t;
+    return RowBlocks::OfCount(m, blocks, align);
+  }
+  const int64_t rounds = std::max<int64_t>(1, (m + t * fit - 1) / (t * fit));  // blocks a thread
+  const int64_t rows = (m + t * rounds - 1) / (t * rounds);
+  return RowBlocks(m, CapRows(std::max<int64_t>(6, (rows + 5) / 6 * 6), fit));
+}
 
 // Whether a prepacked product with a row-wise epilogue (LayerNorm, softmax over C's
 // rows) of m rows shares its columns among the threads and runs the epilogue on whole

@@ -47,6 +47,21 @@ int main() {
 }
 """
 
+#: Prints the blocks LayerRowBlocks cuts, for each "m threads row_floats l2_bytes" line.
+_LAYER_BLOCKS = r"""
+#include <cstdio>
+#include "cc/ral/gemm_split.h"
+int main() {
+  long long m, threads, row_floats, l2;
+  while (std::scanf("%lld %lld %lld %lld", &m, &threads, &row_floats, &l2) == 4) {
+    const disc_tf::RowBlocks blocks = disc_tf::LayerRowBlocks(m, threads, row_floats, l2);
+    for (long long i = 0; i < blocks.count; ++i)
+      std::printf("%lld:%lld ", (long long)blocks.begin(i), (long long)blocks.end(i));
+    std::printf("\n");
+  }
+}
+"""
+
 
 def _build(d: pathlib.Path, name: str, source: str) -> pathlib.Path:
     (d / f"{name}.cc").write_text(source)
@@ -128,8 +143,8 @@ def test_cuts_by_cache(split, m, n, k, full_rows, isa, l2, launches):
 def test_row_blocks_share_the_tiles_evenly(tmp_path):
     """RowBlocks keeps the count of blocks of ``rows`` rows, tiles [0, m) in order with
     non-empty blocks of at most ``rows`` rows that start on whole tiles, and gives every
-    block as many tiles as the others, or one more: 150 rows in blocks of 42 are 36,
-    36, 36 and 42 rows, not 42, 42, 42 and 24."""
+    block as many tiles as the others, or one more, the larger first: 150 rows in blocks
+    of 42 are 42, 36, 36 and 36 rows, not 42, 42, 42 and 24."""
     program = _build(tmp_path, "row_blocks", _ROW_BLOCKS)
     cases = [(m, rows, align) for m in [1, 5, 6, 7, 48, 100, 149, 150, 383, 1000, 2048]
              for rows in [1, 4, 6, 12, 42, 48, 96, 175, 180, 2048] for align in [1, 6]]
@@ -146,6 +161,50 @@ def test_row_blocks_share_the_tiles_evenly(tmp_path):
         assert all(0 < e - b <= rows and b % unit == 0 for b, e in blocks), (m, rows, blocks)
         tiles = [-(-(e - b) // unit) for b, e in blocks]
         assert max(tiles) - min(tiles) <= 1, (m, rows, align, blocks)
-    assert got[(150, 42, 6)] == [(0, 36), (36, 72), (72, 108), (108, 150)]
-    # 167 tiles (the last of 4 rows) in 21 blocks of 7 or 8 tiles
-    assert {e - b for b, e in got[(1000, 48, 6)]} == {42, 46, 48} and len(got[(1000, 48, 6)]) == 21
+        assert tiles == sorted(tiles, reverse=True), (m, rows, align, blocks)
+    assert got[(150, 42, 6)] == [(0, 42), (42, 78), (78, 114), (114, 150)]
+    # 167 tiles (the last of 4 rows) in 21 blocks: 20 of 8 tiles, then 7
+    assert [e - b for b, e in got[(1000, 48, 6)]] == [48] * 20 + [40]
+
+
+def _greedy_loads(sizes: list[int], threads: int) -> list[int]:
+    """Each thread's rows when the threads take the blocks in order from a shared counter
+    as they finish (RunTasks), every row costing the same."""
+    loads = [0] * threads
+    for size in sizes:
+        loads[loads.index(min(loads))] += size
+    return loads
+
+
+def test_layer_blocks_give_every_thread_as_many_rows(tmp_path):
+    """LayerRowBlocks (sgemm_layers' blocks) tiles [0, m) in order with non-empty blocks
+    whose rows of C fit in half of L2 and, under 1 MiB of L2, have at most 48 rows; there
+    their count is a multiple of the threads, so that no thread waits on another's extra
+    block: 112 rows on two threads in four blocks of 24-30, where three of 36-40 had one
+    thread run 76 rows against the other's 36; and 595 rows on four threads in 16 blocks
+    of 6 or 7 tiles, one of 7 for each thread."""
+    program = _build(tmp_path, "layer_blocks", _LAYER_BLOCKS)
+    cases = [(m, t, floats, l2) for m in [96, 100, 112, 150, 212, 383, 595, 672, 708, 1000, 2048]
+             for t in [2, 3, 4, 8] for floats in [16, 1536, 4096, 40000] for l2 in [512 << 10, 2 << 20]]
+    text = "".join(f"{m} {t} {floats} {l2}\n" for m, t, floats, l2 in cases)
+    out = subprocess.run([str(program)], input=text, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    got = {case: [tuple(int(v) for v in b.split(":")) for b in line.split()]
+           for case, line in zip(cases, out)}
+    for (m, t, floats, l2), blocks in got.items():
+        fit = max(1, l2 // 8 // floats)
+        sizes = [e - b for b, e in blocks]
+        assert blocks[0][0] == 0 and blocks[-1][1] == m, (m, t, floats, l2, blocks)
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:])), blocks
+        assert all(0 < size <= fit for size in sizes), (m, t, floats, l2, blocks)
+        if l2 < 1 << 20:
+            assert max(sizes) <= 48, (m, t, floats, blocks)
+            if len(blocks) < m:  # not one row a block
+                assert len(blocks) % t == 0, (m, t, floats, blocks)
+            if fit >= 48:  # whole 6-row tiles: the busiest thread has at most one more
+                assert max(_greedy_loads(sizes, t)) <= -(-m // (6 * t)) * 6 + 6, (m, t, blocks)
+    assert got[(112, 2, 1536, 512 << 10)] == [(0, 30), (30, 60), (60, 90), (90, 112)]
+    # 100 tiles: 13 blocks of at most 8 -> 14; at 1536 floats a row, 42 rows: 15 -> 16
+    assert len(got[(595, 2, 16, 512 << 10)]) == 14 and len(got[(595, 2, 1536, 512 << 10)]) == 16
+    assert sorted(_greedy_loads([e - b for b, e in got[(595, 4, 1536, 512 << 10)]], 4)) == [
+        145, 150, 150, 150]
