@@ -125,7 +125,7 @@ void SplitGemm(Helper* pool, int64_t m, int64_t n, int64_t k, disc_tf::Prepacked
   disc_tf::GemmSplit split;
   if (pool != nullptr && work >= disc_tf::kSmallGemm)
     split = disc_tf::ChoosePrepackedSplit(m, n, k, 2, /*full_rows=*/false, rows_rule);
-  const disc_tf::RowBlocks row_blocks(m, split.rows(m), split.row_align);
+  const disc_tf::RowBlocks row_blocks = disc_tf::RowBlocks::Of(split, m);
   const int64_t cols = split.cols(n);
   const int64_t col_blocks = (n + cols - 1) / cols;
   const int64_t blocks = row_blocks.count * col_blocks;

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       s.row_blocks = 2 * ((m + 2 * cand.row_block - 1) / (2 * cand.row_block));
       s.row_align = 6;
     }
-    const disc_tf::RowBlocks row_blocks(m, s.rows(m), s.row_align);
+    const disc_tf::RowBlocks row_blocks = disc_tf::RowBlocks::Of(s, m);
     const int64_t cols = s.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks.count * col_blocks;

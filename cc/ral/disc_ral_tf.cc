@@ -681,7 +681,7 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     if (columns != nullptr) stats::Add(stats::kRegisterEpilogues, 1);
     const GemmSplit split = ProductSplit(isa, packed_b != nullptr, batch, m, n, k,
                                          tasks_pool.NumThreads(), block_epilogue.full_rows);
-    const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+    const RowBlocks row_blocks = RowBlocks::Of(split, m);
     const int64_t cols = split.cols(n);
     const int64_t col_blocks = (n + cols - 1) / cols;
     const int64_t blocks = row_blocks.count * col_blocks;
@@ -895,7 +895,7 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   if (threads > 1 && work >= kSmallGemm)
     split = ChoosePrepackedSplit(m, total_n, k, threads, /*full_rows=*/true,
                                  all_packed ? isa.rows : PrepackedRows::kColumnsFirst);
-  const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+  const RowBlocks row_blocks = RowBlocks::Of(split, m);
   if (r->profiling) timer.detail += absl::StrCat(" blocks=", row_blocks.count, "x1");
   RunOn(tasks_pool, row_blocks.count, [&](int64_t t) {
     const int64_t i0 = row_blocks.begin(t), i1 = row_blocks.end(t);
@@ -1038,7 +1038,7 @@ void ScratchCGemm(disc_ral* ral, int64_t batch_outer, int64_t batch_inner, int64
     if (c == nullptr) return;  // the error is set
     const GemmSplit split =
         ProductSplit(isa, true, 1, m, n, k, pool.NumThreads(), /*full_rows=*/!few_rows);
-    const RowBlocks row_blocks(m, split.rows(m), split.row_align);
+    const RowBlocks row_blocks = RowBlocks::Of(split, m);
     // whole rows per block unless the epilogue follows on rows of its own
     const int64_t cols = few_rows ? split.cols(n) : n, col_blocks = (n + cols - 1) / cols;
     if (r->profiling) {

@@ -33,10 +33,13 @@ struct GemmSplit {
     const int64_t c = (n + col_blocks - 1) / col_blocks;
     return col_blocks == 1 ? n : std::min(n, (c + 63) / 64 * 64);
   }
-  // Blocks of C after the rounding of rows and columns (at least one).
+  // Blocks of C after the rounding of columns (at least one): row_blocks blocks of
+  // rows (RowBlocks::OfCount: none longer than rows(m)), fewer only where m has fewer
+  // tiles of row_align rows.
   int64_t launches(int64_t m, int64_t n) const {
-    const int64_t r = std::max<int64_t>(1, rows(m)), c = std::max<int64_t>(1, cols(n));
-    return std::max<int64_t>(1, (m + r - 1) / r) * std::max<int64_t>(1, (n + c - 1) / c);
+    const int64_t align = std::max<int64_t>(row_align, 1), c = std::max<int64_t>(1, cols(n));
+    const int64_t r = std::max<int64_t>(1, std::min(row_blocks, (m + align - 1) / align));
+    return r * std::max<int64_t>(1, (n + c - 1) / c);
   }
 };
 
@@ -68,6 +71,13 @@ struct RowBlocks {
     RowBlocks cut(m_rows, std::max<int64_t>(align, 1), align);
     cut.count = std::max<int64_t>(1, std::min(blocks, cut.tiles));
     return cut;
+  }
+  // The row blocks of `split`: its row_blocks blocks, none longer than split.rows(m)
+  // (blocks of split.rows(m) from the count of rows could be fewer: 289 rows wanted in
+  // 8 blocks are 37 rows, 42 in whole tiles, and 7 blocks of 42 leave one of two
+  // threads four of them; bench/GEMM.md, "Layer blocks by the threads").
+  static RowBlocks Of(const GemmSplit& split, int64_t m_rows) {
+    return OfCount(m_rows, split.row_blocks, std::max<int64_t>(split.row_align, 1));
   }
 };
 
