@@ -110,14 +110,17 @@ def progress_printer(label: str, total: int) -> Callable[[int], None]:
 
 def run_pass(call: CallFn, inputs: list[np.ndarray], to_tensor: Callable[[np.ndarray], Any],
              ref: Any | None = None, writer: RefWriter | None = None,
-             progress: Callable[[int], None] | None = None) -> tuple[list[float], float | None]:
+             progress: Callable[[int], None] | None = None,
+             collect: bool = True) -> tuple[list[float], float | None]:
     """Calls ``call`` on every input; returns per-call seconds and max abs error vs ``ref``.
 
-    A full garbage collection runs first (untimed), so that a collection of the
-    garbage left by the setup does not land on the first timed call.
+    With ``collect``, a full garbage collection runs first (untimed), so that a
+    collection of the garbage left by the setup does not land on the first timed call
+    (a caller that warms the peer up after its own collection passes False).
     ``progress(i)`` is called (untimed) after the ``i``-th call.
     """
-    gc.collect()
+    if collect:
+        gc.collect()
     latencies: list[float] = []
     max_err: float | None = None if ref is None else 0.0
     for i, x in enumerate(inputs):

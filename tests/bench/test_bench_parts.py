@@ -415,14 +415,16 @@ def test_per_request_requests_take_turns_and_each_follows_a_pause() -> None:
 def _run_worker(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                 tmp_path: pathlib.Path, stdin: str, shapes: str
                 ) -> tuple[list[tuple[int, ...]], list[str]]:
-    """A tf per_request worker on ``shapes`` fed ``stdin``: the shapes it called, in order,
-    and its stdout lines."""
+    """A tf per_request worker on ``shapes`` fed ``stdin``: the shapes it called and its
+    garbage collections ("gc"), in order, and its stdout lines."""
     import argparse
+    import gc
     import tempfile
 
     from bench import per_request
 
-    calls: list[tuple[int, ...]] = []
+    calls: list[tuple[int, ...] | str] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("gc"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the worker's work dir
     monkeypatch.setattr(peer, "setup_tf", lambda model_dir, result: (
         lambda x: calls.append(tuple(x.shape))))
@@ -436,21 +438,22 @@ def _run_worker(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 def test_per_request_worker_times_one_request_after_the_one_before(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: pathlib.Path) -> None:
-    """``request i``: the stream's request i - 1 untimed (the last one before request 0),
-    then request i alone, timed."""
+    """``request i``: a garbage collection, the stream's request i - 1 untimed (the last
+    one before request 0), then request i alone, timed, with no collection between."""
     calls, out = _run_worker(monkeypatch, capsys, tmp_path, "request 0\nrequest 2\nstop\n",
                              "1,2;3,4;5,6")
-    assert calls == [(1, 2), (3, 4), (5, 6)] + [(5, 6), (1, 2)] + [(3, 4), (5, 6)]
+    assert calls == ["gc", (1, 2), (3, 4), (5, 6)] + ["gc", (5, 6), (1, 2)] + [
+        "gc", (3, 4), (5, 6)]
     assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [1, 1]
 
 
 def test_per_request_worker_wakes_its_peer_before_each_timed_pass(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: pathlib.Path) -> None:
-    """The worker's first pass is untimed; each ``go`` then calls the first request once,
-    untimed, before the timed pass, whose times alone it prints."""
+    """The worker's first pass is untimed; each ``go`` then collects garbage and calls the
+    first request once, untimed, before the timed pass, whose times alone it prints."""
     calls, out = _run_worker(monkeypatch, capsys, tmp_path, "go\ngo\nstop\n", "1,2;3,4")
-    assert calls == [(1, 2), (3, 4)] + [(1, 2), (1, 2), (3, 4)] * 2
+    assert calls == ["gc", (1, 2), (3, 4)] + ["gc", (1, 2), (1, 2), (3, 4)] * 2
     assert out[0] == "@ready" and [len(json.loads(line)) for line in out[1:]] == [2, 2]
 
 
