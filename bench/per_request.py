@@ -10,10 +10,10 @@ shape. Two ways to interleave the peers:
   (A B, B A, ...); each stretch of host noise is spread over every request of a pass.
 * ``--interleave request``: the peers take turns request by request (A B for request 0,
   B A for request 1, ...), each turn after the settle pause, a garbage collection and one
-  untimed call of the stream's previous request (the state a pass leaves). Both peers' times of a request
-  are then taken a few hundred ms apart, so a pass's totals compare two peers under the
-  same stretch of host speed; the per-pass ratio of totals is what to read on a host whose
-  speed moves within seconds.
+  untimed call of the stream's previous request (the state a pass leaves). Both peers'
+  times of a request are then taken a few hundred ms apart, so a pass's totals compare two
+  peers under the same stretch of host speed; the per-pass ratio of totals is what to read
+  on a host whose speed moves within seconds.
 
     .venv/bin/python -m bench.per_request --workload bert_base --peers disc,ort --passes 16
     .venv/bin/python -m bench.per_request --workload recommender_tower --interleave request
@@ -80,20 +80,20 @@ def worker(args: argparse.Namespace) -> int:
     print("@ready", flush=True)
     for line in sys.stdin:
         words = line.split()
+        # ``warm``, called untimed: after the pause it warms caches and pool threads.
+        if words == ["go"]:
+            warm, timed = inputs[0], inputs  # the first request, then the pass
+        elif len(words) == 2 and words[0] == "request":
+            i = int(words[1])
+            warm, timed = inputs[i - 1], inputs[i:i + 1]  # the previous request, as in a pass
+        else:
+            break
         # The collection first, then the untimed call, then the timed ones: a collection
         # between them (a TF process's heap: tens of ms) let the pool threads fall
         # asleep and walked the caches, a state no request of a pass meets.
-        if words == ["go"]:
-            gc.collect()
-            call(to_tensor(inputs[0]))  # untimed: after the pause, warms caches and pool threads
-            latencies, _ = peer_mod.run_pass(call, inputs, to_tensor, collect=False)
-        elif len(words) == 2 and words[0] == "request":
-            i = int(words[1])
-            gc.collect()
-            call(to_tensor(inputs[i - 1]))  # untimed: the previous request, as in a pass
-            latencies, _ = peer_mod.run_pass(call, inputs[i:i + 1], to_tensor, collect=False)
-        else:
-            break
+        gc.collect()
+        call(to_tensor(warm))
+        latencies, _ = peer_mod.run_pass(call, timed, to_tensor, collect=False)
         print(json.dumps(latencies), flush=True)
     return 0
 

@@ -33,14 +33,10 @@ struct GemmSplit {
     const int64_t c = (n + col_blocks - 1) / col_blocks;
     return col_blocks == 1 ? n : std::min(n, (c + 63) / 64 * 64);
   }
-  // Blocks of C after the rounding of columns (at least one): row_blocks blocks of
-  // rows (RowBlocks::OfCount: none longer than rows(m)), fewer only where m has fewer
-  // tiles of row_align rows.
-  int64_t launches(int64_t m, int64_t n) const {
-    const int64_t align = std::max<int64_t>(row_align, 1), c = std::max<int64_t>(1, cols(n));
-    const int64_t r = std::max<int64_t>(1, std::min(row_blocks, (m + align - 1) / align));
-    return r * std::max<int64_t>(1, (n + c - 1) / c);
-  }
+  // Blocks of C after the rounding of columns (at least one): RowBlocks::Of's blocks
+  // of rows (row_blocks, fewer only where m has fewer tiles of row_align rows) times
+  // the blocks of columns. Defined after RowBlocks.
+  int64_t launches(int64_t m, int64_t n) const;
 };
 
 // The row blocks of m rows cut into blocks of at most `rows` rows: as many blocks as
@@ -80,6 +76,11 @@ struct RowBlocks {
     return OfCount(m_rows, split.row_blocks, std::max<int64_t>(split.row_align, 1));
   }
 };
+
+inline int64_t GemmSplit::launches(int64_t m, int64_t n) const {
+  const int64_t c = std::max<int64_t>(1, cols(n));
+  return RowBlocks::Of(*this, m).count * std::max<int64_t>(1, (n + c - 1) / c);
+}
 
 // Rows per task at most `most`, whole 6-row register tiles where that allows.
 inline int64_t CapRows(int64_t rows, int64_t most) {

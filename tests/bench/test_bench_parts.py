@@ -414,7 +414,7 @@ def test_per_request_requests_take_turns_and_each_follows_a_pause() -> None:
 
 def _run_worker(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                 tmp_path: pathlib.Path, stdin: str, shapes: str
-                ) -> tuple[list[tuple[int, ...]], list[str]]:
+                ) -> tuple[list[tuple[int, ...] | str], list[str]]:
     """A tf per_request worker on ``shapes`` fed ``stdin``: the shapes it called and its
     garbage collections ("gc"), in order, and its stdout lines."""
     import argparse

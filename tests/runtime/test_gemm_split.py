@@ -187,7 +187,7 @@ def test_layer_blocks_give_every_thread_as_many_rows(tmp_path):
     """LayerRowBlocks (sgemm_layers' blocks) tiles [0, m) in order with non-empty blocks
     whose rows of C fit in half of L2 and, under 1 MiB of L2, have at most 48 rows; there
     their count is a multiple of the threads, so that no thread waits on another's extra
-    block: 112 rows on two threads in four blocks of 24-30, where three of 36-40 had one
+    block: 112 rows on two threads in four blocks of 22-30, where three of 36-40 had one
     thread run 76 rows against the other's 36; and 595 rows on four threads in 16 blocks
     of 6 or 7 tiles, one of 7 for each thread."""
     program = _build(tmp_path, "layer_blocks", _LAYER_BLOCKS)
