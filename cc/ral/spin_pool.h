@@ -12,13 +12,15 @@
 // microseconds apart, and a serving loop's calls tens of microseconds apart,
 // so a worker that polls for `spin_us` after each job is awake for all of
 // them, and sleeps when the process is idle. ONNX Runtime's intra-op threads
-// poll the same way.
+// poll the same way. With `pin_workers`, each worker runs on a CPU of its own
+// (worker_cpus.h), as ONNX Runtime's do.
 #ifndef DISC_TF_CC_RAL_SPIN_POOL_H_
 #define DISC_TF_CC_RAL_SPIN_POOL_H_
 
 #include <stdint.h>
 #if defined(__linux__)
 #include <pthread.h>
+#include <sched.h>
 #endif
 
 #include <algorithm>
@@ -32,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "cc/ral/worker_cpus.h"
+
 namespace disc_tf {
 
 // Worker threads taking jobs from one queue. Thread-safe; jobs of several
@@ -40,8 +44,9 @@ namespace disc_tf {
 class SpinPool {
  public:
   // spin_us: how long a worker polls for a job after its last one (0: it
-  // sleeps at once).
-  explicit SpinPool(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
+  // sleeps at once). pin_workers: pin each worker to a CPU of its own (Linux).
+  explicit SpinPool(int64_t spin_us, bool pin_workers = false)
+      : spin_(std::chrono::microseconds(spin_us)), pin_workers_(pin_workers) {}
 
   ~SpinPool() {
     {
@@ -58,9 +63,14 @@ class SpinPool {
   // Starts workers until there are at least `workers`; returns how many there
   // are. Never throws: when the system refuses a thread (a thread limit, no
   // memory) the pool stays at the workers it has and stops trying.
-  // Workers inherit the starting thread's CPU affinity and signal mask.
+  // Workers inherit the starting thread's CPU affinity and signal mask; with
+  // pin_workers, each is then pinned to one of those CPUs (WorkerCpus: the ones
+  // after the CPU the starting thread runs on), where there are enough of them.
   int Reserve(int workers) {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::vector<int> cpus =
+        pin_workers_ && static_cast<int>(threads_.size()) < workers ? CpusFor(workers)
+                                                                    : std::vector<int>();
     while (!refused_ && static_cast<int>(threads_.size()) < workers) {
       try {
         threads_.emplace_back([this] { Loop(); });
@@ -70,6 +80,14 @@ class SpinPool {
       }
 #if defined(__linux__)
       pthread_setname_np(threads_.back().native_handle(), "disc_tf_worker");
+      const size_t k = threads_.size() - 1;
+      if (k < cpus.size()) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[k], &one);
+        // A refusal (a CPU taken away meanwhile) leaves the worker unpinned.
+        pthread_setaffinity_np(threads_.back().native_handle(), sizeof(one), &one);
+      }
 #endif
     }
     return static_cast<int>(threads_.size());
@@ -121,6 +139,23 @@ class SpinPool {
     return true;
   }
 
+  // The CPUs to pin `workers` workers to (empty: leave them unpinned).
+  static std::vector<int> CpusFor(int workers) {
+#if defined(__linux__)
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return {};
+    std::vector<int> allowed;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mask)) allowed.push_back(cpu);
+    }
+    return WorkerCpus(allowed, sched_getcpu(), workers);
+#else
+    (void)workers;
+    return {};
+#endif
+  }
+
   // Polls for a job until spin_ has passed since the last one.
   bool PollFor(std::function<void()>* job) {
     if (spin_.count() <= 0) return false;
@@ -154,6 +189,7 @@ class SpinPool {
   }
 
   const std::chrono::nanoseconds spin_;
+  const bool pin_workers_;
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> jobs_;

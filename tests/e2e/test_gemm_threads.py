@@ -6,6 +6,7 @@ random shapes; the split each launch took is read from its launch profile."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -220,8 +221,9 @@ def test_avx512_cuts_tall_or_small_products_by_rows(tmp_path):
     _assert_blocks(rows, "tall")
 
 
-_WAKE_SCRIPT = """
-import time
+#: A process with a caller and one RAL worker, and ``dense``: a product they share.
+_DENSE_PRELUDE = """
+import json, os, pathlib, time
 import numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(2)  # a caller and one worker
 import disc_tf
@@ -232,7 +234,9 @@ w = tf.Variable((rng.standard_normal((256, 256)) / 16).astype(np.float32))
 @tf.function(input_signature=[tf.TensorSpec([None, 256])])
 def dense(x):  # its product runs on the caller and the worker
     return tf.nn.relu(tf.matmul(x, w))
+"""
 
+_WAKE_SCRIPT = _DENSE_PRELUDE + """
 @tf.function(input_signature=[tf.TensorSpec([None, 256])])
 def affine(x):  # no product, and too small a loop for the pool
     return x * 2.0 + 1.0
@@ -270,6 +274,38 @@ def test_a_call_wakes_the_sleeping_worker_when_its_last_call_used_it(tmp_path, s
         assert gemm_wakes == 0
     else:  # 10 calls, each 20 ms after the last: the worker slept before (nearly) every one
         assert 5 <= gemm_wakes <= 10, gemm_wakes
+
+
+_PIN_SCRIPT = _DENSE_PRELUDE + """
+j = disc_tf.jit(dense, strict=True)
+x = rng.standard_normal((512, 256)).astype(np.float32)
+np.testing.assert_allclose(j(x).numpy(), dense(x).numpy(), rtol=1e-4, atol=1e-4)
+for task in pathlib.Path("/proc/self/task").iterdir():
+    if (task / "comm").read_text().strip() == "disc_tf_worker":
+        print("WORKER", json.dumps(sorted(os.sched_getaffinity(int(task.name)))))
+print("PROCESS", json.dumps(sorted(os.sched_getaffinity(0))))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning a worker needs two CPUs")
+@pytest.mark.parametrize("pin", ["1", "0"])
+def test_the_worker_runs_on_a_cpu_of_its_own_unless_told_not_to(pin):
+    """The RAL's worker is pinned to one CPU of the process's (a worker free to move
+    shared a core with its caller for milliseconds after each idle gap); with
+    DISC_TF_PIN_WORKERS=0 it may run on any."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+               DISC_TF_PIN_WORKERS=pin)
+    env.pop("DISC_TF_TASK_POOL", None)
+    proc = fresh_python.run(["-c", _PIN_SCRIPT], env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    workers = [json.loads(x.split(" ", 1)[1]) for x in lines if x.startswith("WORKER ")]
+    allowed = json.loads(next(x for x in lines if x.startswith("PROCESS")).split(" ", 1)[1])
+    assert len(workers) == 1
+    if pin == "1":
+        assert len(workers[0]) == 1 and workers[0][0] in allowed
+    else:
+        assert workers[0] == allowed
 
 
 _CHUNK_SCRIPT = """
