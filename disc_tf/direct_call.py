@@ -36,7 +36,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context, execute, record
 from tensorflow.python.util import nest
 
-from disc_tf import background, trust
+from disc_tf import background, cluster_call, trust
 from disc_tf.direct_plan import DirectPlan, NotDirect, Source, plan_function
 
 logger = logging.getLogger("disc_tf.direct")
@@ -215,6 +215,16 @@ def _output_packer(concrete: Any, count: int) -> Pack:
     return pack
 
 
+def _as_call(step: tuple[str, int, tuple[Source, ...], tuple]
+             ) -> tuple[str, int, tuple[Source, ...], tuple]:
+    """A DiscCluster step as a DiscCall: its attributes recorded once (``cluster_call``)."""
+    op, num_outputs, sources, attrs = step
+    if op != "DiscCluster":
+        return step
+    op, attrs = cluster_call.as_call(attrs)
+    return op, num_outputs, sources, attrs
+
+
 def _ranges(positions: list[int]) -> list[int]:
     """Ascending ``positions`` as the [begin, end) pairs of their runs, flat."""
     out: list[int] = []
@@ -370,12 +380,15 @@ class DirectFunction:
         self._pack = _output_packer(concrete, len(plan.outputs))
         keys = _publish_artifacts(plan)
         self._bundles: list[Any] = []  # one DiscVariableBundle handle per bundled step
-        self._steps = [
+        #: each step as its op's node has it (a cluster's variables bundled)
+        self._full_steps = [
             self._bundled(step.op, step.num_outputs, step.inputs,
                           tuple(x for name, value in step.attrs for x in (name, value))
                           + (("artifact", b"", "pending_key", key.encode())
                              if step.is_cluster else ()))
             for step, key in zip(plan.steps, keys)]
+        #: each step as a call executes it (a cluster's as a DiscCall)
+        self._steps = [_as_call(step) for step in self._full_steps]
         self._constants = [tf.constant(c) for c in plan.constants]
         self.plan = plan
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/artifact_loader.h"
 #include "cc/kernels/artifact_trust.h"
+#include "cc/kernels/cluster_attrs.h"
 #include "cc/kernels/cluster_rebuild.h"
 #include "cc/kernels/pending_artifacts.h"
 #ifdef DISC_TF_GPU
@@ -63,20 +64,7 @@ using tensorflow::shape_inference::ShapeHandle;
 REGISTER_OP("DiscCluster")
     .Input("inputs: Tin")
     .Output("outputs: Tout")
-    .Attr("Tin: list(type) >= 0")
-    .Attr("Tout: list(type) >= 0")
-    .Attr("output_shapes: list(shape) >= 0")
-    .Attr("artifact: string")
-    .Attr("artifact_sha256: string")
-    .Attr("artifact_signatures: list(string) = []")
-    .Attr("fallback: func")
-    .Attr("cluster_name: string = ''")
-    .Attr("num_kernels: int = 0")
-    .Attr("pending_key: string = ''")
-    .Attr("constant_inputs: list(int) = []")
-    .Attr("bundled_inputs: list(int) = []")
-    .Attr("bundled_input_ranges: list(int) = []")
-    .Attr("constant_input_ranges: list(int) = []")
+    DISC_TF_CLUSTER_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));

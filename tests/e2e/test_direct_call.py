@@ -263,7 +263,7 @@ def test_a_cluster_s_variables_are_fed_as_one_bundle(mlp_dirs):
     eager runtime costs about 1.7 us per resource input per call."""
     model = disc_tf.load(str(mlp_dirs / "opt"))
     planned = model._call.plan.steps[0].inputs
-    op, _, sources, attrs = model._call._steps[0]
+    op, _, sources, attrs = model._call._full_steps[0]
     named = dict(zip(attrs[::2], attrs[1::2]))
     assert op == "DiscCluster"
     assert _positions(named["bundled_input_ranges"]) == [
@@ -290,7 +290,7 @@ def _step_inputs(fn, sources, x, bundle):
 def test_a_bad_variable_bundle_is_an_error_not_a_crash(mlp_dirs):
     model = disc_tf.load(str(mlp_dirs / "opt"))
     fn = model._call
-    op, num_outputs, sources, attrs = fn._steps[0]
+    op, num_outputs, sources, attrs = fn._full_steps[0]
     ctx = context.context()
     x = tf.constant(_rows(np.random.default_rng(8), 3))
     variables = [fn._captured[s.index] for s in fn.plan.steps[0].inputs if s.kind == "variable"]
@@ -334,7 +334,7 @@ def test_a_bad_variable_bundle_is_an_error_not_a_crash(mlp_dirs):
 def test_a_missing_variable_is_an_error_not_a_crash(mlp_dirs):
     model = disc_tf.load(str(mlp_dirs / "opt"))
     fn = model._call
-    op, num_outputs, _, bundled_attrs = fn._steps[0]
+    op, num_outputs, _, bundled_attrs = fn._full_steps[0]
     assert op == "DiscCluster"
     # The plan's step as it is, each variable fed by its handle (no bundle).
     sources = fn.plan.steps[0].inputs
@@ -493,3 +493,76 @@ def test_an_assert_runs_inside_the_direct_call(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="x must stay below 10"):
         model.serve(x + 20.0)
     assert model.serve.direct_calls == 1 and model.serve.tf_calls == 0
+
+
+def test_a_cluster_step_runs_as_a_disc_call_of_four_attributes(mlp_dirs):
+    """Each call executes DiscCall with the step's types, its fallback function and the
+    number its node's attributes were recorded under (TF's eager runtime converts every attribute on each
+    execution): the DiscCluster kernel of that node runs, compiled."""
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    fn = model._call
+    op, num_outputs, sources, attrs = fn._steps[0]
+    full_op, _, full_sources, full_attrs = fn._full_steps[0]
+    named, full = dict(zip(attrs[::2], attrs[1::2])), dict(zip(full_attrs[::2], full_attrs[1::2]))
+    assert (op, full_op) == ("DiscCall", "DiscCluster")
+    assert sorted(named) == ["Tin", "Tout", "fallback", "id"] and sources == full_sources
+    assert [named[k] for k in ("Tin", "Tout", "fallback")] == [
+        full[k] for k in ("Tin", "Tout", "fallback")]
+    reference = tf.saved_model.load(str(mlp_dirs / "orig"))
+    rng = np.random.default_rng(21)
+    disc_tf.reset_stats()
+    for m in [1, 9, 130]:
+        x = tf.constant(_rows(rng, m))
+        outs = execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
+                                     attrs, context.context())
+        _check(reference(x), fn._pack([fn._value(s, [x], [outs]) for s in fn.plan.outputs]))
+    assert disc_tf.stats()["fallbacks"] == 0
+    # The same attributes, the same number (one kernel, as one DiscCluster kernel before):
+    # the signature's step. Another load's fallback function has another name.
+    step = model.signatures["serving_default"]._steps[0]
+    assert dict(zip(step[3][::2], step[3][1::2]))["id"] == named["id"]
+
+
+def test_a_disc_call_that_names_no_node_or_other_types_is_an_error(mlp_dirs):
+    model = disc_tf.load(str(mlp_dirs / "opt"))
+    fn = model._call
+    op, num_outputs, sources, attrs = fn._steps[0]
+    named = dict(zip(attrs[::2], attrs[1::2]))
+    x = tf.constant(_rows(np.random.default_rng(22), 3))
+    inputs = _step_inputs(fn, sources, x, fn._bundles[0])
+    ctx = context.context()
+    def changed(**values):
+        return tuple(v for item in {**named, **values}.items() for v in item)
+
+    with pytest.raises(tf.errors.NotFoundError, match="no DiscCluster node is recorded under"):
+        execute.quick_execute(op, num_outputs, inputs, changed(id=-5), ctx)
+    doubles = [tf.float64.as_datatype_enum] * len(named["Tout"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output types or the fallback"):
+        execute.quick_execute(op, num_outputs, inputs, changed(Tout=doubles), ctx)
+    another = next(f for f in ctx.list_function_names() if f != named["fallback"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output types or the fallback"):
+        execute.quick_execute(op, num_outputs, inputs, changed(fallback=another), ctx)
+    # Other attributes under a number in use: refused; the same ones again: fine.
+    full = fn._full_steps[0][3]
+    renamed = tuple(b"other" if a == b"disc_cluster_0" else a for a in full)
+    with pytest.raises(tf.errors.AlreadyExistsError, match="already names another node"):
+        execute.quick_execute("DiscClusterRegister", 0, [], renamed + ("id", named["id"]), ctx)
+    execute.quick_execute("DiscClusterRegister", 0, [], full + ("id", named["id"]), ctx)
+    # The DiscCluster kernel's own errors come through, with its name.
+    variables = [fn._captured[s.index] for s in fn.plan.steps[0].inputs if s.kind == "variable"]
+    short = execute.quick_execute("DiscVariableBundle", 1, variables[:-1],
+                                  ("N", len(variables) - 1), ctx)[0]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="DiscCluster 'disc_cluster_0': the variable bundle holds"):
+        execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, short), attrs, ctx)
+    assert model(x)["y"].shape == (3, 16)
+
+
+def test_attributes_that_cannot_be_recorded_keep_the_disc_cluster_op(mlp_dirs):
+    from disc_tf import cluster_call
+
+    full = disc_tf.load(str(mlp_dirs / "opt"), warmup=False)._call._full_steps[0][3]
+    named = dict(zip(full[::2], full[1::2]))
+    del named["fallback"]  # a DiscCluster node must name its fallback function
+    attrs = tuple(v for item in named.items() for v in item)
+    assert cluster_call.as_call(attrs) == ("DiscCluster", attrs)
