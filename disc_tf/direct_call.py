@@ -5,7 +5,8 @@ a 2-core machine before any kernel runs (Python argument binding, then TF's
 function runtime), more than a small model's kernels take. ``load`` restores
 the model the same way, then plans each of its functions (``direct_plan``):
 where the body is DiscCluster ops fed by the arguments and by variables, a call
-is one eager op execution per cluster, with the variables' handles as inputs
+is one eager op execution per cluster (a DiscCall of the cluster's attributes,
+recorded once: ``cluster_call``), with the variables' handles as inputs
 (the op reads each variable when it runs, as ReadVariableOp would have); a
 stateless TF op left outside the clusters is one more eager op. The signatures,
 ``__call__`` and every other ``tf.function`` of the restored root object are
