@@ -32,8 +32,8 @@ _recorded: dict[str, int] = {}
 
 def as_call(attrs: tuple) -> tuple[str, tuple]:
     """The op and attributes that run a DiscCluster step of ``attrs`` (name, value,
-    name, value...): DiscCall and its types and number, once the attributes are
-    recorded; DiscCluster and ``attrs`` themselves when they cannot be."""
+    name, value...): DiscCall and its types, fallback function and number, once the
+    attributes are recorded; DiscCluster and ``attrs`` themselves when they cannot be."""
     named = dict(zip(attrs[::2], attrs[1::2]))
     key = repr(attrs)
     with _lock:
