@@ -28,6 +28,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/lib/strings/proto_serialization.h"
 
 namespace disc_tf {
 namespace {
@@ -65,6 +66,13 @@ fallback: the node's fallback function. Named here too: TF's eager runtime runs 
   op inside a function whose library holds only the functions its attributes name.
 )doc");
 
+// `message`'s bytes with its maps in key order, so that equal messages compare equal.
+std::string Deterministic(const google::protobuf::MessageLite& message) {
+  std::string bytes;
+  tensorflow::SerializeToStringDeterministic(message, &bytes);
+  return bytes;
+}
+
 // The recorded nodes, by id.
 std::mutex& RegistryMutex() {
   static std::mutex* const mu = new std::mutex;
@@ -79,7 +87,7 @@ std::map<int64_t, NodeDef>& Registry() {
 absl::Status Record(int64_t id, NodeDef node) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto [it, added] = Registry().emplace(id, node);
-  if (!added && it->second.SerializeAsString() != node.SerializeAsString()) {
+  if (!added && Deterministic(it->second) != Deterministic(node)) {
     return absl::AlreadyExistsError(
         absl::StrCat("DiscClusterRegister: id ", id, " already names another node"));
   }
@@ -139,7 +147,7 @@ class DiscCallOp : public AsyncOpKernel {
                 props->input_types == input_types() &&
                     props->output_types == output_types() &&
                     recorded != props->node_def.attr().end() &&
-                    recorded->second.func().SerializeAsString() == fallback.SerializeAsString(),
+                    Deterministic(recorded->second.func()) == Deterministic(fallback),
                 absl::InvalidArgumentError(absl::StrCat(
                     "DiscCall: the input or output types or the fallback function differ "
                     "from those of the node recorded under id ", id)));
