@@ -9,9 +9,9 @@
 // So disc_tf.load records each cluster's attributes once, with
 // DiscClusterRegister, under a number of this process, and each call executes
 // DiscCall with its input and output types, its fallback function and that
-// number. A DiscCall kernel
-// builds the DiscCluster kernel of the recorded node once and runs it: the same
-// artifact, fallback, weight caches and errors as the DiscCluster op.
+// number. A DiscCall kernel builds the DiscCluster kernel of the recorded node
+// once and runs it: the same artifact, fallback, weight caches and errors as the
+// DiscCluster op.
 #include <cstdint>
 #include <map>
 #include <memory>
