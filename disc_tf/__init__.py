@@ -75,7 +75,8 @@ def stats() -> dict[str, int]:
     loaded for want of a trusted signature), rebuilds (clusters compiled
     again on this host instead; see ``docs/serving.md``), pool_wakes (sleeping
     GEMM worker threads a call woke as it started, so that they were polling by its
-    first launch), resident_weight_gemms (GEMM launches of calls whose packed
+    first launch; only calls as large as one that gave them tasks wake them),
+    resident_weight_gemms (GEMM launches of calls whose packed
     weights fit in half of a core's L2, so that they read them without prefetching)
     masked_elements (attention scores not computed because the mask's select
     discards them: a causal or padding mask), temp_reuses (temporary buffers of at most

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -279,8 +280,11 @@ class DiscClusterOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::vector<Tensor> inputs;
     const LoadedArtifact* artifact = CurrentArtifact();
-    // Workers woken now are polling by the first launch, after the inputs are read.
-    if (artifact != nullptr && wakes_pool_.load(std::memory_order_relaxed)) WakeTaskPool(ctx);
+    // Workers woken now are polling by the first launch, after the inputs are read; only
+    // for a call as large as one that ran tasks on them (wake_from_).
+    const int64_t elements = artifact != nullptr ? InputElements(ctx) : 0;
+    if (artifact != nullptr && elements >= wake_from_.load(std::memory_order_relaxed))
+      WakeTaskPool(ctx);
     // The compiled code runs before this returns, so it reads variables in
     // copy-on-read mode under their shared locks, held till then, as TF's
     // ResourceGather does, instead of copying them (an embedding table a call reads
@@ -296,7 +300,7 @@ class DiscClusterOp : public AsyncOpKernel {
       return;
     }
     if (artifact != nullptr) {
-      RunArtifact(ctx, artifact, std::move(inputs), sparse_written);
+      RunArtifact(ctx, artifact, std::move(inputs), sparse_written, elements);
       held.reset();
       done();
       return;
@@ -478,10 +482,23 @@ class DiscClusterOp : public AsyncOpKernel {
 #endif
   }
 
-  // Runs the artifact on `inputs`; the constant inputs but `sparse_written` may keep
-  // packed copies across calls.
+  // Elements of the call's tensor inputs (a variable or bundle handle counts none): the
+  // size that decides whether a call wakes the RAL's workers (wake_from_).
+  static int64_t InputElements(OpKernelContext* ctx) {
+    int64_t elements = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      if (ctx->input_dtype(i) != tensorflow::DT_RESOURCE) {
+        elements += ctx->input(i).NumElements();
+      }
+    }
+    return elements;
+  }
+
+  // Runs the artifact on `inputs` (`elements`: InputElements); the constant inputs but
+  // `sparse_written` may keep packed copies across calls.
   void RunArtifact(OpKernelContext* ctx, const LoadedArtifact* artifact,
-                   std::vector<Tensor> inputs, const std::vector<int>& sparse_written) {
+                   std::vector<Tensor> inputs, const std::vector<int>& sparse_written,
+                   int64_t elements) {
     absl::Status s;
     std::vector<int> constants;
     for (int i : constant_inputs_) {
@@ -531,8 +548,12 @@ class DiscClusterOp : public AsyncOpKernel {
         rc = DISC_INTERNAL;
       }
       s = ral.status();
-      if (ral.scheduled_tasks.load(std::memory_order_relaxed) && !on_gpu_)
-        wakes_pool_.store(true, std::memory_order_relaxed);
+      if (ral.scheduled_tasks.load(std::memory_order_relaxed) && !on_gpu_) {
+        int64_t from = wake_from_.load(std::memory_order_relaxed);
+        while (elements < from &&
+               !wake_from_.compare_exchange_weak(from, elements, std::memory_order_relaxed)) {
+        }
+      }
       if (rc == 0 && artifact->peak_temp_bytes != nullptr) {
         stats::NoteMax(stats::kPeakTempBytes, artifact->peak_temp_bytes());
       }
@@ -703,8 +724,12 @@ class DiscClusterOp : public AsyncOpKernel {
   FoldedValues folded_;
   std::atomic<const LoadedArtifact*> artifact_{nullptr};  // null => fallback
   std::atomic<bool> pending_failed_{false};
-  // A call ran tasks on the RAL's workers: the next wakes them first (WakeTaskPool).
-  std::atomic<bool> wakes_pool_{false};
+  // The fewest input elements (InputElements) of a call that ran tasks on the RAL's
+  // workers: a call of as many or more wakes them first (WakeTaskPool). A call that
+  // runs every launch on its own thread (the recommender at one row) then never wakes a
+  // worker it would not use: the wake is a futex syscall on the caller's thread, about
+  // a tenth of such a call.
+  std::atomic<int64_t> wake_from_{std::numeric_limits<int64_t>::max()};
   bool on_gpu_ = false;  // the GPU kernel: runs CUDA artifacts on TF's stream
 
   // Set when the embedded artifact is not trusted and the policy rebuilds it.

@@ -241,9 +241,7 @@ _WAKE_SCRIPT = _DENSE_PRELUDE + """
 def affine(x):  # no product, and too small a loop for the pool
     return x * 2.0 + 1.0
 
-def wakes(fn, rows):
-    j = disc_tf.jit(fn)
-    assert j.report.compiled, j.report
+def wakes(j, fn, rows):
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     np.testing.assert_allclose(j(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
     disc_tf.reset_stats()
@@ -252,28 +250,35 @@ def wakes(fn, rows):
         np.testing.assert_allclose(j(x).numpy(), fn(x).numpy(), rtol=1e-4, atol=1e-4)
     return disc_tf.stats()["pool_wakes"]
 
-print("WAKES", wakes(dense, 512), wakes(affine, 2))
+jd, ja = disc_tf.jit(dense, strict=True), disc_tf.jit(affine, strict=True)
+# dense at 512 rows runs tasks on the worker; at 1 row (a 1 x 256 x 256 product) none
+print("WAKES", wakes(jd, dense, 512), wakes(ja, affine, 2), wakes(jd, dense, 1),
+      wakes(jd, dense, 600))
 """
 
 
 @pytest.mark.parametrize("spin_us", ["200", "0"])
-def test_a_call_wakes_the_sleeping_worker_when_its_last_call_used_it(tmp_path, spin_us):
-    """A cluster whose last call ran tasks on the RAL's worker wakes it as its next call
-    starts, so that the worker polls by the first launch (a sleeping one took 50-100 us
-    to wake, more than a small product); a cluster that never used it wakes nothing,
-    and with DISC_TF_SPIN_US=0 (workers never poll) no call wakes one."""
+def test_a_call_wakes_the_sleeping_worker_when_a_call_as_large_used_it(tmp_path, spin_us):
+    """A call of a cluster as large (in input elements) as one that ran tasks on the
+    RAL's worker wakes it as the call starts, so that the worker polls by the first
+    launch (a sleeping one took 50-100 us to wake, more than a small product); a
+    smaller call, which runs every launch on its own thread, and a cluster that never
+    used it wake nothing, and with DISC_TF_SPIN_US=0 (workers never poll) no call
+    wakes one."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                DISC_TF_SPIN_US=spin_us)
     env.pop("DISC_TF_TASK_POOL", None)
     proc = fresh_python.run(["-c", _WAKE_SCRIPT], env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("WAKES"))
-    gemm_wakes, loop_wakes = map(int, line.split()[1:])
+    gemm_wakes, loop_wakes, one_row_wakes, larger_wakes = map(int, line.split()[1:])
     assert loop_wakes == 0
+    assert one_row_wakes == 0
     if spin_us == "0":
-        assert gemm_wakes == 0
+        assert gemm_wakes == larger_wakes == 0
     else:  # 10 calls, each 20 ms after the last: the worker slept before (nearly) every one
         assert 5 <= gemm_wakes <= 10, gemm_wakes
+        assert 5 <= larger_wakes <= 10, larger_wakes
 
 
 _PIN_SCRIPT = _DENSE_PRELUDE + """
