@@ -237,6 +237,28 @@ def _ranges(positions: list[int]) -> list[int]:
     return out
 
 
+class _Recipe:
+    """How a step's inputs (or a call's outputs) are made from the call's arguments and
+    the earlier steps' results: ``fixed`` holds what every call passes the same (None
+    where a value comes from the call), ``args`` (position, argument) and ``steps``
+    (position, step, output) fill in the rest."""
+
+    __slots__ = ("fixed", "args", "steps")
+
+    def __init__(self, fixed: list[Any], args: tuple[tuple[int, int], ...],
+                 steps: tuple[tuple[int, int, int], ...]) -> None:
+        self.fixed, self.args, self.steps = fixed, args, steps
+
+    def values(self, flat: Any, results: list[list[Any]]) -> list[Any]:
+        """The values for one call."""
+        values = self.fixed.copy()
+        for pos, index in self.args:
+            values[pos] = flat[index]
+        for pos, step, output in self.steps:
+            values[pos] = results[step][output]
+        return values
+
+
 class _StandIn:
     """An output in ``_output_packer``'s dry run."""
 
@@ -396,6 +418,32 @@ class DirectFunction:
         self._steps = [_as_call(step) for step in self._full_steps]
         self._constants = [tf.constant(c) for c in plan.constants]
         self.plan = plan
+        #: each step's (op, outputs, attributes) and the recipe of its inputs, and the
+        #: recipe of the call's outputs
+        self._calls = tuple((op, num_outputs, attrs, self._recipe(inputs))
+                            for op, num_outputs, inputs, attrs in self._steps)
+        self._out_recipe = self._recipe(plan.outputs)
+        #: a call of one plain tensor argument: its spec (the cheap check in __call__)
+        self._lone_spec = self._specs[0] if (
+            not self._keyword and self._flatteners is None and len(self._specs) == 1) \
+            else None
+
+    def _recipe(self, sources: tuple[Source, ...]) -> _Recipe:
+        """``sources`` as a ``_Recipe``: what does not change between calls (constants,
+        captures, variable handles and bundles) in place, the rest by position."""
+        fixed: list[Any] = []
+        args: list[tuple[int, int]] = []
+        steps: list[tuple[int, int, int]] = []
+        for pos, source in enumerate(sources):
+            if source.kind == "arg":
+                fixed.append(None)
+                args.append((pos, source.index))
+            elif source.kind == "step":
+                fixed.append(None)
+                steps.append((pos, source.index, source.output))
+            else:
+                fixed.append(self._value(source, [], []))
+        return _Recipe(fixed, tuple(args), tuple(steps))
 
     def _bundled(self, op: str, num_outputs: int, sources: tuple[Source, ...],
                  attrs: tuple) -> tuple[str, int, tuple[Source, ...], tuple]:
@@ -522,13 +570,13 @@ class DirectFunction:
                              self.name, size, e)
         return False
 
-    def _run(self, flat: list[Any]) -> Any:
+    def _run(self, flat: Any) -> Any:
         ctx = context.context()
         results: list[list[Any]] = []
-        for op, num_outputs, inputs, attrs in self._steps:
-            values = [self._value(s, flat, results) for s in inputs]
-            results.append(execute.quick_execute(op, num_outputs, values, attrs, ctx))
-        return self._pack([self._value(s, flat, results) for s in self.plan.outputs])
+        for op, num_outputs, attrs, recipe in self._calls:
+            results.append(execute.quick_execute(op, num_outputs, recipe.values(flat, results),
+                                                 attrs, ctx))
+        return self._pack(self._out_recipe.values(flat, results))
 
     def _value(self, source: Source, args: list[Any], results: list[list[Any]]) -> Any:
         if source.kind == "arg":
@@ -546,7 +594,12 @@ class DirectFunction:
         flat = None
         if self.plan is not None and context.executing_eagerly() and \
                 not record.could_possibly_record():
-            flat = self._args(args, kwargs)
+            lone = self._lone_spec
+            if lone is not None and len(args) == 1 and not kwargs:
+                tensor = lone.convert(args[0])
+                flat = None if tensor is None else (tensor,)
+            else:
+                flat = self._args(args, kwargs)
         if flat is None:
             with self._count_lock:
                 self.tf_calls += 1
