@@ -672,10 +672,12 @@ void SgemmImpl(TfRal* r, int64_t batch, int64_t m, int64_t n, int64_t k,
     const float* packed_b = prepacked ? prepacked->data.get() : nullptr;
     // Tasks: (product, row block, column block) of C.
     const TaskPool tasks_pool = TaskPoolOf(r);
-    // A row-wise epilogue of few rows follows the whole product (ColumnsThenRows).
+    // A row-wise epilogue of few rows, or of a large B, follows the whole product
+    // (ColumnsThenRows).
     const bool columns_then_rows = packed_b != nullptr && epilogue.fn != nullptr &&
                                    epilogue.full_rows && batch == 1 && work >= kSmallGemm &&
-                                   ColumnsThenRows(m, tasks_pool.NumThreads());
+                                   ColumnsThenRows(m, tasks_pool.NumThreads(),
+                                                   static_cast<double>(k) * n);
     const GemmEpilogue block_epilogue =
         columns_then_rows ? GemmEpilogue{nullptr, nullptr, false, epilogue.accumulate}
                           : epilogue;
@@ -881,9 +883,11 @@ void RalSgemmSharedA(disc_ral* ral, int32_t count, int64_t m, int64_t k, const f
   const TaskPool tasks_pool = TaskPoolOf(r);
   const int threads = tasks_pool.NumThreads();
   const double work = static_cast<double>(m) * total_n * k;
-  if (all_packed && work >= kSmallGemm && ColumnsThenRows(m, threads)) {
-    // Few rows: the threads share the products' columns, kSharedAColumnChunk at a time,
-    // and the epilogue follows on whole rows (ColumnsThenRows).
+  if (all_packed && work >= kSmallGemm &&
+      ColumnsThenRows(m, threads, static_cast<double>(k) * total_n)) {
+    // Few rows, or a B past the L2 blocks' bound: the threads share the products'
+    // columns, kSharedAColumnChunk at a time, and the epilogue follows on whole rows
+    // (ColumnsThenRows).
     std::vector<std::pair<int32_t, int64_t>> chunks;  // (product, first column)
     for (int32_t p = 0; p < count; ++p) {
       for (int64_t c0 = 0; c0 < n[p]; c0 += kSharedAColumnChunk) chunks.emplace_back(p, c0);

@@ -183,17 +183,25 @@ inline RowBlocks LayerRowBlocks(int64_t m, int64_t threads, int64_t row_floats,
   return RowBlocks(m, CapRows(std::max<int64_t>(6, (rows + 5) / 6 * 6), fit));
 }
 
-// Whether a prepacked product with a row-wise epilogue (LayerNorm, softmax over C's
-// rows) of m rows shares its columns among the threads and runs the epilogue on whole
-// rows after them, instead of cutting rows. With fewer than kRowBlockRows rows per
-// thread a row cut gives the threads unequal 6-row tiles (8 rows: one thread does it
-// all) and has every thread read all of B, which dominates at few rows; the epilogue
-// then reads a C of a few KiB to a hundred KiB.
-inline bool ColumnsThenRows(int64_t m, int64_t threads) {
-  return threads > 1 && m < threads * kRowBlockRows;
-}
 constexpr double kRowBlockMaxPackedFloats = 640.0 * 1024;
 constexpr double kSmallPackedFloats = 256.0 * 1024;
+
+// Whether a prepacked product with a row-wise epilogue (LayerNorm, softmax over C's
+// rows) of m rows whose packed B holds packed_floats floats shares its columns among
+// the threads and runs the epilogue on whole rows after them, instead of cutting rows.
+// A row cut has every thread read all of B. With fewer than kRowBlockRows rows per
+// thread that dominates, and the 6-row tiles fall unequally (8 rows: one thread does it
+// all); the epilogue then reads a C of a few KiB to a hundred KiB. Past
+// kRowBlockMaxPackedFloats B comes from the L3, or from memory where a model's weights
+// pass the L3, and a column cut reads it once for all the threads. BERT-base (56 MB of
+// weights; Zen 3, best of 6 calls, old and new library in turn) at 1 x 142 tokens took
+// 0.66-0.99x the time with its FFN's LayerNorm and GELU launches so cut (6 rounds),
+// 0.88-1.11x with Q/K/V (2304 columns) too (5 rounds), 2 x 113 0.81-1.03x; 720-756 rows
+// tie (0.8-1.3x, the host's spread). Its C, 300 K floats and more, is in memory either
+// way.
+inline bool ColumnsThenRows(int64_t m, int64_t threads, double packed_floats = 0) {
+  return threads > 1 && (m < threads * kRowBlockRows || packed_floats > kRowBlockMaxPackedFloats);
+}
 
 // The split of a product whose B is packed already: no block packs
 // anything, so rows cost nothing to cut. Up to two blocks per thread (of at

@@ -38,6 +38,7 @@ class Model(tf.Module):
         self.w3, self.b3 = var(1024, 768), var(768)
         self.w4 = var(512, 768)
         self.wq, self.wk, self.wv = var(128, 128), var(128, 128), var(128, 128)
+        self.w5, self.w6 = var(768, 768), var(768, 768)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 64])])
     def dense(self, x):  # a loop epilogue (bias + ReLU)
@@ -71,10 +72,19 @@ class Model(tf.Module):
     def qkv_few(self, x):  # the three products, first called with few rows
         return tf.matmul(x, self.wq) * tf.matmul(x, self.wk) - tf.matmul(x, self.wv)
 
+    @tf.function(input_signature=[tf.TensorSpec([None, 1024])])
+    def softmax_wide(self, x):  # a row-wise epilogue on a B over the row blocks' bound
+        return tf.nn.softmax(tf.matmul(x, self.w3) * 0.25, axis=-1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 768])])
+    def qkv_wide(self, x):  # three products of one A, 1.77 M floats of B together
+        return tf.matmul(x, self.w5) * tf.matmul(x, self.w6) + tf.matmul(x, self.w6)
+
 model = Model()
-fns = ["dense", "dense_few", "softmax", "wide", "mid", "qkv", "softmax_few", "qkv_few"]
+fns = ["dense", "dense_few", "softmax", "wide", "mid", "qkv", "softmax_few", "qkv_few",
+       "softmax_wide", "qkv_wide"]
 first = {"dense": 1000, "dense_few": 90, "softmax": 300, "wide": 200, "mid": 100, "qkv": 500,
-         "softmax_few": 40, "qkv_few": 30}
+         "softmax_few": 40, "qkv_few": 30, "softmax_wide": 300, "qkv_wide": 200}
 jitted = {}
 for name in fns:  # the first call's sizes are the profile's
     tf_fn = getattr(model, name)
@@ -151,6 +161,11 @@ EXPECTED_BLOCKS = {
         # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
         "m=40 n=256 k=256": "blocks=1x2 then rows",
         "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
+        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
+        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
+        # chunks of 128
+        "m=300 n=768 k=1024": "blocks=1x4 then rows",
+        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
     },
     "avx2_big_l2": {
         "m=1000 n=512 k=64": "blocks=2x1",  # B in L2: one block of whole rows per thread
@@ -163,6 +178,11 @@ EXPECTED_BLOCKS = {
         # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
         "m=40 n=256 k=256": "blocks=1x2 then rows",
         "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
+        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
+        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
+        # chunks of 128
+        "m=300 n=768 k=1024": "blocks=1x4 then rows",
+        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
     },
     "tall": {
         "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
@@ -176,6 +196,11 @@ EXPECTED_BLOCKS = {
         # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
         "m=40 n=256 k=256": "blocks=1x2 then rows",
         "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
+        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
+        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
+        # chunks of 128
+        "m=300 n=768 k=1024": "blocks=1x4 then rows",
+        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
     },
 }
 
