@@ -144,6 +144,18 @@ def _blocks(rows: list[list[str]], sizes: str) -> str:
     return " ".join(row[start:]).removesuffix(" on registers")
 
 
+#: The launches every rule shares B's columns for, its row-wise epilogue after them.
+_THEN_ROWS = {
+    # fewer than 48 rows per thread: the threads share the columns (2 blocks of 128; Q, K
+    # and V in 3 chunks of 128), the epilogue follows
+    "m=40 n=256 k=256": "blocks=1x2 then rows",
+    "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
+    # a B over the row blocks' bound: a row cut would have each thread read all of B, so
+    # columns (4 blocks wanted), the epilogue after; Q, K and V in 18 chunks of 128
+    "m=300 n=768 k=1024": "blocks=1x4 then rows",
+    "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
+}
+
 #: Each rule's split of the script's first calls (launch sizes -> blocks=RxC), with why:
 #: the AVX2 block on a core with 512 KiB of L2 ("avx2", measured on Zen 3), with 2 MiB
 #: ("avx2_big_l2", Sapphire Rapids), and the AVX-512 block ("tall").
@@ -157,15 +169,7 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
         "m=100 n=768 k=512": "blocks=4x1",  # 2 * ceil(100 / 96) blocks of 25 -> 30 rows
         "shared A: 3 products m=500 k=128 n=384": "blocks=12x1",
-        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
-        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
-        "m=40 n=256 k=256": "blocks=1x2 then rows",
-        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
-        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
-        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
-        # chunks of 128
-        "m=300 n=768 k=1024": "blocks=1x4 then rows",
-        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
+        **_THEN_ROWS,
     },
     "avx2_big_l2": {
         "m=1000 n=512 k=64": "blocks=2x1",  # B in L2: one block of whole rows per thread
@@ -174,15 +178,7 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",
         "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats leaves L2's share: columns
         "shared A: 3 products m=500 k=128 n=384": "blocks=2x1",
-        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
-        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
-        "m=40 n=256 k=256": "blocks=1x2 then rows",
-        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
-        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
-        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
-        # chunks of 128
-        "m=300 n=768 k=1024": "blocks=1x4 then rows",
-        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
+        **_THEN_ROWS,
     },
     "tall": {
         "m=1000 n=512 k=64": "blocks=4x1",  # 2 blocks per thread: 250 -> 252 rows
@@ -192,15 +188,7 @@ EXPECTED_BLOCKS = {
         "m=200 n=768 k=1024": "blocks=1x4",  # B over the bound: columns
         "m=100 n=768 k=512": "blocks=1x4",  # B of 393 K floats, 100 < 768 / 2 rows: columns
         "shared A: 3 products m=500 k=128 n=384": "blocks=4x1",
-        # a row-wise epilogue of fewer than 48 rows per thread: the threads share the
-        # columns (2 blocks of 128; Q, K and V in 3 chunks of 128), the epilogue follows
-        "m=40 n=256 k=256": "blocks=1x2 then rows",
-        "shared A: 3 products m=30 k=128 n=384": "blocks=1x3 then rows",
-        # a row-wise epilogue on a B over the bound: a row cut would have each thread read
-        # all of B, so columns (4 blocks wanted), the epilogue after; Q, K and V in 18
-        # chunks of 128
-        "m=300 n=768 k=1024": "blocks=1x4 then rows",
-        "shared A: 3 products m=200 k=768 n=2304": "blocks=1x18 then rows",
+        **_THEN_ROWS,
     },
 }
 
