@@ -162,6 +162,14 @@ def _record(peer: str, workload: str, out: pathlib.Path, pp: PeerProcess, exited
     return record
 
 
+def round_order(peers: list[str], round_no: int) -> list[str]:
+    """The peers of hot round ``round_no`` in the order they run: as given in even rounds,
+    reversed in odd ones, so that over a pair of rounds no peer always runs right after the
+    same one (a peer that leaves the host slower, or its caches colder, for the next
+    pass would otherwise always tax the same neighbour)."""
+    return list(peers) if round_no % 2 == 0 else list(reversed(peers))
+
+
 def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pathlib.Path,
                  count: int, seed: int, hot_repeats: int, timeout: float,
                  bar: ProgressBar | None = None) -> dict[str, Record]:
@@ -206,7 +214,7 @@ def run_workload(name: str, peers: list[str], model_dir: pathlib.Path, work: pat
     round_loads: list[float | None] = []
     for round_no in range(hot_repeats):
         round_loads.append(machine.load_average())
-        for peer in list(live):
+        for peer in round_order(list(live), round_no):
             pp = live[peer][0]
             if bar is not None:
                 bar.label = f"{name} hot {round_no + 1}/{hot_repeats} {peer}"

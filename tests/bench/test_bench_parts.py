@@ -162,6 +162,21 @@ def test_round_ratio_pairs_rounds_and_judges_targets() -> None:
     assert rounds.round_ratio([], [1.0]) is None
 
 
+def test_hot_rounds_reverse_the_peer_order_every_other_round() -> None:
+    peers = ["tf", "xla", "disc", "ort"]
+    orders = [driver.round_order(peers, r) for r in range(4)]
+    assert orders[0] == orders[2] == peers
+    assert orders[1] == orders[3] == ["ort", "disc", "xla", "tf"]
+
+    def before(order: list[str]) -> dict[str, str]:
+        return {b: a for a, b in zip(order, order[1:])}
+
+    # Over a pair of rounds no peer runs right after the same neighbour both times.
+    first, second = before(orders[0]), before(orders[1])
+    assert all(first[p] != second.get(p) for p in first)
+    assert peers == ["tf", "xla", "disc", "ort"]  # the caller's list is left as it was
+
+
 def test_report_shows_peak_activation_memory() -> None:
     text = report.markdown_report(_results())
     assert "| peak RSS MiB | peak act MiB | alloc peak MiB |" in text
