@@ -326,7 +326,7 @@ def test_a_bad_variable_bundle_is_an_error_not_a_crash(mlp_dirs):
     listed = {**named, "bundled_inputs": positions}
     outs = execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
                                  tuple(v for item in listed.items() for v in item), ctx)
-    _check(model(x), fn._pack([fn._value(s, [x], [outs]) for s in fn.plan.outputs]))
+    _check(model(x), fn._pack(fn._out_recipe.values((x,), [outs])))
     # The model is still fine.
     assert model(x)["y"].shape == (3, 16)
 
@@ -346,7 +346,7 @@ def test_a_missing_variable_is_an_error_not_a_crash(mlp_dirs):
     outs = execute.quick_execute(
         op, num_outputs, [x if s.kind == "arg" else fn._captured[s.index] for s in sources],
         attrs, context.context())
-    _check(model(x), fn._pack([fn._value(s, [x], [outs]) for s in fn.plan.outputs]))
+    _check(model(x), fn._pack(fn._out_recipe.values((x,), [outs])))
     # The plan's first variable replaced by a handle to a variable that does not exist.
     first_var = next(i for i, s in enumerate(sources) if s.kind == "variable")
     inputs = [x if s.kind == "arg" else fn._captured[s.index] for s in sources]
@@ -513,9 +513,13 @@ def test_a_cluster_step_runs_as_a_disc_call_of_four_attributes(mlp_dirs):
     disc_tf.reset_stats()
     for m in [1, 9, 130]:
         x = tf.constant(_rows(rng, m))
-        outs = execute.quick_execute(op, num_outputs, _step_inputs(fn, sources, x, fn._bundles[0]),
-                                     attrs, context.context())
-        _check(reference(x), fn._pack([fn._value(s, [x], [outs]) for s in fn.plan.outputs]))
+        # The step's inputs as its recipe makes them for a call: the argument, then the
+        # variable bundle, each the very object the step's sources name.
+        inputs = fn._calls[0][3].values((x,), [])
+        expected = _step_inputs(fn, sources, x, fn._bundles[0])
+        assert len(inputs) == len(expected) and all(a is b for a, b in zip(inputs, expected))
+        outs = execute.quick_execute(op, num_outputs, inputs, attrs, context.context())
+        _check(reference(x), fn._pack(fn._out_recipe.values((x,), [outs])))
     assert disc_tf.stats()["fallbacks"] == 0
     # The same attributes, the same number (one kernel, as one DiscCluster kernel before):
     # the signature's step. Another load's fallback function has another name.
