@@ -100,20 +100,17 @@ struct FreeDeleter {
 using Floats = std::unique_ptr<float, FreeDeleter>;
 
 // ---- The RAL's task pool (cc/ral/spin_pool.h) with one worker: the caller and
-// the worker take tasks from a shared counter, as in the RAL. The worker is pinned
-// to a CPU of its own unless DISC_TF_PIN_WORKERS=0, as the RAL's are.
+// the worker take tasks from a shared counter, as in the RAL. The worker polls and
+// is pinned as the RAL's are (DISC_TF_SPIN_US, DISC_TF_PIN_WORKERS).
 class Helper {
  public:
-  Helper() : pool_(kSpinMicros, PinWorkers()) { pool_.Reserve(1); }
+  Helper() : pool_(disc_tf::SpinMicrosFromEnv(), disc_tf::PinWorkersFromEnv()) {
+    pool_.Reserve(1);
+  }
   int NumThreads() const { return 2; }  // the caller's and the worker
   void Schedule(std::function<void()> job) { pool_.Schedule(std::move(job)); }
 
  private:
-  static constexpr int64_t kSpinMicros = 200;  // the RAL's default (DISC_TF_SPIN_US)
-  static bool PinWorkers() {
-    const char* v = std::getenv("DISC_TF_PIN_WORKERS");
-    return v == nullptr || std::string(v) != "0";
-  }
   disc_tf::SpinPool pool_;
 };
 

@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
   for (float& x : b) x = u(rng);
   std::vector<float> packed(packed_size(k, n));
   pack_b(k, n, b.data(), n, 0, packed.data());
-  disc_tf::SpinPool spin(200);
+  // Polling and pinned as the RAL's workers are (DISC_TF_SPIN_US, DISC_TF_PIN_WORKERS).
+  disc_tf::SpinPool spin(disc_tf::SpinMicrosFromEnv(), disc_tf::PinWorkersFromEnv());
   spin.Reserve(1);
   const Pool pool{&spin};
   std::vector<Candidate> cands = {{"columns"}, {"full_rows", true}};

@@ -55,23 +55,6 @@ tensorflow::thread::ThreadPool* IntraOpPool(OpKernelContext* ctx) {
   return workers->workers;
 }
 
-// How long the RAL's workers poll for the next task after one (DISC_TF_SPIN_US,
-// microseconds; default 200, 0: they sleep at once).
-int64_t SpinMicros() {
-  const char* v = std::getenv("DISC_TF_SPIN_US");
-  if (v == nullptr || *v == '\0') return 200;
-  char* end = nullptr;
-  const long long us = std::strtoll(v, &end, 10);
-  return end != v && *end == '\0' && us >= 0 ? std::min<long long>(us, 1000000) : 200;
-}
-
-// Whether the RAL's workers are pinned to a CPU each (DISC_TF_PIN_WORKERS, default 1;
-// 0 leaves them to the scheduler; worker_cpus.h says why).
-bool PinWorkers() {
-  const char* v = std::getenv("DISC_TF_PIN_WORKERS");
-  return v == nullptr || std::string(v) != "0";
-}
-
 // The pool a launch runs its tasks on (RunTasks' Pool): the RAL's SpinPool
 // (spin_pool.h), or with DISC_TF_TASK_POOL=tf the kernel's intra-op pool itself;
 // `threads` counts the caller, as the intra-op pool's size does. No pool (tasks
@@ -106,7 +89,7 @@ TaskPool TaskPoolFor(OpKernelContext* ctx) {
   const int threads = intra_op->NumThreads();
   static const bool use_intra_op = UseIntraOpPool();
   if (use_intra_op) return {nullptr, intra_op, threads};
-  static SpinPool* const pool = new SpinPool(SpinMicros(), PinWorkers());
+  static SpinPool* const pool = new SpinPool(SpinMicrosFromEnv(), PinWorkersFromEnv());
   static std::atomic<int> workers{0};  // started so far (only grows)
   static std::atomic<bool> refused{false};
   int have = workers.load(std::memory_order_acquire);

@@ -27,9 +27,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -37,6 +39,24 @@
 #include "cc/ral/worker_cpus.h"
 
 namespace disc_tf {
+
+// How long the RAL's workers poll after a job (DISC_TF_SPIN_US, microseconds, default 200,
+// at most a second; 0: they sleep at once), read here so that a harness's pool polls as
+// the RAL's does.
+inline int64_t SpinMicrosFromEnv() {
+  const char* v = std::getenv("DISC_TF_SPIN_US");
+  if (v == nullptr || *v == '\0') return 200;
+  char* end = nullptr;
+  const long long us = std::strtoll(v, &end, 10);
+  return end != v && *end == '\0' && us >= 0 ? std::min<long long>(us, 1000000) : 200;
+}
+
+// Whether the RAL's workers are pinned to a CPU each (DISC_TF_PIN_WORKERS, default 1;
+// 0 leaves them to the scheduler; worker_cpus.h says why).
+inline bool PinWorkersFromEnv() {
+  const char* v = std::getenv("DISC_TF_PIN_WORKERS");
+  return v == nullptr || std::string_view(v) != "0";
+}
 
 // Worker threads taking jobs from one queue. Thread-safe; jobs of several
 // callers may be queued at once. Workers are started on demand (Reserve) and
