@@ -55,6 +55,15 @@ def cap_isa(level: str) -> dict[str, str]:
             "ort": "not capped (MLAS picks its kernels from CPUID)"}
 
 
+def isa_label(args: argparse.Namespace) -> str:
+    """The code path the peers' processes take: the host's ISA, and the cap or the hiding
+    of AVX-512 that ``--isa`` / ``--hide-avx512`` put on them."""
+    isa = machine.host_isa()
+    if args.hide_avx512:
+        return f"{isa} hidden from CPUID: AVX2 paths"
+    return f"{isa} capped at {args.isa}" if args.isa else isa
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the benchmark."""
     from bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
@@ -178,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print("[bench] compile time against XLA (cold, kernel-warm, cached) ...",
               file=sys.stderr, flush=True)
-        results["compile_time"] = compile_time.measure(timeout=args.timeout)
+        results["compile_time"] = compile_time.measure(timeout=args.timeout,
+                                                       isa=isa_label(args))
     records, failed = run_workloads(args, count)
     results["results"].update(records)
     results["machine"]["loadavg_end"] = machine.load_average()

@@ -274,6 +274,22 @@ def test_compile_time_target_line() -> None:
     assert "n compile time: ok {'cold': 'error: x', 'xla': 'ok'}." in line
 
 
+def test_compile_time_names_the_code_path_its_children_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import machine, run
+
+    monkeypatch.setattr(machine, "host_isa", lambda: "AVX-512")
+    plain = run.parse_args([])
+    assert run.isa_label(plain) == "AVX-512"
+    assert run.isa_label(run.parse_args(["--isa", "x86-64-v3"])) == "AVX-512 capped at x86-64-v3"
+    hidden = run.parse_args(["--hide-avx512"])
+    hidden.isa = "x86-64-v3"  # as main() sets it before the compile-time children start
+    label = run.isa_label(hidden)
+    assert label == "AVX-512 hidden from CPUID: AVX2 paths"
+    assert compile_time.measure(models=(), isa=label)["isa"] == label
+    assert compile_time.measure(models=())["isa"] == "AVX-512"
+
+
 def test_plot_writes_png(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # matplotlib from the venv's plot-lib, where `make install` puts it (outside
     # site-packages: tests/requirements-plot.txt says why)
