@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 
+from bench.peer import TF_CALL_PASSES
 from tests import fresh_python
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_quick_tf_and_disc(tmp_path: pathlib.Path) -> None:
     assert disc["disc_stats"]["fallbacks"] == 0
     assert disc["direct"] == {"__call__": None, "serving_default": None}  # disc_tf.load's calls
     assert disc["hot_tf_call_s"] > 0  # the same model through the restored TF function
-    assert len(disc["hot_tf_call_runs_s"]) == 3  # its best of three passes
+    assert len(disc["hot_tf_call_runs_s"]) == TF_CALL_PASSES == 3  # the best of three
     assert disc["hot_tf_call_s"] == min(disc["hot_tf_call_runs_s"])
     for key in ("setup_s", "first_pass_s", "hot_pass_s", "hot_p50_ms", "hot_p99_ms",
                 "peak_rss_mb"):
