@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from bench import rounds
-from bench.peer import PEERS
+from bench.peer import PEERS, TF_CALL_PASSES
 
 Record = dict[str, Any]
 
@@ -241,8 +241,8 @@ def _header(results: dict[str, Any]) -> list[str]:
         "disc calls the object `disc_tf.load` returns (one eager op execution per cluster, "
         "a DiscCall of the cluster's recorded attributes); ort calls "
         "`InferenceSession.run`. `hot vs TF, TF call path` is disc's "
-        "optimized model called the way tf is (the best of three passes after the hot "
-        "rounds). The first pass includes every lazy compile "
+        "optimized model called the way tf is (the best of "
+        f"{TF_CALL_PASSES} passes after the hot rounds). The first pass includes every lazy compile "
         "(XLA compiles once per distinct shape). The hot pass repeats the stream; its total "
         "is the best repeat's and p50/p99 are over each call's fastest time. `x TF` columns "
         "are TF time / peer time (> 1 = faster than TF). The hot passes run in rounds, one "

@@ -342,14 +342,12 @@ def test_a_missing_variable_is_an_error_not_a_crash(mlp_dirs):
         "artifact", b"", "pending_key", dict(zip(bundled_attrs[::2], bundled_attrs[1::2]))[
             "pending_key"])
     x = tf.constant(_rows(np.random.default_rng(8), 3))
+    inputs = [x if s.kind == "arg" else fn._captured[s.index] for s in sources]
     # Unbundled, the cluster still runs.
-    outs = execute.quick_execute(
-        op, num_outputs, [x if s.kind == "arg" else fn._captured[s.index] for s in sources],
-        attrs, context.context())
+    outs = execute.quick_execute(op, num_outputs, inputs, attrs, context.context())
     _check(model(x), fn._pack(fn._out_recipe.values((x,), [outs])))
     # The plan's first variable replaced by a handle to a variable that does not exist.
     first_var = next(i for i, s in enumerate(sources) if s.kind == "variable")
-    inputs = [x if s.kind == "arg" else fn._captured[s.index] for s in sources]
     inputs[first_var] = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=None,
                                                shared_name="disc_tf_test_never_assigned")
     with pytest.raises(tf.errors.NotFoundError,
