@@ -10,6 +10,8 @@ The slow variant runs ``DISC_TF_FUZZ_EXAMPLES`` examples (default 1000):
 The large-shape mode (slow) runs ``DISC_TF_FUZZ_LARGE_EXAMPLES`` programs (default
 40, no matmuls) at shapes with one dim up to 2^20 + 3: long reductions and scans,
 compared normwise (TF's own float running sums drift by ~1e-5 there).
+Every run draws the same examples unless ``DISC_TF_FUZZ_SEED`` names a campaign's seed
+(``fuzz_settings``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, given, note
 from hypothesis import strategies as st
 
 import disc_tf
 from disc_tf.runtime.target import resolve_target
+from tests.fuzz.fuzz_settings import fuzzed
 from tests.fuzz.graph_gen import TRIVIAL_MOVES, Program, programs, random_inputs, shape_sets
 
 RTOL = 1e-4
@@ -31,9 +34,6 @@ ATOL = 1e-5
 SLOW_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_EXAMPLES", "1000"))
 LARGE_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_LARGE_EXAMPLES", "40"))
 
-_SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                        HealthCheck.filter_too_much])
 
 
 def check_program(program: Program, shape_list: list[list[tuple]], seed: int,
@@ -73,7 +73,7 @@ def check_program(program: Program, shape_list: list[list[tuple]], seed: int,
     assert disc_tf.stats()["fallbacks"] == 0, disc_tf.stats()
 
 
-@settings(max_examples=300, **_SETTINGS)
+@fuzzed(300, HealthCheck.filter_too_much)
 @given(programs())
 def test_every_program_computes_something(program):
     # A program of reshapes alone makes no cluster (they are trivial ops), so
@@ -87,14 +87,14 @@ def cases(draw):
     return program, draw(shape_sets(program)), draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=50, **_SETTINGS)
+@fuzzed(50, HealthCheck.filter_too_much)
 @given(cases())
 def test_differential(case):
     check_program(*case)
 
 
 @pytest.mark.slow
-@settings(max_examples=SLOW_EXAMPLES, **_SETTINGS)
+@fuzzed(SLOW_EXAMPLES, HealthCheck.filter_too_much)
 @given(cases())
 def test_differential_slow(case):
     check_program(*case)
@@ -107,7 +107,7 @@ def large_cases(draw):
 
 
 @pytest.mark.slow
-@settings(max_examples=LARGE_EXAMPLES, **_SETTINGS)
+@fuzzed(LARGE_EXAMPLES, HealthCheck.filter_too_much)
 @given(large_cases())
 def test_differential_large_shapes(case):
     check_program(*case, normwise=True)

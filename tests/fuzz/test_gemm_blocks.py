@@ -9,7 +9,8 @@ split, and results read by more than one consumer. Each example draws such a
 block, jits it strictly and compares with TF at three shapes of a dynamic batch
 and sequence (lengths 0 and 1 included).
 
-The slow variant runs ``DISC_TF_FUZZ_BLOCKS`` examples (default 200).
+The slow variant runs ``DISC_TF_FUZZ_BLOCKS`` examples (default 200); ``DISC_TF_FUZZ_SEED``
+draws a campaign's own examples (``fuzz_settings``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 import disc_tf
+from tests.fuzz.fuzz_settings import fuzzed
 
 SLOW_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_BLOCKS", "200"))
-_SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 HIDDEN = 16
 ACTIVATIONS = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh,
@@ -165,14 +165,14 @@ def check_block(block: Block, seed: int) -> None:
     assert disc_tf.stats()["fallbacks"] == 0, disc_tf.stats()
 
 
-@settings(max_examples=12, **_SETTINGS)
+@fuzzed(12)
 @given(blocks(), st.integers(0, 2**16))
 def test_gemm_blocks(block, seed):
     check_block(block, seed)
 
 
 @pytest.mark.slow
-@settings(max_examples=SLOW_EXAMPLES, **_SETTINGS)
+@fuzzed(SLOW_EXAMPLES)
 @given(blocks(), st.integers(0, 2**16))
 def test_gemm_blocks_slow(block, seed):
     check_block(block, seed)
