@@ -15,6 +15,7 @@ draws a campaign's own examples (``fuzz_settings``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 
@@ -25,7 +26,9 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import disc_tf
+from disc_tf import pipeline
 from tests.fuzz.fuzz_settings import fuzzed
+from tests.stage_helpers import cluster_of
 
 SLOW_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_BLOCKS", "200"))
 
@@ -176,3 +179,50 @@ def test_gemm_blocks(block, seed):
 @given(blocks(), st.integers(0, 2**16))
 def test_gemm_blocks_slow(block, seed):
     check_block(block, seed)
+
+
+#: Attention blocks called from several threads at once: their scores live in each
+#: task's scratch block, their packed operands in per-thread buffers.
+CONCURRENT_BLOCKS = (
+    Block(widths=(16, 16, 16), weights=("const", "scaled", "const"), biases=(True, False, True),
+          activations=("none",) * 3, attention=True, heads=2, mask=True, keep_probs=False,
+          out_proj=True),
+    Block(widths=(8, 8, 8), weights=("arg", "const", "const"), biases=(False, True, False),
+          activations=("none",) * 3, attention=True, heads=1, mask=False, keep_probs=False,
+          out_proj=False),
+)
+
+
+@pytest.mark.parametrize("block", CONCURRENT_BLOCKS, ids=["masked_heads", "weights_arg"])
+def test_attention_blocks_called_from_threads_at_once(block):
+    fn, specs = build(block, 7)
+    plan = pipeline.front_end(cluster_of(fn, *specs)).plan
+    # The scores in scratch with P V chained (the masked one's in its speculative version,
+    # which runs where the mask's dims are the scores' as here).
+    versions = [plan, *([plan.speculative] if plan.speculative else [])]
+    assert any(k.c_in_scratch and k.chain for v in versions for k in v.kernels), plan.describe()
+    tf_fn = tf.function(fn, input_signature=specs, autograph=False)
+    disc_tf.reset_stats()
+    jitted = disc_tf.jit(tf_fn, min_cluster_size=1, strict=True)
+    assert jitted.report.compiled, jitted.report
+    rng = np.random.default_rng(7)
+    # Lengths past a scratch block's rows (a row of 300 scores: several blocks a product).
+    shapes = [(int(rng.integers(1, 4)), int(rng.integers(1, 300))) for _ in range(12)]
+    cases = [_inputs(np.random.default_rng(i), block, b, s) for i, (b, s) in enumerate(shapes)]
+    wants = [[np.asarray(w) for w in tf.nest.flatten(tf_fn(*args))] for args in cases]
+    jitted(*cases[0])  # compiled and warmed before the threads start
+
+    def run(worker: int) -> int:
+        order = np.random.default_rng(100 + worker).permutation(len(cases) * 3) % len(cases)
+        for i in order:
+            got = tf.nest.flatten(jitted(*cases[i]))
+            for g, w in zip(got, wants[i]):
+                np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"case {i} at {shapes[i]}")
+        return len(order)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        done = sum(pool.map(run, range(4)))
+    assert done == 4 * 3 * len(cases)
+    stats = disc_tf.stats()
+    assert stats["fallbacks"] == 0 and stats["compilations"] == 1, stats
