@@ -37,7 +37,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context, execute, record
 from tensorflow.python.util import nest
 
-from disc_tf import background, cluster_call, trust
+from disc_tf import background, cluster_call, strict, trust
 from disc_tf.direct_plan import DirectPlan, NotDirect, Source, plan_function
 
 logger = logging.getLogger("disc_tf.direct")
@@ -555,7 +555,8 @@ class DirectFunction:
         artifacts, packing GEMM weights) is done before the first real one. The plan
         holds DiscCluster ops, stateless ops and loops that only read variables, so the
         call changes no state.
-        False, and nothing else, when there is no plan or no call succeeds."""
+        False, and nothing else, when there is no plan or no call succeeds; in strict mode
+        a cluster refusing to fall back raises (every real call would too)."""
         if self.plan is None:
             return False
         for size in WARMUP_DIMS:
@@ -566,6 +567,8 @@ class DirectFunction:
                 self._run(values)
                 return True
             except (tf.errors.OpError, ValueError, TypeError) as e:
+                if strict.is_runtime_refusal(e):
+                    raise
                 logger.debug("disc_tf.load: warm-up call of %s at unknown dims %d failed: %s",
                              self.name, size, e)
         return False

@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 
 ENV = "DISC_TF_STRICT"
+#: What the DiscCluster op's error says when strict mode refuses a call's fallback
+#: (cc/kernels/disc_cluster_op.cc).
+RUNTIME_REFUSAL = "strict mode (DISC_TF_STRICT)"
 
 
 class StrictModeError(RuntimeError):
@@ -28,3 +31,9 @@ def strict_from_env() -> bool:
 def resolve(strict: bool | None) -> bool:
     """An explicit ``strict`` argument, else the environment's setting."""
     return strict_from_env() if strict is None else strict
+
+
+def is_runtime_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is the DiscCluster op refusing, in strict mode, to run a call's
+    original TF ops."""
+    return RUNTIME_REFUSAL in str(error)

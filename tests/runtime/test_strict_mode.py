@@ -109,6 +109,32 @@ def test_a_forced_fallback_at_run_time(tmp_path, strict_on):
         assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+_LOAD = """
+import sys
+import numpy as np
+import disc_tf
+m = disc_tf.load(sys.argv[1])
+print("LOADED", m.warmed_up, flush=True)
+print(m(np.ones(3, np.float32)).numpy())
+"""
+
+
+@pytest.mark.parametrize("strict_on", [True, False], ids=["strict", "lenient"])
+def test_disc_tf_load_s_warm_up_raises_a_strict_refusal(tmp_path, strict_on):
+    # The warm-up call skips what fails at its made-up shapes, but not a cluster that
+    # strict mode refuses to run as TF ops: the first real call would raise it too.
+    opt = _saved(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), DISC_TF_FORCE_FALLBACK="1",
+               DISC_TF_STRICT="1" if strict_on else "0")
+    proc = fresh_python.run(["-c", _LOAD, str(opt)], env=env, timeout=300)
+    if strict_on:
+        assert proc.returncode != 0 and "LOADED" not in proc.stdout, proc.stdout
+        assert "strict mode (DISC_TF_STRICT)" in proc.stderr, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "LOADED {'serving_default': True, '__call__': True}" in proc.stdout, proc.stdout
+
+
 def test_an_artifact_that_does_not_load_is_an_error(tmp_path):
     from tests.reliability import models
 
