@@ -135,6 +135,28 @@ def _runs(plan) -> list[tuple[list[str], list[bool]]]:
     return runs
 
 
+def test_layers_match_tf_by_blocks_and_one_by_one_with_the_same_bits() -> None:
+    """Every case matches TF; each call of a big enough request ran by blocks (and the
+    column epilogues on registers); DISC_TF_LAYER_BLOCKS=0 (one launch per layer, Cs in
+    temps) and passes instead of registers give the same bits."""
+    on = _run()
+    assert on.pop("fallbacks") == 0
+    assert on["big_weights"]["blocks"] == 0, on["big_weights"]
+    for name, s in on.items():
+        assert s["big_calls"] >= 1 and (s["blocks"] >= s["big_calls"]
+                                        or name == "big_weights"), (name, s)
+    assert on["tower"]["registers"] > 0, on["tower"]
+    one_by_one = _run(DISC_TF_LAYER_BLOCKS="0")
+    assert one_by_one.pop("fallbacks") == 0
+    assert all(s["blocks"] == 0 for s in one_by_one.values()), one_by_one
+    passes = _run(DISC_TF_REGISTER_EPILOGUE="0")
+    assert passes.pop("fallbacks") == 0
+    assert all(s["registers"] == 0 for s in passes.values()), passes
+    for name in on:
+        assert one_by_one[name]["digest"] == on[name]["digest"], name
+        assert passes[name]["digest"] == on[name]["digest"], name
+
+
 def test_plans_join_the_layers_and_keep_cs_that_only_the_run_reads_in_scratch() -> None:
     m = _models()
     spec = tf.TensorSpec
@@ -166,28 +188,6 @@ def test_a_layer_whose_weights_the_run_makes_is_not_joined() -> None:
     plan = _plan(made_weights, tf.TensorSpec([None, 16], tf.float32))
     assert sum(k.kind == "library" for k in plan.kernels) == 2
     assert _runs(plan) == []
-
-
-def test_layers_match_tf_by_blocks_and_one_by_one_with_the_same_bits() -> None:
-    """Every case matches TF; each call of a big enough request ran by blocks (and the
-    column epilogues on registers); DISC_TF_LAYER_BLOCKS=0 (one launch per layer, Cs in
-    temps) and passes instead of registers give the same bits."""
-    on = _run()
-    assert on.pop("fallbacks") == 0
-    assert on["big_weights"]["blocks"] == 0, on["big_weights"]
-    for name, s in on.items():
-        assert s["big_calls"] >= 1 and (s["blocks"] >= s["big_calls"]
-                                        or name == "big_weights"), (name, s)
-    assert on["tower"]["registers"] > 0, on["tower"]
-    one_by_one = _run(DISC_TF_LAYER_BLOCKS="0")
-    assert one_by_one.pop("fallbacks") == 0
-    assert all(s["blocks"] == 0 for s in one_by_one.values()), one_by_one
-    passes = _run(DISC_TF_REGISTER_EPILOGUE="0")
-    assert passes.pop("fallbacks") == 0
-    assert all(s["registers"] == 0 for s in passes.values()), passes
-    for name in on:
-        assert one_by_one[name]["digest"] == on[name]["digest"], name
-        assert passes[name]["digest"] == on[name]["digest"], name
 
 
 @pytest.mark.parametrize("env", [{"DISC_TF_ISA": "x86-64-v3"}, {"DISC_TF_ISA": "x86-64"},
