@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ _CHECK = textwrap.dedent(
     from tensorflow.python.framework import kernels, op_def_registry
     lib = tf.load_op_library(sys.argv[1])
     assert op_def_registry.get("DiscCluster") is not None
+    assert op_def_registry.get("DiscCall") is not None  # disc_tf.load's direct calls
     devices = {k.device_type for k in kernels.get_registered_kernels_for_op("DiscCluster").kernel}
     assert devices == {"CPU"}, devices
     attrs = {a.name for a in op_def_registry.get("DiscCluster").attr}
@@ -35,6 +37,19 @@ _CHECK = textwrap.dedent(
     print("OK")
     """
 )
+
+
+def test_the_bazel_build_names_every_cpu_source():
+    # cc/BUILD names the library's files one by one (Bazel rejects an undeclared
+    # inclusion), where the native build globs them: a file added to cc/kernels or cc/ral
+    # must be added there too. The CPU build leaves out the CUDA runner.
+    build = (REPO / "cc" / "BUILD").read_text()
+    named = set(re.findall(r'"((?:kernels|ral)/[\w./%]+)"', build))
+    isas = re.findall(r'\("(\w+)", \[', build)  # the GEMM blocks' rules, one per ISA
+    named |= {n.replace("%s", isa) for n in named if "%s" in n for isa in isas}
+    files = {f"{d}/{p.name}" for d in ("kernels", "ral") for p in (REPO / "cc" / d).iterdir()
+             if p.suffix in (".cc", ".h") and "cuda" not in p.name and "gpu_" not in p.name}
+    assert sorted(files - named) == [], "add them to cc/BUILD"
 
 
 def _bazel() -> str:
