@@ -35,7 +35,6 @@ SLOW_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_EXAMPLES", "1000"))
 LARGE_EXAMPLES = int(os.environ.get("DISC_TF_FUZZ_LARGE_EXAMPLES", "40"))
 
 
-
 def check_program(program: Program, shape_list: list[list[tuple]], seed: int,
                   normwise: bool = False) -> None:
     """Runs ``program`` through TF and disc_tf at each shape set and compares

@@ -206,7 +206,7 @@ def test_attention_blocks_called_from_threads_at_once(block):
     jitted = disc_tf.jit(tf_fn, min_cluster_size=1, strict=True)
     assert jitted.report.compiled, jitted.report
     rng = np.random.default_rng(7)
-    # Lengths past a scratch block's rows (a row of 300 scores: several blocks a product).
+    # Lengths to 300: up to 300 x 300 scores a head, the masked one's in sub-blocks of rows.
     shapes = [(int(rng.integers(1, 4)), int(rng.integers(1, 300))) for _ in range(12)]
     cases = [_inputs(np.random.default_rng(i), block, b, s) for i, (b, s) in enumerate(shapes)]
     wants = [[np.asarray(w) for w in tf.nest.flatten(tf_fn(*args))] for args in cases]
