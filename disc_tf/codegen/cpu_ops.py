@@ -132,6 +132,15 @@ struct disc_bf16 {
   }
 };
 static inline float disc_round_bf16(float x) { return (float)disc_bf16(x); }
+// Float to integer as TF's CPU Cast converts (x86's truncating conversion): NaN and
+// values outside the type's range give its most negative value. Spelled out because C++
+// leaves them undefined, and GCC (no trapping math) folds (float)(int32_t)x to truncf(x).
+static inline int32_t disc_f2i32(float x) {
+  return x >= -0x1p31f && x < 0x1p31f ? (int32_t)x : INT32_MIN;
+}
+static inline int64_t disc_f2i64(float x) {
+  return x >= -0x1p63f && x < 0x1p63f ? (int64_t)x : INT64_MIN;
+}
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 static inline float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }

@@ -84,6 +84,8 @@ def cuda_expression(op: str, args: list[str], elem: str, operand_elems: list[str
             return a
         if elem in _HALF:
             return f"disc_round_{elem}((float)({a}))"
+        if elem in ("i32", "i64"):  # from bf16: saturated, NaN to 0, as a GPU converts
+            return f"disc_f2{elem}({a})"
         return f"{COMPUTE[elem]}({a})"
     try:
         text = elementwise.expression(op, args, _HALF.get(elem, elem),
@@ -105,6 +107,14 @@ DEVICE_PRELUDE = r"""
 #define DISC_DEV static __device__ __forceinline__
 DISC_DEV float disc_round_f16(float x) { return __half2float(__float2half_rn(x)); }
 DISC_DEV float disc_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// Float to integer as a GPU converts (and TF's GPU Cast): saturating, NaN to 0.
+// Spelled out so that the emulator, on the CPU, computes the same.
+DISC_DEV int32_t disc_f2i32(float x) {
+  return x != x ? 0 : x < -0x1p31f ? INT32_MIN : x >= 0x1p31f ? INT32_MAX : (int32_t)x;
+}
+DISC_DEV int64_t disc_f2i64(float x) {
+  return x != x ? 0 : x < -0x1p63f ? INT64_MIN : x >= 0x1p63f ? INT64_MAX : (int64_t)x;
+}
 // NaN-propagating max/min, as TensorFlow's Maximum/Minimum.
 DISC_DEV float disc_max(float a, float b) { return (a > b || a != a) ? a : b; }
 DISC_DEV float disc_min(float a, float b) { return (a < b || a != a) ? a : b; }

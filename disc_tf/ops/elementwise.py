@@ -201,6 +201,8 @@ def _convert(args: list[str], elem: str, operand_elems: list[str], attrs: dict) 
         return f"({a} != 0)"
     if src == elem:
         return a
+    if src in _FLOAT and elem in ("i32", "i64"):
+        return f"disc_f2{elem}({a})"  # NaN and out-of-range values as TF's kernels give them
     return round_half(f"{COMPUTE[elem]}({a})", elem)
 
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
-from tests.harness import assert_same, broadcast_shapes, compiled, random_value
+from tests.harness import assert_same, broadcast_shapes, compiled, gpu_code_path, random_value
 
 raw = tf.raw_ops
 
@@ -133,6 +133,55 @@ def test_cast(src, dst):
 
     _check(fn, [src], (2,), seed=13)
 
+
+#: Floats whose conversion to an integer C++ leaves undefined (NaN, out of range), next
+#: to ordinary ones; as float32, float16 (3e9 and 1e20 are infinities there) and bfloat16.
+_UNDEFINED_IN_CXX = [np.nan, np.inf, -np.inf, 3e9, -3e9, 1e20, -1e20, 2147483520.0,
+                     -2147483648.0, 2.5, -2.5, 0.75, -0.0, 65504.0]
+
+
+def _gpu_cast(values: np.ndarray, dst: tf.DType) -> np.ndarray:
+    """What a GPU's conversion (and TF's GPU Cast) gives: saturated, NaN to 0."""
+    info = np.iinfo(dst.as_numpy_dtype)
+    wide = values.astype(np.float64)
+    out = np.zeros(wide.shape, dst.as_numpy_dtype)  # NaN: 0
+    limit = -float(info.min)  # 2^31 or 2^63: the first value out of range above
+    inside = (wide >= info.min) & (wide < limit)
+    out[inside] = np.trunc(wide[inside]).astype(dst.as_numpy_dtype)
+    out[wide >= limit] = info.max
+    out[wide < info.min] = info.min
+    return out
+
+
+@pytest.mark.parametrize("dst", [tf.int32, tf.int64], ids=lambda d: d.name)
+@pytest.mark.parametrize("src", [tf.float32, tf.float16, tf.bfloat16], ids=lambda d: d.name)
+def test_float_to_int_cast_of_nan_and_out_of_range_values_matches_tf(src, dst):
+    """TF's CPU Cast gives the integer type's most negative value for NaN and for values
+    out of its range (x86's truncating conversion); cast back to float, GCC had folded the
+    pair into truncf, which kept NaN and the out-of-range value."""
+    def fn(x):
+        narrow = tf.cast(x * 1.0, src)
+        as_int = tf.cast(narrow, dst)
+        return as_int + 1, tf.cast(as_int, tf.float32), tf.cast(tf.cast(narrow, dst), src)
+
+    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None], tf.float32)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(3)
+    special = np.array(_UNDEFINED_IN_CXX, np.float32)
+    for x in (special, rng.permutation(np.concatenate([special, rng.standard_normal(50) * 1e3]))
+              .astype(np.float32)):
+        got = [np.asarray(v) for v in jitted(x)]
+        if gpu_code_path():
+            narrow = np.asarray(tf.cast(x, src), np.float32)
+            as_int = _gpu_cast(narrow, dst)
+            want = [as_int + 1, as_int.astype(np.float32),
+                    np.asarray(tf.cast(as_int, src))]
+        else:
+            want = [np.asarray(v) for v in tf_fn(x)]
+        for w, g in zip(want, got):
+            assert w.dtype == g.dtype
+            np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64))
+    assert disc_tf.stats()["fallbacks"] == 0
 
 def test_logical_ops():
     def fn(a, b):
