@@ -439,9 +439,13 @@ class DhloBuilder:
         )
         return result
 
-    def num_elements(self, value: TValue, dims: list[int], elem: str) -> TValue:
-        """Product of the given dims of ``value`` as a rank-0 tensor of ``elem``."""
+    def num_elements(self, value: TValue, dims: list[int], elem: str,
+                     at_least: int = 0) -> TValue:
+        """Product of the given dims of ``value`` as a rank-0 tensor of ``elem`` (or
+        ``at_least``, where the product is smaller)."""
         total = self.dims_product(value, dims)
+        if at_least:
+            total = self.index_arith("maxsi", total, self.index_const(at_least))
         wide = self._fresh("n")
         self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
         scalar = wide

@@ -321,7 +321,10 @@ def reduce_tf(b: DhloBuilder, op: str, x: TValue, axes: list[int], keep_dims: bo
     init = _scalar(b, _init(op, x.elem), x.elem)
     r = b.reduce(x, init, _REDUCE[op], axes) if axes else b.op("convert", [x], x.elem, x.dims)
     if op == "Mean" and axes:
-        count = b.num_elements(x, axes, x.elem)
+        # An integer mean of no elements is 0 (TF fills an empty reduction with its
+        # reducer's identity): 0 / 1, where 0 / 0 is an integer division by zero.
+        integer = x.elem in ("i32", "i64")
+        count = b.num_elements(x, axes, x.elem, at_least=1 if integer else 0)
         r = b.op("divide", [r, b.broadcast_to(count, b.shape_of(r), r.rank, [])], r.elem, r.dims)
     if keep_dims and axes:
         r = _keep_dims(b, x, r, axes)
