@@ -16,7 +16,7 @@ from tensorflow.core.framework import node_def_pb2
 from disc_tf.dhlo_bridge.builder import DhloBuilder, TValue
 from disc_tf.dhlo_bridge.rules import LoweringError, host_shape
 from disc_tf.dhlo_bridge.types import MLIR_TYPE
-from disc_tf.ops.elementwise import arg_reduce_init
+from disc_tf.ops.elementwise import arg_reduce_init, lowest_finite
 from disc_tf.ops.table import ALL_TYPES, FLOAT_TYPES, INT_TYPES, MOVE_TYPES, NUMERIC_TYPES, tf_op
 
 
@@ -672,14 +672,21 @@ def _pool(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     low = [zero, pads[0][0], pads[1][0], zero]
     high = [zero, pads[0][1], pads[1][1], zero]
     is_max = node.op == "MaxPool"
-    from disc_tf.dhlo_bridge.rules import _scalar
+    from disc_tf.dhlo_bridge.rules import _compare, _like, _scalar, _select
 
-    fill = _scalar(b, -np.inf if is_max else 0.0, x.elem)
-    padded = _pad_value(b, x, fill, low, high)
+    start_value = 0.0
+    if is_max:
+        # TF's MaxPool starts each window at the type's lowest finite value and takes
+        # only greater elements: a NaN never wins, and a window of -inf and NaN gives
+        # that lowest value (bfloat16: -inf, oneDNN's kernel, which TF runs by default on
+        # x86). So NaNs read as that start, which also pads and starts each window.
+        start_value = -np.inf if x.elem == "bf16" else lowest_finite(x.elem)
+        x = _select(b, _compare(b, x, x, "EQ"), x, _like(b, x, start_value))
+    start = _scalar(b, start_value, x.elem)
+    padded = _pad_value(b, x, start, low, high)
     window = (f"window_dimensions = array<i64: 1, {ksize[1]}, {ksize[2]}, 1>, "
               f"window_strides = array<i64: 1, {strides[1]}, {strides[2]}, 1>")
-    pooled = b.reduce_window(padded, _scalar(b, -np.inf if is_max else 0.0, x.elem),
-                             "maximum" if is_max else "add", window)
+    pooled = b.reduce_window(padded, start, "maximum" if is_max else "add", window)
     if is_max:
         return [pooled]
     # Average over the window's elements inside the input (TF excludes padding).

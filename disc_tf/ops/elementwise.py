@@ -92,6 +92,11 @@ _LOWEST = {"f32": -3.4028234663852886e38, "f16": -65504.0, "bf16": -3.3895313892
            "f64": -1.7976931348623157e308}
 
 
+def lowest_finite(elem: str) -> float:
+    """The most negative finite value of the float type ``elem`` (f32, f16, bf16, f64)."""
+    return _LOWEST[elem]
+
+
 def arg_reduce_init(elem: str, direction: str) -> str:
     """The same start value as a DHLO ``dense<...>`` literal: the bit pattern of the
     float types (``0xFF7FFFFF`` for an f32 ArgMax), the decimal bound of the int types."""

@@ -463,6 +463,30 @@ def test_arg_reduce_of_nans_and_extremes_like_tf(dtype, direction):
             assert_same(tf_fn(x), jitted(x), tf.int32)
 
 
+
+@pytest.mark.parametrize("dtype", [F32, tf.float16, tf.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("window,stride,padding", [(2, 1, "VALID"), (3, 2, "SAME"), (2, 2, "SAME")])
+def test_max_pool_of_nans_and_infinities_like_tf(dtype, window, stride, padding):
+    """TF's MaxPool never takes a NaN, and a window of only -inf and NaN gives the type's
+    lowest finite value (bfloat16: -inf, from TF's default oneDNN kernel); a
+    NaN-propagating maximum from -inf gave NaN and -inf."""
+    np_type = dtype.as_numpy_dtype
+    low = float(tf.as_dtype(dtype).min)
+    values = np.array([np.nan, -np.inf, np.inf, low, 1.0, -2.0, np.nan, -np.inf], np.float32)
+    rng = np.random.default_rng(window * 10 + stride)
+    tf_fn = tf.function(lambda x: tf.nn.max_pool2d(x * 1.0, window, stride, padding),
+                        input_signature=[dyn(4, dtype)])
+    jitted = compiled(tf_fn)
+    # No window-less output: TF's own MaxPool then dies of SIGFPE (f32, bf16).
+    for shape in [(1, 4, 4, 2), (2, 5, 3, 3), (1, 2, 2, 1), (1, 7, 6, 1)]:
+        x = rng.choice(values, size=shape).astype(np_type)
+        x[0, :2, :2, 0] = -np.inf  # a window of -inf alone
+        if shape[1] > 2:
+            x[0, 2:, :, 0] = np.nan  # windows of NaN alone
+        want, got = np.asarray(tf_fn(x)), np.asarray(jitted(x))
+        assert want.dtype == got.dtype
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))  # exact
+
 def test_argmax_of_an_empty_axis_is_invalid_argument():
     tf_fn = tf.function(lambda x: tf.argmax(x * 2.0, axis=1), input_signature=[dyn(2)])
     jitted = compiled(tf_fn)
