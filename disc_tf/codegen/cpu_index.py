@@ -10,6 +10,8 @@ TF's InvalidArgument after the launch.
 
 from __future__ import annotations
 
+import math
+
 from disc_tf.codegen.cpu_depthwise import CHANNEL_BLOCK, depthwise_source
 from disc_tf.codegen.cpu_gemm import epilogue_closure
 from disc_tf.codegen.cpu_kernels import KernelEmitter
@@ -211,30 +213,96 @@ class IndexKernelEmitter(KernelEmitter):
             " + iw * a.in0_strides[2] + ci] : 0;",
         ]
 
+    def _window_coord(self, d: int) -> str:
+        """Operand coordinate along dim ``d`` of window tap w<d> of output element c
+        (less the padding before the operand, when a pad is read in place: ``low``)."""
+        k, s = self.op.attrs["window"][d], self.op.attrs["strides"][d]
+        coord = f"c[{d}] * {s}" + (f" + w{d}" if k > 1 else "")
+        return coord + (f" - {self._p('low', d)}" if "low" in self.op.attrs else "")
+
     def _reduce_window(self, ct: str) -> list[str]:
-        """Folds the window of output element c (no padding: the operand is pre-padded)."""
+        """Folds the window of output element c: the operand is pre-padded, or a pad is
+        read in place (``low``; ``fusion/padded_reads.py``), whose taps outside the
+        operand hold the fold's start value and are skipped."""
         from disc_tf.codegen.cpu_ops import expression
 
         attrs = self.op.attrs
-        window, strides = attrs["window"], attrs["strides"]
+        padded = "low" in attrs
         lines = [f"{ct} v = {literal(attrs['init'], self.op.elem)};"]
         indent = ""
-        for d, size in enumerate(window):
-            if size > 1:
-                lines.append(f"{indent}for (int64_t w{d} = 0; w{d} < {size}; ++w{d}) {{")
-                indent += "  "
-        coord = [f"c[{d}] * {s} + w{d}" if k > 1 else f"c[{d}] * {s}"
-                 for d, (k, s) in enumerate(zip(window, strides))]
+        loops = [d for d, size in enumerate(attrs["window"]) if size > 1]
+        for d in loops:
+            lines.append(f"{indent}for (int64_t w{d} = 0; w{d} < {attrs['window'][d]}; ++w{d}) {{")
+            indent += "  "
+        coord = [self._window_coord(d) for d in range(len(attrs["window"]))]
+        if padded:
+            for d, c in enumerate(coord):
+                lines.append(f"{indent}const int64_t t{d} = {c};")
+            inside = " && ".join(f"t{d} >= 0 && t{d} < a.in0_dims[{d}]" for d in range(len(coord)))
+            lines.append(f"{indent}if (!({inside})) continue;")
+            coord = [f"t{d}" for d in range(len(coord))]
         read = f"({ct})a.in0[{self._offset(0, coord)}]"
         acc = accumulator_elem(self.op.elem)  # halves accumulate in float
         comb = expression(attrs["combiner"], ["v", read], acc, [acc] * 2, {})
         lines.append(f"{indent}v = {comb};")
-        for _ in [k for k in window if k > 1]:
+        for _ in loops:
             indent = indent[:-2]
             lines.append(f"{indent}}}")
         if acc != self.op.elem:
             lines.append(f"v = disc_round_{self.op.elem}(v);")
         return lines
+
+    def _channel_windows(self) -> bool:
+        """True for a pooling window over the outer dims only of an f32 tensor (NHWC
+        pools: the channels are neither windowed nor strided), which
+        ``_channel_window_source`` runs a row of channels at a time."""
+        attrs = self.op.attrs
+        return (self.op.op == "reduce_window" and self.rank >= 2 and self.op.elem == "f32"
+                and attrs["window"][-1] == 1 and attrs["strides"][-1] == 1
+                and self.buf(self.k.inputs[0]).elem == "f32")
+
+    def _channel_window_source(self) -> str:
+        """One task per output pixel (every dim but the last): its channels start at the
+        fold's start value in the output row, and each window tap inside the operand
+        folds a contiguous row of the operand's channels into them (a vector loop; taps
+        outside, of a pad read in place, are skipped)."""
+        from disc_tf.codegen.cpu_ops import expression
+
+        attrs, r = self.op.attrs, self.rank
+        lines = [
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t inner = a.dims[{r - 1}];",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            f"    int64_t c[{r}] = {{0}};",
+            "    int64_t rem = row;",
+        ]
+        for d in range(r - 2, -1, -1):
+            lines += [f"    c[{d}] = rem % a.dims[{d}];", f"    rem /= a.dims[{d}];"]
+        lines += ["    (void)rem;", "    float* __restrict w = a.out0 + row * inner;",
+                  f"    for (int64_t col = 0; col < inner; ++col) w[col] = "
+                  f"{literal(attrs['init'], 'f32')};"]
+        indent = "    "
+        loops = [d for d, size in enumerate(attrs["window"][:-1]) if size > 1]
+        for d in loops:
+            lines.append(f"{indent}for (int64_t w{d} = 0; w{d} < {attrs['window'][d]}; ++w{d}) {{")
+            indent += "  "
+        for d in range(r - 1):
+            lines.append(f"{indent}const int64_t t{d} = {self._window_coord(d)};")
+        if "low" in attrs:
+            inside = " && ".join(f"t{d} >= 0 && t{d} < a.in0_dims[{d}]" for d in range(r - 1))
+            lines.append(f"{indent}if (!({inside})) continue;")
+        base = " + ".join(f"t{d} * a.in0_strides[{d}]" for d in range(r - 1))
+        lines.append(f"{indent}const float* __restrict src = a.in0 + {base};")
+        comb = expression(attrs["combiner"], ["w[col]", "src[col]"], "f32", ["f32"] * 2, {})
+        lines += [f"{indent}#pragma omp simd", f"{indent}for (int64_t col = 0; col < inner; ++col) "
+                  f"w[col] = {comb};  // {comment(self.op.tf_node)}: reduce_window"]
+        for _ in loops:
+            indent = indent[:-2]
+            lines.append(f"{indent}}}")
+        lines += ["  }", "}"]
+        return self._unit(f"pooling window over [{', '.join(sym(d, self.plan) for d in self.k.dims)}]"
+                          " a row of channels at a time", lines)
 
     def _scan_source(self) -> str:
         """One task per line along the scanned axis, folded in order.
@@ -406,6 +474,8 @@ class IndexKernelEmitter(KernelEmitter):
             return self._grouped_conv_source()
         if self.op.op == "scan":
             return self._scan_source()
+        if self._channel_windows():
+            return self._channel_window_source()
         k, r = self.k, self.rank
         header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
                   f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"
@@ -477,6 +547,8 @@ class IndexKernelEmitter(KernelEmitter):
         cost = f"4.0 * {inner} + 1.0"
         if self.op.op == "grouped_conv":  # a multiply-add per channel and window tap
             cost = f"{2 * self.op.attrs['kh'] * self.op.attrs['kw']}.0 * {inner} + 1.0"
+        if self.op.op == "reduce_window":  # a read and a fold per element and window tap
+            cost = f"{2 * math.prod(self.op.attrs['window'])}.0 * {inner} + 1.0"
         lines.append(f"    const int64_t rows = {rows};")
         lines.append(f"    if (rows > 0 && {inner} > 0) {{")
         lines.append(f"      ral->parallel_for(ral, rows, {cost}, {self.fn}_index, &k);")

@@ -174,3 +174,57 @@ def test_a_padded_scalar_read_through_a_broadcast_still_compiles():
     tf_fn = tf.function(fn, input_signature=specs)
     jitted = compiled(tf_fn)
     assert_matches_tf(tf_fn, jitted, [np.float32(3.5), np.ones(4, np.float32)], 0, 0)
+
+
+def _pool_windows(plan) -> list:
+    return [k.ops[0] for k in plan.kernels if k.kind == "index" and k.ops[0].op == "reduce_window"]
+
+
+POOLS = {
+    "max_same_3s2": lambda x: tf.nn.max_pool2d(tf.nn.relu(x * 2.0 - 0.5), 3, 2, "SAME"),
+    "max_same_2s1": lambda x: tf.nn.max_pool2d(x * 2.0, 2, 1, "SAME") + 1.0,
+    "max_same_5s3": lambda x: tf.nn.max_pool2d(x - 1.0, [5, 2], [3, 1], "SAME"),
+    "avg_same_3s2": lambda x: tf.nn.avg_pool2d(x * 2.0, 3, 2, "SAME"),
+    "avg_same_4s1": lambda x: tf.nn.avg_pool2d(tf.tanh(x), [1, 4], 1, "SAME") * 3.0,
+}
+
+
+@pytest.mark.parametrize("dtype", [F32, tf.float16], ids=lambda d: d.name)
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_same_pools_read_their_padding_in_place(name, dtype):
+    """A SAME MaxPool's or AvgPool's padding is no kernel and no padded copy: each window
+    skips the taps outside the image (the padding holds the fold's start value, which
+    changes nothing); windows larger than the image, all-padding taps and empty images
+    included, against TF. f32 runs a row of channels at a time, f16 element by element."""
+    fn = POOLS[name]
+    spec = tf.TensorSpec([None, None, None, 3], dtype)
+    plan = _plan(fn, spec)
+    assert not _pads(plan), plan.describe()
+    windows = _pool_windows(plan)
+    assert windows and all("low" in w.attrs for w in windows), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    assert_ops_compiled(jitted, {"MaxPool" if name.startswith("max") else "AvgPool"})
+    tol = 1e-5 if dtype == F32 else 2e-3
+    for s in [(1, 7, 9, 3), (2, 1, 1, 3), (1, 2, 13, 3), (3, 11, 4, 3), (0, 5, 5, 3), (1, 0, 4, 3)]:
+        x = RNG.normal(size=s).astype(dtype.as_numpy_dtype)
+        assert_matches_tf(tf_fn, jitted, [x], tol, tol)
+    assert disc_tf.stats()["fallbacks"] == 0
+
+
+def test_a_pad_of_another_value_before_a_pool_is_not_skipped():
+    """A zero pad before a MaxPool (whose windows start at the lowest float) is not the
+    window's start value: the window reads the zeros (here from the kernel that reads
+    the pad in place), and they count."""
+    def fn(x):
+        return tf.nn.max_pool2d(tf.pad(x - 3.0, [[0, 0], [1, 1], [2, 0], [0, 0]]), 3, 2, "VALID")
+
+    spec = tf.TensorSpec([None, None, None, 2], F32)
+    plan = _plan(fn, spec)
+    windows = _pool_windows(plan)
+    assert windows and not any("low" in w.attrs for w in windows), plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    for s in [(1, 6, 5, 2), (2, 3, 3, 2)]:
+        x = RNG.normal(size=s).astype(np.float32)
+        assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
