@@ -346,4 +346,17 @@ void WinogradTile(const WinogradConv1D& conv, WinogradIsa isa, const float* cons
   }
 }
 
+bool WinogradInputSafe(const float* x, int64_t n) {
+  // Blocks of 4096, each one vectorized pass (NaN fails the comparison), so that an
+  // unsafe input stops the scan early.
+  for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+    const int64_t i1 = std::min(n, i0 + 4096);
+    int32_t unsafe = 0;
+#pragma omp simd reduction(| : unsafe)
+    for (int64_t i = i0; i < i1; ++i) unsafe |= !(__builtin_fabsf(x[i]) <= kWinogradInputLimit);
+    if (unsafe != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace disc_tf

@@ -111,6 +111,17 @@ int64_t WinogradScratchFloats(const WinogradConv1D& conv, int64_t units, int64_t
 // ran out.
 float* WinogradScratch(int64_t floats);
 
+// Inputs the transforms take as a direct convolution would: below this size (2^64), so
+// that sums of a few of them times the transforms' coefficients stay far from overflow.
+constexpr float kWinogradInputLimit = 18446744073709551616.0f;
+
+// True if each of the n floats at x is finite and at most kWinogradInputLimit in size.
+// The transforms add and subtract a tile's inputs, so a NaN or infinity would reach
+// every output of its tile, where TF's convolution has it reach only the outputs whose
+// window holds it; the RAL declines Winograd for an input that is not (the GEMM path
+// gives TF's answer).
+bool WinogradInputSafe(const float* x, int64_t n);
+
 // The ISA the transforms run in: the GEMM block's, so that an AVX2 block runs AVX2
 // transforms on an AVX-512 host too (as on an AVX2-only machine, and as
 // DISC_TF_GEMM_ISA / DISC_TF_ISA cap it), not the ISA of the CPU.

@@ -1479,7 +1479,8 @@ int32_t RalConv1dWinograd(disc_ral* ral, int64_t batch, int64_t width, int64_t c
     std::shared_ptr<const PackedOperand> unused[kWinogradMaxParts];
     WinogradPackedParts(r, isa, input, w, kw, ci, co, variant, unused);
   }
-  if (!ready) return 0;
+  // A NaN, infinity or huge input: the GEMM path, whose outputs it reaches as TF's.
+  if (!ready || !WinogradInputSafe(x, batch * width * ci)) return 0;
   const WinogradConv1D conv{width, ci, co, kw, pad, ow, x, c, m};
   const int64_t depth = conv.depth();
   const float* packed[kWinogradMaxParts];

@@ -192,3 +192,28 @@ def test_load_warm_up_packs_every_filter_transform(tmp_path):
     stats = disc_tf.stats()
     assert stats["packed_weights"] == 1 + 4 + 6 + 8 and stats["fallbacks"] == 0, stats
     assert model._call.direct_calls == len(widths)  # each ran the DiscCluster op
+
+
+@pytest.mark.parametrize("kw", [3, 9])
+def test_nan_infinite_and_huge_inputs_reach_only_their_windows(kw):
+    """A NaN, an infinity or a huge value (1e30) in the input reaches exactly the outputs
+    whose window holds it, as in TF: the RAL declines Winograd for such an input, whose
+    transforms would carry it to every output of its tile (or overflow). Widths of each
+    F(m, 3); the same convs' clean inputs between them."""
+    rng = np.random.default_rng(kw)
+    w = tf.constant(rng.normal(size=(kw, 16, 24)).astype(np.float32) / 8)
+    tf_fn = tf.function(lambda x: tf.nn.conv1d(x * 1.0, w, 1, "SAME"),
+                        input_signature=[tf.TensorSpec([None, None, 16], tf.float32)])
+    jitted = disc_tf.jit(tf_fn, min_cluster_size=1)
+    assert jitted.report.compiled, jitted.report
+    for width in (40, 100, 300):
+        for bad in (np.nan, np.inf, -np.inf, 1e30, None):
+            x = rng.normal(size=(2, width, 16)).astype(np.float32)
+            if bad is not None:
+                x[1, width // 2 + 1, 5] = bad
+            want, got = tf_fn(x).numpy(), jitted(x).numpy()
+            for mask in (np.isnan, np.isposinf, np.isneginf):
+                np.testing.assert_array_equal(mask(got), mask(want), err_msg=f"{width} {bad}")
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+    assert disc_tf.stats()["fallbacks"] == 0
