@@ -446,6 +446,11 @@ class DhloBuilder:
         total = self.dims_product(value, dims)
         if at_least:
             total = self.index_arith("maxsi", total, self.index_const(at_least))
+        return self.index_scalar(total, elem)
+
+    def index_scalar(self, index: str, elem: str) -> TValue:
+        """The host ``index`` scalar ``index`` as a rank-0 tensor of ``elem``."""
+        total = index
         wide = self._fresh("n")
         self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
         scalar = wide

@@ -689,11 +689,44 @@ def _pool(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[
     pooled = b.reduce_window(padded, start, "maximum" if is_max else "add", window)
     if is_max:
         return [pooled]
-    # Average over the window's elements inside the input (TF excludes padding).
-    ones = b.broadcast_to(_scalar(b, 1.0, x.elem), b.shape_of(x), 4, [])
-    counts = b.reduce_window(_pad_value(b, ones, _scalar(b, 0.0, x.elem), low, high),
-                             _scalar(b, 0.0, x.elem), "add", window)
+    counts = _window_counts(b, x, pooled, ksize[1:3], strides[1:3], [lo for lo, _ in pads],
+                            [hi for _, hi in pads])
     return [b.op("divide", [pooled, counts], x.elem, pooled.dims)]
+
+
+def _window_counts(b: DhloBuilder, x: TValue, pooled: TValue, windows: list[int],
+                   strides: list[int], low: list[str], high: list[str]) -> TValue:
+    """An AvgPool's divisors, shaped as ``pooled``: each window's elements inside x
+    (TF excludes the padding). Along H and W, a vector over the output positions of
+    ``min(start + k, size) - max(start, 0)`` from each window's start (f32, exact to
+    2^24; at most k), broadcast into the product (an index map: no kernel writes it);
+    a dim without padding contributes its window size."""
+    from disc_tf.dhlo_bridge.rules import _like
+
+    total: TValue | None = None
+    constant = 1
+    for i, d in enumerate((1, 2)):
+        k, s = windows[i], strides[i]
+        if b.index_values.get(low[i]) == 0 and b.index_values.get(high[i]) == 0:
+            constant *= k
+            continue
+        where = iota(b, [b.dim(pooled, d)], 0, "f32")
+        dims = where.dims
+        start = b.op("subtract", [b.op("multiply", [where, _like(b, where, s)], "f32", dims),
+                                  b.broadcast_to(b.index_scalar(low[i], "f32"),
+                                                 b.shape_of(where), 1, [])], "f32", dims)
+        size = b.broadcast_to(b.index_scalar(b.dim(x, d), "f32"), b.shape_of(where), 1, [])
+        end = b.op("minimum", [b.op("add", [start, _like(b, where, k)], "f32", dims), size],
+                   "f32", dims)
+        count = b.op("subtract", [end, b.op("maximum", [start, _like(b, where, 0.0)], "f32",
+                                            dims)], "f32", dims)
+        wide = b.broadcast_to(count, b.shape_of(pooled), 4, [d])
+        total = wide if total is None else b.op("multiply", [total, wide], "f32", pooled.dims)
+    if total is None:
+        return _like(b, pooled, constant)
+    if constant != 1:
+        total = b.op("multiply", [total, _like(b, pooled, constant, "f32")], "f32", pooled.dims)
+    return total if x.elem == "f32" else b.op("convert", [total], x.elem, pooled.dims)
 
 
 def _pad_value(b: DhloBuilder, x: TValue, value: TValue, low: list[str], high: list[str]) -> TValue:
