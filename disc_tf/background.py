@@ -101,7 +101,9 @@ class CompileQueue:
 
     At interpreter exit the queue is dropped and the compilation in progress
     is awaited (a daemon thread stopped inside native code can abort the
-    process); a dropped cluster simply was never switched over.
+    process); a dropped cluster simply was never switched over. A compilation
+    that fails once the queue is closed (the exit took its thread pool or its
+    temporary directory) is dropped too: logged at INFO, not published.
     """
 
     def __init__(self, on_thread_start: Callable[[], None] | None = None,
@@ -188,7 +190,7 @@ class CompileQueue:
             if item is None:
                 return
             try:
-                self._build(*item)
+                self._build(*item, closing=lambda: self._closed)
             finally:
                 with self._idle:
                     self._outstanding -= 1
@@ -196,11 +198,15 @@ class CompileQueue:
 
     @staticmethod
     def _build(key: str, spec: rewrite.ClusterSpec, target: str, publish: Publisher,
-               levels: tuple[str, ...]) -> None:
+               levels: tuple[str, ...], closing: Callable[[], bool] = lambda: False) -> None:
         name = getattr(spec, "name", key)
         try:
             artifact, error = pipeline.compile_cluster(spec, target, levels).artifact, None
         except Exception as e:  # noqa: BLE001 - reported to the publisher
+            if closing():  # the process is exiting: nothing will run the cluster
+                log.info("disc_tf: cluster %s not compiled: the process exited first (%s: %s)",
+                         name, type(e).__name__, e)
+                return
             artifact, error = None, f"{type(e).__name__}: {e}"
             log.warning("disc_tf: cluster %s left as TF ops: %s", name, error)
         try:

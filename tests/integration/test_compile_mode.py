@@ -79,3 +79,33 @@ def test_queue_builds_the_hottest_waiting_cluster_first(monkeypatch):
     assert queue.wait(30)
     assert order == ["first", "hot", "hot_later", "warm", "cold"]
     queue.close()
+
+
+def test_a_compile_failing_after_close_is_dropped_quietly(monkeypatch, caplog):
+    """At interpreter exit close() drops the queue while a compile runs; that compile
+    then fails (the exit took its thread pool or temporary directory). It is neither
+    published nor warned about: the process is going, and a warning that a cluster
+    "was left as TF ops" would be false news. A failure before close still is both."""
+    published: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def fake_compile(spec, target, levels):
+        started.set()
+        gate.wait(10)
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr("disc_tf.pipeline.compile_cluster", fake_compile)
+    queue = CompileQueue()
+    queue.submit("k1", types.SimpleNamespace(name="late"), "cpu",
+                 lambda key, art, err: published.append(key))
+    assert started.wait(10)
+    closer = threading.Thread(target=queue.close)
+    with caplog.at_level("INFO", logger="disc_tf"):
+        closer.start()
+        while not queue._closed:
+            threading.Event().wait(0.01)
+        gate.set()
+        closer.join(30)
+    assert not closer.is_alive() and published == []
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.records
+    assert any("process exited first" in r.getMessage() for r in caplog.records)
