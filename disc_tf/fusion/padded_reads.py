@@ -84,9 +84,16 @@ _SKIPPABLE = frozenset({"add", "maximum", "minimum"})
 def plan_pooled_pads(order: list[Kernel], buffers: dict[str, Buffer],
                      constant: Callable[[int], int | None]) -> list[Kernel]:
     """Folds each constant pad that only pooling windows read, with their start value as
-    its constant, into them (the module docstring); returns the launch order left."""
-    pad_value = {k.outputs[0][1]: k.ops[0].operands[1][1] for k in order
-                 if _constant_pad(k, buffers, constant)}
+    its constant, into them (the module docstring); returns the launch order left. The
+    innermost dim must not be padded: a window over the outer dims runs a row of it at
+    a time (``cpu_index._channel_window_source``)."""
+    pad_value = {}
+    for k in order:
+        if _constant_pad(k, buffers, constant):
+            (_, out), source = k.outputs[0], k.inputs[0].buffer
+            if (constant(k.ops[0].attrs["low"][-1]) == 0
+                    and buffers[out].dims[-1] == buffers[source].dims[-1]):
+                pad_value[out] = k.ops[0].operands[1][1]
 
     def reader_ok(k: Kernel, i: int, rank: int) -> bool:
         if k.kind != "index" or len(k.ops) != 1 or i != 0 or k.epilogue:

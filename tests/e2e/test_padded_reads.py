@@ -230,3 +230,23 @@ def test_a_pad_of_another_value_before_a_pool_is_not_skipped():
     for s in [(1, 6, 5, 2), (2, 3, 3, 2)]:
         x = RNG.normal(size=s).astype(np.float32)
         assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
+
+
+def test_a_pad_of_the_channels_before_a_pool_is_not_read_in_place():
+    """Zeros padding H, W and the channels before a VALID AvgPool: the constant is the
+    window's start (a sum from 0), but a window over H and W runs a row of channels at
+    a time, so a pad of the channels is not read in place; the results match TF. A
+    pad of H and W alone is."""
+    def fn(x, channels):
+        padded = tf.pad(x * 2.0, [[0, 0], [1, 1], [0, 1], channels])
+        return tf.nn.avg_pool2d(padded, 2, 1, "VALID")
+
+    spec = tf.TensorSpec([None, None, None, 3], F32)
+    for channels, in_place in (([2, 1], False), ([0, 0], True)):
+        plan = _plan(lambda x, c=channels: fn(x, c), spec)
+        assert [("low" in w.attrs) for w in _pool_windows(plan)] == [in_place], plan.describe()
+        tf_fn = tf.function(lambda x, c=channels: fn(x, c), input_signature=[spec])
+        jitted = compiled(tf_fn)
+        for s in [(1, 4, 5, 3), (2, 1, 1, 3)]:
+            x = RNG.normal(size=s).astype(np.float32)
+            assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
