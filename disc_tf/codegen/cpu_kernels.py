@@ -66,8 +66,8 @@ class KernelEmitter(StitchEmitter):
             return f"{inputs}{ref}"
         if kind == "val":
             return names[ref]
-        if kind == "host":
-            return f"a.h{self.host_scalars.index(ref)}"
+        if kind == "host":  # in the op's compute type: an integer mean divides as integers
+            return f"({COMPUTE[elem]})a.h{self.host_scalars.index(ref)}"
         return literal(ref, elem)
 
     def struct(self) -> str:

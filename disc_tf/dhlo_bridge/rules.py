@@ -312,10 +312,11 @@ def _keep_dims(b: DhloBuilder, x: TValue, reduced: TValue, axes: list[int]) -> T
 
 def reduce_tf(b: DhloBuilder, op: str, x: TValue, axes: list[int], keep_dims: bool) -> TValue:
     """A TF reduction (Sum/Mean/Prod/Max/Min/All/Any) of ``x`` over ``axes``."""
-    if op == "Mean" and axes and x.elem in ("f16", "bf16"):
+    if op == "Mean" and axes and x.elem in ("f16", "bf16", "i32"):
         # The sum of a long half-type row overflows (f16 holds up to 65504) although
-        # its mean does not: sum and divide in float, round once (TF returns NaN).
-        wide = b.op("convert", [x], "f32", x.dims)
+        # its mean does not: sum and divide in float, round once (TF returns NaN). An
+        # int32 mean sums and divides in int64, as TF's does (its sum may not fit).
+        wide = b.op("convert", [x], "i64" if x.elem == "i32" else "f32", x.dims)
         r = reduce_tf(b, op, wide, axes, keep_dims)
         return b.op("convert", [r], x.elem, r.dims)
     init = _scalar(b, _init(op, x.elem), x.elem)

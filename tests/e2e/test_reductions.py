@@ -133,3 +133,23 @@ def test_keras_style_layer_norm_is_one_kernel():
         args = [random_value(rng, (b, t, 32), tf.float32), random_value(rng, (32,), tf.float32),
                 random_value(rng, (32,), tf.float32)]
         _compare(tf_fn, jitted, args)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64], ids=lambda d: d.name)
+def test_integer_mean_of_large_values_is_tf_s(dtype, axis):
+    """TF sums an int32 mean in int64 (the sum of three values near 2^30 does not wrap)
+    and divides an int64 mean's sum by the count as integers. disc summed int32 in
+    int32 and divided both through a double (an int64 quotient above 2^53 lost its low
+    digits)."""
+    tf_fn = tf.function(lambda x: tf.reduce_mean(x * 1, axis=axis),
+                        input_signature=[tf.TensorSpec([None, None], dtype)])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(17)
+    high = 2**31 - 1 if dtype == tf.int32 else 2**62
+    for shape in [(3, 1000), (1000, 3), (2, 70000), (1, 1), (5, 2)]:
+        x = rng.integers(-high, high, size=shape, dtype=np.int64).astype(dtype.as_numpy_dtype)
+        np.testing.assert_array_equal(jitted(x).numpy(), tf_fn(x).numpy(), err_msg=str(shape))
+    x = np.full((1, 3), 2**30, dtype.as_numpy_dtype)
+    np.testing.assert_array_equal(jitted(x).numpy(), tf_fn(x).numpy())
+    assert disc_tf.stats()["fallbacks"] == 0
