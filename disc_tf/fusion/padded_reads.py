@@ -91,7 +91,8 @@ def plan_pooled_pads(order: list[Kernel], buffers: dict[str, Buffer],
     for k in order:
         if _constant_pad(k, buffers, constant):
             (_, out), source = k.outputs[0], k.inputs[0].buffer
-            if (constant(k.ops[0].attrs["low"][-1]) == 0
+            low = k.ops[0].attrs["low"]
+            if (low and constant(low[-1]) == 0
                     and buffers[out].dims[-1] == buffers[source].dims[-1]):
                 pad_value[out] = k.ops[0].operands[1][1]
 
