@@ -304,6 +304,61 @@ class IndexKernelEmitter(KernelEmitter):
         return self._unit(f"pooling window over [{', '.join(sym(d, self.plan) for d in self.k.dims)}]"
                           " a row of channels at a time", lines)
 
+    def _pad_rows(self) -> bool:
+        """True for a ``dynamic_pad`` with no interior padding of an operand stored as its
+        result is (``_pad_rows_source`` copies it a row at a time)."""
+        if self.op.op != "dynamic_pad" or self.rank < 1:
+            return False
+        interior = self.op.attrs["interior"]
+        consts = [self.plan.symbols[s] for s in interior]
+        return (all(d.kind == "const" and d.value == 0 for d in consts)
+                and self.buf(self.k.inputs[0]).elem == self.op.elem)
+
+    def _pad_rows_source(self) -> str:
+        """One task per output row (every dim but the last): a row outside the operand
+        along an outer dim is the pad value; one inside is the value, the operand's row
+        (a plain copy) and the value again, three loops that vectorize. The generic
+        index kernel found each element's place by per-dim arithmetic: 4 x 112 x 112 x
+        64 padded by 2 on H and W took 5.3 ms there against TF's 1.6 (Zen 4)."""
+        r, k = self.rank, self.k
+        (_, bname), = k.outputs
+        st = STORAGE[self.plan.buffers[bname].elem]
+        lines = [
+            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
+            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            f"  const int64_t inner = a.dims[{r - 1}];",
+            f"  const int64_t lo = {self._p('low', r - 1)}, n = a.in0_dims[{r - 1}];",
+            "  // the operand's columns land at [c0, c1) of each row inside it",
+            "  const int64_t c0 = lo < 0 ? 0 : lo > inner ? inner : lo;",
+            "  const int64_t c1 = lo + n < c0 ? c0 : lo + n > inner ? inner : lo + n;",
+            f"  const {st} fill = ({st})({self._operand(1)});",
+            "  for (int64_t row = begin; row < end; ++row) {",
+            "    int64_t rem = row;",
+            "    bool inside = true;",
+            "    int64_t off = 0;",
+        ]
+        for d in range(r - 2, -1, -1):
+            lines += [f"    {{ const int64_t t = rem % a.dims[{d}] - {self._p('low', d)};",
+                      f"      rem /= a.dims[{d}];",
+                      f"      inside = inside && t >= 0 && t < a.in0_dims[{d}];",
+                      f"      off += t * a.in0_strides[{d}]; }}"]
+        lines += [
+            "    (void)rem;",
+            f"    {st}* __restrict w = a.out0 + row * inner;",
+            "    if (!inside) {",
+            "      for (int64_t col = 0; col < inner; ++col) w[col] = fill;",
+            "      continue;",
+            "    }",
+            "    for (int64_t col = 0; col < c0; ++col) w[col] = fill;",
+            f"    for (int64_t col = c0; col < c1; ++col) w[col] = a.in0[off + col - lo];  "
+            f"// {comment(self.op.tf_node)}: dynamic_pad",
+            "    for (int64_t col = c1; col < inner; ++col) w[col] = fill;",
+            "  }",
+            "}",
+        ]
+        return self._unit(f"pad over [{', '.join(sym(d, self.plan) for d in k.dims)}] a row at "
+                          "a time", lines)
+
     def _scan_source(self) -> str:
         """One task per line along the scanned axis, folded in order.
 
@@ -476,6 +531,8 @@ class IndexKernelEmitter(KernelEmitter):
             return self._scan_source()
         if self._channel_windows():
             return self._channel_window_source()
+        if self._pad_rows():
+            return self._pad_rows_source()
         k, r = self.k, self.rank
         header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
                   f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"

@@ -250,3 +250,28 @@ def test_a_pad_of_the_channels_before_a_pool_is_not_read_in_place():
         for s in [(1, 4, 5, 3), (2, 1, 1, 3)]:
             x = RNG.normal(size=s).astype(np.float32)
             assert_matches_tf(tf_fn, jitted, [x], 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F32, tf.float16, tf.bfloat16, tf.int32, tf.bool],
+                         ids=lambda d: d.name)
+def test_a_pad_kernel_copies_rows_as_tf_pads(dtype):
+    """A pad the cluster returns stays a kernel, which copies a row at a time (the
+    value, the operand's row, the value; rows outside the operand all value): pads
+    before and after every dim, including ones wider than the row, empty operands and
+    rows of one element, against TF exactly."""
+    value = {tf.bool: True, tf.int32: 7}.get(dtype, -2.5)
+
+    def fn(x):
+        y = tf.identity(x) if dtype == tf.bool else x * 1
+        return tf.pad(y, [[1, 0], [0, 2], [3, 5]], constant_values=value)
+
+    spec = tf.TensorSpec([None, None, None], dtype)
+    assert _pads(_plan(fn, spec))
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn, allow_tf=("Identity",))
+    for s in [(2, 3, 4), (1, 1, 1), (0, 2, 3), (2, 0, 5), (3, 2, 0), (4, 5, 70)]:
+        x = RNG.normal(size=s)
+        x = (x > 0) if dtype == tf.bool else x.astype(dtype.as_numpy_dtype)
+        want, got = np.asarray(tf_fn(x)), np.asarray(jitted(x))
+        assert want.dtype == got.dtype and want.shape == got.shape, s
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32), str(s))
