@@ -185,6 +185,18 @@ class IndexKernelEmitter(KernelEmitter):
             return self._reduce_window(ct)
         raise ValueError(f"{self.k.name}: no index emitter for {name}")
 
+    def _entry_head(self) -> list[str]:
+        """The first lines of the kernel's entry: its signature (a task range of rows)
+        and its argument struct."""
+        return [f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, "
+                "int64_t end) {",
+                f"  const {self.args}& a = *static_cast<const {self.args}*>(p);"]
+
+    def _output_storage(self) -> str:
+        """The C++ storage type of the kernel's one output."""
+        (_, bname), = self.k.outputs
+        return STORAGE[self.plan.buffers[bname].elem]
+
     def _window_steps(self) -> tuple[int, int, int, int]:
         """(stride, stride, dilation, dilation) over height and width of a convolution's
         window (the im2col and depthwise kernels, CPU and CUDA)."""
@@ -270,8 +282,7 @@ class IndexKernelEmitter(KernelEmitter):
 
         attrs, r = self.op.attrs, self.rank
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             f"  const int64_t inner = a.dims[{r - 1}];",
             "  for (int64_t row = begin; row < end; ++row) {",
             f"    int64_t c[{r}] = {{0}};",
@@ -321,11 +332,9 @@ class IndexKernelEmitter(KernelEmitter):
         index kernel found each element's place by per-dim arithmetic: 4 x 112 x 112 x
         64 padded by 2 on H and W took 5.3 ms there against TF's 1.6 (Zen 4)."""
         r, k = self.rank, self.k
-        (_, bname), = k.outputs
-        st = STORAGE[self.plan.buffers[bname].elem]
+        st = self._output_storage()
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             f"  const int64_t inner = a.dims[{r - 1}];",
             f"  const int64_t lo = {self._p('low', r - 1)}, n = a.in0_dims[{r - 1}];",
             "  // the operand's columns land at [c0, c1) of each row inside it",
@@ -374,8 +383,7 @@ class IndexKernelEmitter(KernelEmitter):
         combiner = op.attrs["combiner"]
         acc_elem = accumulator_elem(op.elem, combiner)
         ct = COMPUTE[acc_elem]
-        (_, bname), = k.outputs
-        st = STORAGE[self.plan.buffers[bname].elem]
+        st = self._output_storage()
         identity = literal(0 if combiner == "add" else 1, acc_elem)
         compensated = combiner == "add" and acc_elem == "f32"
         if compensated:
@@ -386,8 +394,7 @@ class IndexKernelEmitter(KernelEmitter):
         if rounds_once(op.elem):
             value = f"disc_round_{op.elem}((float)({value}))"
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             f"  const int64_t n = a.dims[{axis}];",
             f"  const int64_t step = a.in0_strides[{axis}];",
             "  for (int64_t t = begin; t < end; ++t) {",
@@ -417,14 +424,12 @@ class IndexKernelEmitter(KernelEmitter):
     def _im2col_source(self) -> str:
         """One task per output pixel: for each window tap, the pixel's C input channels
         are copied as one contiguous run (zeros where the tap falls in the padding)."""
-        k, op = self.k, self.op
+        op = self.op
         attrs = op.attrs
         sh, sw, dh, dw = self._window_steps()
-        (_, bname), = k.outputs
-        st = STORAGE[self.plan.buffers[bname].elem]
+        st = self._output_storage()
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             f"  const int64_t channels = {self._p('sizes', 0)};",
             "  for (int64_t row = begin; row < end; ++row) {",
             "    const int64_t ow = row % a.dims[2];",
@@ -469,16 +474,14 @@ class IndexKernelEmitter(KernelEmitter):
         inside the input, the pixel's channels multiply the tap's weights as
         contiguous runs (vectorised), accumulated over the taps in blocks of
         ``CHANNEL_BLOCK`` channels."""
-        k, op = self.k, self.op
+        op = self.op
         attrs = op.attrs
         sh, sw, dh, dw = self._window_steps()
-        (_, bname), = k.outputs
-        st = STORAGE[self.plan.buffers[bname].elem]
+        st = self._output_storage()
         ct = COMPUTE[op.elem]
         block = CHANNEL_BLOCK
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             "  const int64_t channels = a.dims[3];",
             f"  const int64_t multiplier = a.in1_dims[3] / {attrs['groups']};  // outputs per input channel",
             "  for (int64_t row = begin; row < end; ++row) {",
@@ -537,11 +540,9 @@ class IndexKernelEmitter(KernelEmitter):
         header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
                   f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"
                   f"// TF ops: {comment(', '.join(k.tf_ops))}")
-        (_, bname), = k.outputs
-        st = STORAGE[self.plan.buffers[bname].elem]
+        st = self._output_storage()
         lines = [
-            f"DISC_CLONES DISC_ENTRY void {self.fn}_index(void* p, int64_t begin, int64_t end) {{",
-            f"  const {self.args}& a = *static_cast<const {self.args}*>(p);",
+            *self._entry_head(),
             f"  const int64_t inner = {f'a.dims[{r - 1}]' if r else '1'};",
             "  for (int64_t row = begin; row < end; ++row) {",
             f"    int64_t c[{max(r, 1)}] = {{0}};",
