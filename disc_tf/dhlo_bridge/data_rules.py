@@ -451,8 +451,8 @@ def _range(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list
 
 @tf_op("ReverseV2", dtypes=MOVE_TYPES, const_inputs=(1,))
 def _reverse(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> list[TValue]:
-    # One gather per reversed axis, of indices (dim - 1) - iota: an index kernel, as
-    # GatherV2 is (the generated code has no reverse of its own).
+    # One ``reverse`` op (an index kernel, as a StridedSlice of negative step is); it
+    # was a gather of (dim - 1) - iota per axis, three kernels each.
     x, axes_v = xs
     axes = b.known_ints(axes_v)
     if axes is None:
@@ -462,14 +462,10 @@ def _reverse(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     normal = [a % x.rank for a in axes]
     if len(set(normal)) != len(normal):
         raise LoweringError(f"ReverseV2 {node.name}: axis given twice in {axes}")
-    for axis in sorted(normal):
-        size = b.dim(x, axis)
-        ramp = iota(b, [size], 0, "i64")
-        last = b.host_tensor([b.index_arith("subi", size, b.index_const(1))], "i64", 0)
-        indices = b.op("subtract", [b.broadcast_to(last, b.shape_of(ramp), 1, []), ramp],
-                       "i64", ramp.dims)
-        x = index_select(b, x, indices, axis, 0)
-    return [x]
+    if not normal:
+        return [b.op("convert", [x], x.elem, x.dims)]  # a copy, as an Identity is
+    dims = ", ".join(map(str, sorted(normal)))
+    return [b.op("reverse", [x], x.elem, x.dims, f"dimensions = array<i64: {dims}>")]
 
 
 @tf_op("Tile", dtypes=MOVE_TYPES, shape_inputs=(1,))

@@ -142,6 +142,46 @@ def test_gather_index_out_of_range_is_invalid_argument_then_next_call_works():
                 jitted(np.array([3, 0], np.int32), table), F32)
 
 
+
+@pytest.mark.parametrize("axis,batch_dims", [(0, 0), (1, 0), (1, 1)])
+def test_gathered_rows_returned_as_they_are(axis, batch_dims):
+    """A gather along any dim but the innermost, returned as it is (no kernel reads it
+    in place), copies one row of the table per output row, its id read and checked once
+    per row: against TF, empty ids included, and a bad id in any row is TF's
+    InvalidArgument, after which the next call works (CPU)."""
+    def fn(p, i):
+        return tf.gather(p, i, axis=axis, batch_dims=batch_dims)
+
+    tf_fn = tf.function(fn, input_signature=[dyn(3), dyn(2, I32)])
+    jitted = compiled(tf_fn, allow_tf=("Identity",))
+    assert_ops_compiled(jitted, {"GatherV2"})
+    rng = np.random.default_rng(3 + axis + batch_dims)
+    for b, n, k in [(2, 5, 3), (1, 1, 1), (3, 4, 0), (2, 6, 7)]:
+        params = rng.normal(size=(b, n, 9) if axis else (n, b, 9)).astype(np.float32)
+        ids = rng.integers(0, n, size=(b, k)).astype(np.int32)
+        assert_same(tf_fn(params, ids), jitted(params, ids), F32)
+    if not gpu_code_path():  # TF's GPU kernel: zeros for the bad index, no error
+        ids[-1, -1] = n
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"indices.* = {n} is not"):
+            jitted(params, ids)
+        ids[-1, -1] = 0
+        assert_same(tf_fn(params, ids), jitted(params, ids), F32)
+
+
+@pytest.mark.parametrize("dtype", [F32, tf.float16, I32, BOOL], ids=lambda d: d.name)
+@pytest.mark.parametrize("axes", [[1], [2], [0, 2], [0, 1, 2]], ids=str)
+def test_reversed_rows(axes, dtype):
+    """A reverse copies each output row from its operand row (outer dims flipped), read
+    backwards where the innermost dim is reversed: against TF, empty dims included."""
+    tf_fn = tf.function(lambda x: tf.reverse(x, axes), input_signature=[dyn(3, dtype)])
+    jitted = compiled(tf_fn, allow_tf=("Identity",))
+    rng = np.random.default_rng(len(axes))
+    for shape in [(2, 3, 5), (1, 1, 1), (0, 2, 3), (3, 0, 2), (2, 4, 0), (3, 70, 17)]:
+        x = random_value(rng, shape, dtype)
+        want, got = np.asarray(tf_fn(x)), np.asarray(jitted(x))
+        assert want.dtype == got.dtype and want.shape == got.shape
+        np.testing.assert_array_equal(got, want, str(shape))
+
 def test_slice_out_of_bounds_is_invalid_argument():
     tf_fn = tf.function(lambda x: tf.slice(x, [2], [3]) * 2.0, input_signature=[dyn(1)])
     jitted = compiled(tf_fn)
