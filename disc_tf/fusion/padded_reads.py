@@ -86,7 +86,7 @@ def plan_pooled_pads(order: list[Kernel], buffers: dict[str, Buffer],
     """Folds each constant pad that only pooling windows read, with their start value as
     its constant, into them (the module docstring); returns the launch order left. The
     innermost dim must not be padded: a window over the outer dims runs a row of it at
-    a time (``cpu_index._channel_window_source``)."""
+    a time (``cpu_index_rows.channel_window_source``)."""
     pad_value = {}
     for k in order:
         if _constant_pad(k, buffers, constant):
