@@ -496,7 +496,10 @@ def _one_hot(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     extents = [b.dim(indices, d) for d in range(indices.rank)]
     extents.insert(axis, depth)
     shape = b.shape_from(extents)
-    positions = iota(b, extents, axis, indices.elem)
+    # The positions along the axis: a vector of depth, broadcast (an index map on the
+    # compare's read: no kernel writes the whole output's worth of them).
+    line = iota(b, [depth], 0, indices.elem)
+    positions = b.broadcast_to(line, shape, rank, [axis])
     spread = b.broadcast_to(indices, shape, rank, [d for d in range(rank) if d != axis])
     hit = b.op("compare", [positions, spread], "i1", positions.dims,
                "comparison_direction = #stablehlo<comparison_direction EQ>")

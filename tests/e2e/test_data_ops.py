@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import disc_tf
+from disc_tf import pipeline
 from disc_tf.dhlo_bridge.lower import lower_cluster, parse_and_verify
 from tests.harness import (
     assert_ops_compiled,
@@ -181,6 +182,27 @@ def test_reversed_rows(axes, dtype):
         want, got = np.asarray(tf_fn(x)), np.asarray(jitted(x))
         assert want.dtype == got.dtype and want.shape == got.shape
         np.testing.assert_array_equal(got, want, str(shape))
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot_positions_are_a_broadcast_vector(axis):
+    """OneHot compares each id with the positions along its axis: a vector of depth read
+    through a broadcast, so no kernel writes a whole output's worth of positions (the
+    iota was as large as the output). Ids out of range and negative give the off value,
+    as in TF; other dtypes and axes against TF."""
+    def fn(ids):
+        return tf.one_hot(ids * 1, 5, on_value=2.5, off_value=-1.0, axis=axis)
+
+    spec = dyn(2, I32)
+    plan = pipeline.front_end(cluster_of(fn, spec)).plan
+    iotas = [k for k in plan.kernels if k.ops[0].op == "dynamic_iota"]
+    assert len(iotas) == 1 and len(iotas[0].dims) == 1, plan.describe()
+    tf_fn = tf.function(fn, input_signature=[spec])
+    jitted = compiled(tf_fn)
+    rng = np.random.default_rng(9)
+    for shape in [(3, 4), (1, 1), (0, 2), (6, 9)]:
+        ids = rng.integers(-2, 7, size=shape).astype(np.int32)
+        assert_same(tf_fn(ids), jitted(ids), F32)
 
 def test_slice_out_of_bounds_is_invalid_argument():
     tf_fn = tf.function(lambda x: tf.slice(x, [2], [3]) * 2.0, input_signature=[dyn(1)])
