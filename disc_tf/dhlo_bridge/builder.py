@@ -450,9 +450,8 @@ class DhloBuilder:
 
     def index_scalar(self, index: str, elem: str) -> TValue:
         """The host ``index`` scalar ``index`` as a rank-0 tensor of ``elem``."""
-        total = index
         wide = self._fresh("n")
-        self.lines.append(f'{wide} = "arith.index_cast"({total}) : (index) -> i64 {self._loc()}')
+        self.lines.append(f'{wide} = "arith.index_cast"({index}) : (index) -> i64 {self._loc()}')
         scalar = wide
         if elem.startswith(("f", "bf")):
             scalar = self._fresh("n")

@@ -463,7 +463,7 @@ def _reverse(b: DhloBuilder, node: node_def_pb2.NodeDef, xs: list[TValue]) -> li
     if len(set(normal)) != len(normal):
         raise LoweringError(f"ReverseV2 {node.name}: axis given twice in {axes}")
     if not normal:
-        return [b.op("convert", [x], x.elem, x.dims)]  # a copy, as an Identity is
+        return [x]
     dims = ", ".join(map(str, sorted(normal)))
     return [b.op("reverse", [x], x.elem, x.dims, f"dimensions = array<i64: {dims}>")]
 
