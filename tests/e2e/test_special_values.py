@@ -58,37 +58,28 @@ def _check(name: str, want: np.ndarray, got: np.ndarray, x: np.ndarray) -> None:
     assert not bad.any(), f"{name}: at {x[bad]} TF {want[bad]}, disc {got[bad]}"
 
 
-@pytest.mark.parametrize("table,values", [(UNARY, SPECIAL), (LOG_LIKE, DENORMAL_FREE)],
-                         ids=["unary", "log_like"])
-def test_unary_ops_on_special_values_match_tf(table, values):
-    names = sorted(table)
-
-    def fn(x):
-        y = x * 1.0
-        return [table[n](y) for n in names]
-
+def _compare_on(fn, names: list[str], values: list[float], seed: int) -> None:
+    """Compiles ``fn`` (one output per name) and compares it with TF on ``values``, in
+    order and shuffled."""
     tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None], tf.float32)])
     disc_tf.reset_stats()
     jitted = compiled(tf_fn)
     x = np.array(values, np.float32)
-    for sample in (x, np.random.default_rng(1).permutation(x)):
+    for sample in (x, np.random.default_rng(seed).permutation(x)):
         for name, want, got in zip(names, tf_fn(sample), jitted(sample)):
             _check(name, np.asarray(want), np.asarray(got), sample)
     assert disc_tf.stats()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("table,values", [(UNARY, SPECIAL), (LOG_LIKE, DENORMAL_FREE)],
+                         ids=["unary", "log_like"])
+def test_unary_ops_on_special_values_match_tf(table, values):
+    names = sorted(table)
+    _compare_on(lambda x: [table[n](x * 1.0) for n in names], names, values, 1)
 
 
 def test_binary_ops_on_special_values_match_tf():
+    """Each op of x and x reversed, x in order and shuffled: pairs of special values."""
     names = sorted(BINARY)
-
-    def fn(x):
-        y = x * 1.0
-        z = tf.reverse(y, [0])
-        return [BINARY[n](y, z) for n in names]
-
-    tf_fn = tf.function(fn, input_signature=[tf.TensorSpec([None], tf.float32)])
-    jitted = compiled(tf_fn)
-    x = np.array(DENORMAL_FREE, np.float32)
-    for sample in (x, np.random.default_rng(2).permutation(x)):
-        for name, want, got in zip(names, tf_fn(sample), jitted(sample)):
-            _check(name, np.asarray(want), np.asarray(got), sample)
-    assert disc_tf.stats()["fallbacks"] == 0
+    _compare_on(lambda x: [BINARY[n](x * 1.0, tf.reverse(x * 1.0, [0])) for n in names],
+                names, DENORMAL_FREE, 2)
