@@ -127,18 +127,8 @@ class IndexKernelEmitter(KernelEmitter):
             lines.append(f"v = ({ct})0;" + " }" * len(op.operands))
             return lines
         if name == "torch_index_select":
-            axis, batch = op.attrs["dim"], op.attrs["batch_dims"]
-            ri = self._rank(1)
-            icoord = [f"c[{j}]" if j < batch else f"c[{axis + j - batch}]" for j in range(ri)]
-            rp = self._rank(0)
-            pcoord = []
-            for d in range(rp):
-                if d < axis:
-                    pcoord.append(f"c[{d}]")
-                elif d == axis:
-                    pcoord.append("idx")
-                else:
-                    pcoord.append(f"c[{d - 1 + ri - batch}]")
+            axis = op.attrs["dim"]
+            icoord, pcoord = self._gather_coords()
             return [
                 f"int64_t idx = (int64_t)a.in1[{self._offset(1, icoord)}];",
                 f"{ct} v = ({ct})0;",
@@ -149,10 +139,7 @@ class IndexKernelEmitter(KernelEmitter):
                 "}",
             ]
         if name == "reverse":
-            flipped = set(op.attrs["dims"])
-            coord = [f"a.in0_dims[{d}] - 1 - c[{d}]" if d in flipped else f"c[{d}]"
-                     for d in range(r)]
-            return [f"const {ct} v = ({ct})a.in0[{self._offset(0, coord)}];"]
+            return [f"const {ct} v = ({ct})a.in0[{self._offset(0, self._reversed_coord())}];"]
         if name == "mirror_pad":
             shift = 0 if op.attrs["mode"] == "REFLECT" else 1
             lines = ["int64_t off = 0;"]
@@ -197,6 +184,47 @@ class IndexKernelEmitter(KernelEmitter):
         """The C++ storage type of the kernel's one output."""
         (_, bname), = self.k.outputs
         return STORAGE[self.plan.buffers[bname].elem]
+
+    def _dims_text(self) -> str:
+        """The kernel's dims as C++ (symbols' literals or host variables), for titles."""
+        return ", ".join(sym(d, self.plan) for d in self.k.dims)
+
+    def _row_head(self, setup: tuple[str, ...] = ()) -> list[str]:
+        """The entry (``inner``: the row length, then the ``setup`` lines) and one task
+        per output row (every dim but the last): the row's coordinates ``c`` and ``w``,
+        its first output element; the caller's lines go on inside the row loop, which
+        they close."""
+        r = self.rank
+        lines = [*self._entry_head(),
+                 f"  const int64_t inner = {f'a.dims[{r - 1}]' if r else '1'};", *setup,
+                 "  for (int64_t row = begin; row < end; ++row) {",
+                 f"    int64_t c[{max(r, 1)}] = {{0}};",
+                 "    int64_t rem = row;"]
+        for d in range(r - 2, -1, -1):
+            lines += [f"    c[{d}] = rem % a.dims[{d}];", f"    rem /= a.dims[{d}];"]
+        return lines + ["    (void)rem;",
+                        f"    {self._output_storage()}* __restrict w = a.out0 + row * inner;"]
+
+    @staticmethod
+    def _taps_inside(dims: int) -> str:
+        """C++ condition: operand coordinates ``t0`` .. ``t<dims - 1>`` are all inside it."""
+        return " && ".join(f"t{d} >= 0 && t{d} < a.in0_dims[{d}]" for d in range(dims))
+
+    def _gather_coords(self) -> tuple[list[str], list[str]]:
+        """A gather's (ids, operand) coordinates of output element ``c``; the operand's
+        along the gathered dim is ``idx``, the id read at the ids' coordinates."""
+        axis, batch = self.op.attrs["dim"], self.op.attrs["batch_dims"]
+        ri, rp = self._rank(1), self._rank(0)
+        icoord = [f"c[{j}]" if j < batch else f"c[{axis + j - batch}]" for j in range(ri)]
+        pcoord = [f"c[{d}]" if d < axis else "idx" if d == axis else
+                  f"c[{d - 1 + ri - batch}]" for d in range(rp)]
+        return icoord, pcoord
+
+    def _reversed_coord(self) -> list[str]:
+        """A reverse's operand coordinates of output element ``c``."""
+        flipped = set(self.op.attrs["dims"])
+        return [f"a.in0_dims[{d}] - 1 - c[{d}]" if d in flipped else f"c[{d}]"
+                for d in range(self.rank)]
 
     def _window_steps(self) -> tuple[int, int, int, int]:
         """(stride, stride, dilation, dilation) over height and width of a convolution's
@@ -251,8 +279,7 @@ class IndexKernelEmitter(KernelEmitter):
         if padded:
             for d, c in enumerate(coord):
                 lines.append(f"{indent}const int64_t t{d} = {c};")
-            inside = " && ".join(f"t{d} >= 0 && t{d} < a.in0_dims[{d}]" for d in range(len(coord)))
-            lines.append(f"{indent}if (!({inside})) continue;")
+            lines.append(f"{indent}if (!({self._taps_inside(len(coord))})) continue;")
             coord = [f"t{d}" for d in range(len(coord))]
         read = f"({ct})a.in0[{self._offset(0, coord)}]"
         acc = accumulator_elem(self.op.elem)  # halves accumulate in float
@@ -436,22 +463,10 @@ class IndexKernelEmitter(KernelEmitter):
         if index_rows.row_copies(self):
             return index_rows.row_copy_source(self)
         k, r = self.k, self.rank
-        header = (f"// ---- {k.name}: index kernel ({self.op.op}) over "
-                  f"[{', '.join(sym(d, self.plan) for d in k.dims)}]\n"
+        header = (f"// ---- {k.name}: index kernel ({self.op.op}) over [{self._dims_text()}]\n"
                   f"// TF ops: {comment(', '.join(k.tf_ops))}")
         st = self._output_storage()
-        lines = [
-            *self._entry_head(),
-            f"  const int64_t inner = {f'a.dims[{r - 1}]' if r else '1'};",
-            "  for (int64_t row = begin; row < end; ++row) {",
-            f"    int64_t c[{max(r, 1)}] = {{0}};",
-            "    int64_t rem = row;",
-        ]
-        for d in range(r - 2, -1, -1):
-            lines.append(f"    c[{d}] = rem % a.dims[{d}];")
-            lines.append(f"    rem /= a.dims[{d}];")
-        lines.append("    (void)rem;")
-        lines.append(f"    {st}* __restrict w = a.out0 + row * inner;")
+        lines = self._row_head()
         lines.append("    for (int64_t col = 0; col < inner; ++col) {")
         lines.append(f"      c[{max(r - 1, 0)}] = col;" if r else "      (void)col;")
         lines += [f"      {x}" for x in self.body()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disc_tf.codegen.cpu_ops import expression, literal
-from disc_tf.codegen.cpu_text import comment, sym
+from disc_tf.codegen.cpu_text import comment
 
 if TYPE_CHECKING:
     from disc_tf.codegen.cpu_index import IndexKernelEmitter
@@ -31,18 +31,8 @@ def channel_window_source(em: IndexKernelEmitter) -> str:
     folds a contiguous row of the operand's channels into them (a vector loop; taps
     outside, of a pad read in place, are skipped)."""
     attrs, r = em.op.attrs, em.rank
-    lines = [
-        *em._entry_head(),
-        f"  const int64_t inner = a.dims[{r - 1}];",
-        "  for (int64_t row = begin; row < end; ++row) {",
-        f"    int64_t c[{r}] = {{0}};",
-        "    int64_t rem = row;",
-    ]
-    for d in range(r - 2, -1, -1):
-        lines += [f"    c[{d}] = rem % a.dims[{d}];", f"    rem /= a.dims[{d}];"]
-    lines += ["    (void)rem;", "    float* __restrict w = a.out0 + row * inner;",
-              f"    for (int64_t col = 0; col < inner; ++col) w[col] = "
-              f"{literal(attrs['init'], 'f32')};"]
+    lines = [*em._row_head(), f"    for (int64_t col = 0; col < inner; ++col) w[col] = "
+                              f"{literal(attrs['init'], 'f32')};"]
     indent = "    "
     loops = [d for d, size in enumerate(attrs["window"][:-1]) if size > 1]
     for d in loops:
@@ -51,8 +41,7 @@ def channel_window_source(em: IndexKernelEmitter) -> str:
     for d in range(r - 1):
         lines.append(f"{indent}const int64_t t{d} = {em._window_coord(d)};")
     if "low" in attrs:
-        inside = " && ".join(f"t{d} >= 0 && t{d} < a.in0_dims[{d}]" for d in range(r - 1))
-        lines.append(f"{indent}if (!({inside})) continue;")
+        lines.append(f"{indent}if (!({em._taps_inside(r - 1)})) continue;")
     base = " + ".join(f"t{d} * a.in0_strides[{d}]" for d in range(r - 1))
     lines.append(f"{indent}const float* __restrict src = a.in0 + {base};")
     comb = expression(attrs["combiner"], ["w[col]", "src[col]"], "f32", ["f32"] * 2, {})
@@ -62,8 +51,8 @@ def channel_window_source(em: IndexKernelEmitter) -> str:
         indent = indent[:-2]
         lines.append(f"{indent}}}")
     lines += ["  }", "}"]
-    return em._unit(f"pooling window over [{', '.join(sym(d, em.plan) for d in em.k.dims)}]"
-                      " a row of channels at a time", lines)
+    return em._unit(f"pooling window over [{em._dims_text()}] a row of channels at a time",
+                    lines)
 
 
 def pad_rows(em: IndexKernelEmitter) -> bool:
@@ -83,29 +72,23 @@ def pad_rows_source(em: IndexKernelEmitter) -> str:
     (a plain copy) and the value again, three loops that vectorize. The generic
     index kernel found each element's place by per-dim arithmetic: 4 x 112 x 112 x
     64 padded by 2 on H and W took 5.3 ms there against TF's 1.6 (Zen 4)."""
-    r, k = em.rank, em.k
+    r = em.rank
     st = em._output_storage()
     lines = [
-        *em._entry_head(),
-        f"  const int64_t inner = a.dims[{r - 1}];",
-        f"  const int64_t lo = {em._p('low', r - 1)}, n = a.in0_dims[{r - 1}];",
-        "  // the operand's columns land at [c0, c1) of each row inside it",
-        "  const int64_t c0 = lo < 0 ? 0 : lo > inner ? inner : lo;",
-        "  const int64_t c1 = lo + n < c0 ? c0 : lo + n > inner ? inner : lo + n;",
-        f"  const {st} fill = ({st})({em._operand(1)});",
-        "  for (int64_t row = begin; row < end; ++row) {",
-        "    int64_t rem = row;",
+        *em._row_head((
+            f"  const int64_t lo = {em._p('low', r - 1)}, n = a.in0_dims[{r - 1}];",
+            "  // the operand's columns land at [c0, c1) of each row inside it",
+            "  const int64_t c0 = lo < 0 ? 0 : lo > inner ? inner : lo;",
+            "  const int64_t c1 = lo + n < c0 ? c0 : lo + n > inner ? inner : lo + n;",
+            f"  const {st} fill = ({st})({em._operand(1)});")),
         "    bool inside = true;",
         "    int64_t off = 0;",
     ]
-    for d in range(r - 2, -1, -1):
-        lines += [f"    {{ const int64_t t = rem % a.dims[{d}] - {em._p('low', d)};",
-                  f"      rem /= a.dims[{d}];",
+    for d in range(r - 1):
+        lines += [f"    {{ const int64_t t = c[{d}] - {em._p('low', d)};",
                   f"      inside = inside && t >= 0 && t < a.in0_dims[{d}];",
                   f"      off += t * a.in0_strides[{d}]; }}"]
     lines += [
-        "    (void)rem;",
-        f"    {st}* __restrict w = a.out0 + row * inner;",
         "    if (!inside) {",
         "      for (int64_t col = 0; col < inner; ++col) w[col] = fill;",
         "      continue;",
@@ -117,8 +100,7 @@ def pad_rows_source(em: IndexKernelEmitter) -> str:
         "  }",
         "}",
     ]
-    return em._unit(f"pad over [{', '.join(sym(d, em.plan) for d in k.dims)}] a row at "
-                      "a time", lines)
+    return em._unit(f"pad over [{em._dims_text()}] a row at a time", lines)
 
 
 def row_copies(em: IndexKernelEmitter) -> bool:
@@ -141,38 +123,24 @@ def row_copy_source(em: IndexKernelEmitter) -> str:
     arithmetic (and read and checked a gather's id per element): a [16, 512, 256]
     reverse along the sequence ran 0.59x TF's speed there, a gather of 4096 rows of
     256 returned as it is 0.57x (Zen 4)."""
-    op, r = em.op, em.rank
+    op = em.op
     st = em._output_storage()
-    lines = [*em._entry_head(),
-             f"  const int64_t inner = a.dims[{r - 1}];",
-             "  for (int64_t row = begin; row < end; ++row) {",
-             f"    int64_t c[{r}] = {{0}};",
-             "    int64_t rem = row;"]
-    for d in range(r - 2, -1, -1):
-        lines += [f"    c[{d}] = rem % a.dims[{d}];", f"    rem /= a.dims[{d}];"]
-    lines += ["    (void)rem;", f"    {st}* __restrict w = a.out0 + row * inner;"]
+    lines = em._row_head()
     tag = f"// {comment(op.tf_node)}: {op.op}"
     if op.op == "reverse":
-        flipped = set(op.attrs["dims"])
-        coord = [f"a.in0_dims[{d}] - 1 - c[{d}]" if d in flipped else f"c[{d}]"
-                 for d in range(r - 1)] + ["0"]
-        lines.append(f"    const {st}* __restrict src = a.in0 + {em._offset(0, coord)};")
-        read = "src[inner - 1 - col]" if r - 1 in flipped else "src[col]"
+        coord = em._reversed_coord()
+        lines.append(f"    const {st}* __restrict src = a.in0 + {em._offset(0, coord[:-1] + ['0'])};")
+        read = "src[inner - 1 - col]" if em.rank - 1 in op.attrs["dims"] else "src[col]"
         lines.append(f"    for (int64_t col = 0; col < inner; ++col) w[col] = {read};  {tag}")
     else:
-        axis, batch = op.attrs["dim"], op.attrs["batch_dims"]
-        ri, rp = em._rank(1), em._rank(0)
-        icoord = [f"c[{j}]" if j < batch else f"c[{axis + j - batch}]" for j in range(ri)]
-        pcoord = [f"c[{d}]" if d < axis else "idx" if d == axis else
-                  f"c[{d - 1 + ri - batch}]" for d in range(rp - 1)] + ["0"]
+        icoord, pcoord = em._gather_coords()
         lines += [f"    const int64_t idx = (int64_t)a.in1[{em._offset(1, icoord)}];",
-                  f"    if (idx < 0 || idx >= a.in0_dims[{axis}]) {{",
+                  f"    if (idx < 0 || idx >= a.in0_dims[{op.attrs['dim']}]) {{",
                   f"      {em.record_bad_index('idx')}",
                   f"      for (int64_t col = 0; col < inner; ++col) w[col] = ({st})0;",
                   "      continue;",
                   "    }",
-                  f"    const {st}* __restrict src = a.in0 + {em._offset(0, pcoord)};",
+                  f"    const {st}* __restrict src = a.in0 + {em._offset(0, pcoord[:-1] + ['0'])};",
                   f"    for (int64_t col = 0; col < inner; ++col) w[col] = src[col];  {tag}"]
     lines += ["  }", "}"]
-    return em._unit(f"{op.op} over [{', '.join(sym(d, em.plan) for d in em.k.dims)}] "
-                      "a row at a time", lines)
+    return em._unit(f"{op.op} over [{em._dims_text()}] a row at a time", lines)
